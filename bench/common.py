@@ -1,0 +1,120 @@
+"""Shared machinery for the side-by-side benchmarks (run on demand, never in CI).
+
+Each measurement runs in a fresh Python process (`worker`), so import state, allocator state
+and RSS are the same for every peer; peers are interleaved round-robin within each repetition
+to spread machine noise; results are medians, and every table row carries its ratio to the
+weightio row of the same case. Files are read warm (the page cache is filled before timing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("WEIGHTIO_BENCH_DIR", "/tmp/weightio-bench"))
+RESULTS = ROOT / "docs" / "benchmarks.md"
+
+__all__ = ["CACHE", "Case", "rss_mib", "run_worker", "measure", "warm", "write_section", "environment", "median"]
+
+
+def rss_mib() -> float:
+    """Resident set size of this process now, in MiB (Linux /proc)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def warm(*paths: Path) -> None:
+    """Read files once so every peer starts from the same (warm) page cache."""
+    for path in paths:
+        with open(path, "rb") as f:
+            while f.read(64 << 20):
+                pass
+
+
+def timed(fn: Callable[[], object]) -> dict:
+    """Run `fn` once in this (worker) process: wall seconds and RSS growth, keeping its result alive."""
+    before = rss_mib()
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+    grown = rss_mib() - before
+    del result
+    return {"seconds": seconds, "rss_mib": grown}
+
+
+class Case:
+    """One benchmark case: a name and, per peer, the worker arguments that run it."""
+
+    def __init__(self, name: str, peers: dict[str, list[str]], note: str = "") -> None:
+        self.name, self.peers, self.note = name, peers, note
+
+
+def run_worker(script: Path, args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker {args} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, dict]]:
+    """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n}}}, peers interleaved per rep."""
+    samples: dict[str, dict[str, list[dict]]] = {c.name: {p: [] for p in c.peers} for c in cases}
+    for rep in range(reps):
+        for case in cases:
+            for peer, args in case.peers.items():
+                samples[case.name][peer].append(run_worker(script, args))
+        print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
+    return {
+        case: {peer: {"seconds": median([r["seconds"] for r in runs]),
+                      "rss_mib": median([r["rss_mib"] for r in runs]),
+                      "extra": runs[-1].get("extra"), "runs": len(runs)}
+               for peer, runs in peers.items()}
+        for case, peers in samples.items()
+    }
+
+
+def environment() -> str:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for module in ("numpy", "safetensors", "torch", "gguf", "ml_dtypes"):
+        try:
+            versions.append(f"{module} {version(module)}")
+        except PackageNotFoundError:
+            pass
+    return (f"{time.strftime('%Y-%m-%d')}, {platform.python_implementation()} {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs ({cpu}), {', '.join(versions)}")
+
+
+def write_section(suite: str, markdown: str) -> None:
+    """Replace this suite's section of docs/benchmarks.md (between its markers), or append it."""
+    start, end = f"<!-- suite:{suite} -->", f"<!-- /suite:{suite} -->"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(text)

@@ -1,0 +1,161 @@
+"""Checkpoint: the mapping over one file or a sharded Hugging Face directory."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import weightio as wio
+from weightio.errors import CorruptFileError, FormatError, TensorNotFoundError, WeightioError
+
+from .conftest import FIXTURES, digest, manifest
+
+BERT = FIXTURES / "tiny-bert"
+SHARDED = FIXTURES / "tiny-bert-sharded"
+
+
+def test_a_model_directory_opens_its_single_file():
+    with wio.open(BERT) as ckpt:
+        assert ckpt.format == "safetensors"
+        assert ckpt.files == [str(BERT / "model.safetensors")]
+        assert len(ckpt) == 39 and "encoder.layer.1.output.dense.bias" in ckpt
+        assert ckpt.metadata == {"format": "pt"}
+
+
+def test_a_sharded_directory_is_one_checkpoint_equal_to_the_single_file():
+    with wio.open(SHARDED) as sharded, wio.open(BERT) as single:
+        assert len(sharded.files) == 3
+        assert sorted(sharded) == sorted(single)
+        for name in single:
+            assert digest(sharded[name].numpy()) == digest(single[name].numpy())
+        index = json.loads((SHARDED / "model.safetensors.index.json").read_text())
+        assert sharded.metadata["format"] == "pt"
+        assert sharded.metadata["total_size"] == index["metadata"]["total_size"]
+        for name, shard in index["weight_map"].items():
+            assert sharded[name].path == str(SHARDED / shard)
+
+
+def test_parameter_count_and_sizes():
+    with wio.open(BERT) as ckpt:
+        expected = sum(int(np.prod(s["shape"])) for s in manifest()["tiny-bert"].values())
+        assert ckpt.parameter_count == expected
+        assert ckpt.nbytes == expected * 4
+
+
+def test_mapping_behaviour_and_suggestions():
+    with wio.open(FIXTURES / "numpy.safetensors") as ckpt:
+        assert list(ckpt) == ["weight", "bias"] or list(ckpt) == ["bias", "weight"]
+        assert ckpt.get("nope") is None and "weight" in ckpt and 3 not in ckpt
+        with pytest.raises(TensorNotFoundError) as info:
+            ckpt["weigth"]
+        assert isinstance(info.value, KeyError)
+        assert info.value.suggestions == ["weight"]
+        assert str(info.value).endswith("tensor 'weigth': no such tensor; did you mean 'weight'?")
+    with wio.open(BERT) as ckpt:
+        with pytest.raises(TensorNotFoundError) as info:
+            ckpt["bert.encoder.layer.0.output.dense.weight"]
+        assert info.value.suggestions[0] == "encoder.layer.0.output.dense.weight"
+
+
+def test_close_keeps_returned_arrays_valid_and_refuses_new_reads():
+    ckpt = wio.open(FIXTURES / "numpy.safetensors")
+    arr = ckpt["weight"].numpy()
+    view = ckpt["weight"]
+    ckpt.close()
+    assert ckpt.closed
+    gc.collect()
+    assert arr.sum() == 190.0  # still mapped: the mapping lives as long as the array
+    with pytest.raises(WeightioError, match="the checkpoint was closed; open it again"):
+        view.numpy()
+    del arr
+    gc.collect()
+
+
+def test_context_manager_closes():
+    with wio.open(FIXTURES / "numpy.safetensors") as ckpt:
+        pass
+    assert ckpt.closed and "closed" in repr(ckpt)
+
+
+def _copy_sharded(tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(SHARDED, target)
+    return target, json.loads((target / "model.safetensors.index.json").read_text())
+
+
+def _write_index(target, index):
+    (target / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_sharded_missing_shard(tmp_path):
+    target, _ = _copy_sharded(tmp_path)
+    (target / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CorruptFileError, match=r"model.safetensors.index.json: lists shard "
+                                               r"'model-00002-of-00003.safetensors', which is missing"):
+        wio.open(target)
+
+
+def test_sharded_weight_map_points_at_the_wrong_shard(tmp_path):
+    target, index = _copy_sharded(tmp_path)
+    name, shard = next(iter(index["weight_map"].items()))
+    other = next(s for s in set(index["weight_map"].values()) if s != shard)
+    index["weight_map"][name] = other
+    _write_index(target, index)
+    with pytest.raises(CorruptFileError) as info:
+        wio.open(target)
+    assert f"maps tensor {name!r} to {other!r}, which does not hold it; it is in {shard!r}" in str(info.value)
+
+
+def test_sharded_name_in_two_shards(tmp_path):
+    target, index = _copy_sharded(tmp_path)
+    first = target / "model-00001-of-00003.safetensors"
+    with wio.open(first) as ckpt:
+        name = next(iter(ckpt))
+        wio.save({name: ckpt[name], "extra": np.zeros(1, np.float32)}, target / "model-00004-of-00004.safetensors")
+    index["weight_map"]["extra"] = "model-00004-of-00004.safetensors"
+    _write_index(target, index)
+    with pytest.raises(CorruptFileError) as info:
+        wio.open(target)
+    assert str(info.value) == (f"{target}: tensor {name!r}: is stored in two files: {first} and "
+                               f"{target / 'model-00004-of-00004.safetensors'}")
+
+
+@pytest.mark.parametrize("index,message", [
+    ({"weight_map": {"a": "../outside.safetensors"}}, "shard name '../outside.safetensors' points outside"),
+    ({"weight_map": {"a": "/abs.safetensors"}}, "shard name '/abs.safetensors' points outside"),
+    ({"weight_map": ["a"]}, "weight_map must be an object mapping tensor names to file names"),
+    ({"weight_map": {"a": 3}}, "weight_map must be an object mapping tensor names to file names"),
+    ({"weight_map": {}, "metadata": [1]}, "metadata must be an object"),
+])
+def test_malformed_index(tmp_path, index, message):
+    target, _ = _copy_sharded(tmp_path)
+    _write_index(target, index)
+    with pytest.raises(CorruptFileError, match=message.replace("(", r"\(")):
+        wio.open(target)
+
+
+def test_index_that_is_not_json(tmp_path):
+    target, _ = _copy_sharded(tmp_path)
+    (target / "model.safetensors.index.json").write_text('{"weight_map": {"a": "x", "a": "y"}}')
+    with pytest.raises(CorruptFileError, match="index has the key 'a' twice"):
+        wio.open(target)
+
+
+def test_directories_without_a_clear_weight_file(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FormatError, match="is a directory with no weight files weightio recognises "
+                                          r"\(found: nothing\)"):
+        wio.open(tmp_path / "empty")
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.safetensors", "b.safetensors"):
+        shutil.copy(FIXTURES / "numpy.safetensors", two / name)
+    with pytest.raises(FormatError, match=r"holds several candidate files \(a.safetensors, b.safetensors\)"):
+        wio.open(two)
+    shutil.copy(FIXTURES / "numpy.safetensors", two / "model.safetensors")
+    with wio.open(two) as ckpt:  # the conventional name wins
+        assert ckpt.files == [str(two / "model.safetensors")]

@@ -1,0 +1,108 @@
+"""weightio: model weights from every common checkpoint format, zero-copy and safely.
+
+    >>> import weightio as wio
+    >>> with wio.open("model.safetensors") as ckpt:           # doctest: +SKIP
+    ...     print(ckpt.format, len(ckpt), ckpt["w"].shape)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .checkpoint import Checkpoint, open_checkpoint
+from .errors import (
+    CorruptFileError,
+    FormatError,
+    InputError,
+    ShapeMismatchError,
+    TensorNotFoundError,
+    UnsafePickleError,
+    UnsupportedDTypeError,
+    WeightioError,
+    WeightioWarning,
+    WriteError,
+)
+from .formats import save as _save
+from .view import TensorView
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CorruptFileError",
+    "FormatError",
+    "InputError",
+    "ShapeMismatchError",
+    "TensorNotFoundError",
+    "TensorView",
+    "UnsafePickleError",
+    "UnsupportedDTypeError",
+    "WeightioError",
+    "WeightioWarning",
+    "WriteError",
+    "dtypes",
+    "load",
+    "open",
+    "save",
+]
+
+
+def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public name is the contract
+    """Open a checkpoint: a file of any supported format, or a model directory.
+
+    Only headers are read; tensors are read when asked for. The format is sniffed from the
+    file's bytes, never from its name. A directory may hold a sharded index
+    (``model.safetensors.index.json``) or a single weight file (``model.safetensors``).
+
+    Returns:
+        A `Checkpoint`: a read-only mapping of tensor names to `TensorView`s, usable as a
+        context manager that closes its files.
+
+    Raises:
+        FormatError: not a format weightio reads (the message says what it looks like).
+        CorruptFileError: the file is truncated, inconsistent or malformed.
+        InputError: the path does not exist or cannot be read.
+    """
+    return open_checkpoint(path)
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every tensor of a checkpoint as numpy arrays, in file order.
+
+    The arrays are read-only zero-copy views of the file whenever `TensorView.numpy` allows;
+    they stay valid after this returns (the mapping lives as long as they do). Use
+    ``.copy()`` for a writable array.
+    """
+    with open_checkpoint(path) as ckpt:
+        return {name: ckpt[name].numpy() for name in ckpt}
+
+
+def save(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    metadata: Mapping[str, str] | None = None,
+    format: str | None = None,  # noqa: A002 - the public name is the contract
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Write tensors to `path` atomically: a temporary file beside it, fsynced, then renamed.
+
+    Args:
+        tensors: name -> numpy array, `TensorView` (streamed one at a time from its file) or
+            torch tensor.
+        path: destination; its suffix picks the format (``.safetensors``, ``.npz``, ``.npy``)
+            unless `format` is given.
+        metadata: string metadata (safetensors ``__metadata__``).
+        format: ``"safetensors"``, ``"npz"`` or ``"npy"``.
+        overwrite: replace an existing file; by default an existing file is refused.
+
+    Raises:
+        WriteError: the destination exists (without `overwrite`) or cannot be written.
+        UnsupportedDTypeError: a tensor's dtype cannot be stored in the format.
+    """
+    _save(tensors, path, metadata, format, overwrite=overwrite)

@@ -1,0 +1,285 @@
+"""A strict, read-only ZIP walker over a mapped file (for `.npz` and PyTorch zip checkpoints).
+
+Python's `zipfile` is not used: it takes sizes from the local headers that torch leaves empty,
+accepts duplicate and (before 3.11.8/3.12.2, CVE-2024-0450) overlapping members, and reads
+members into memory. Here every member's data offset comes from its *local* header (torch
+pads the local and central extra fields differently), and the archive must be unambiguous.
+
+Layout (APPNOTE.TXT 6.3)::
+
+    [local file header + data (+ data descriptor)] ...   members, from offset 0
+    [central directory file header] ...                   one per member
+    [zip64 end of central directory record + locator]     only when a field overflows 32 bits
+    end of central directory record (22 bytes + comment)  at the very end of the file
+
+Structures (little-endian)::
+
+    local header   <IHHHHHIIIHH   sig 0x04034b50, version, flags, method, time, date, crc32,
+                                  compressed size, size, name length, extra length
+    central entry  <IHHHHHHIIIHHHHHII  sig 0x02014b50, made by, version, flags, method, time,
+                                  date, crc32, compressed size, size, name, extra and comment
+                                  lengths, disk, internal attr, external attr, local header offset
+    EOCD           <IHHHHIIH      sig 0x06054b50, disk, cd disk, entries here, entries,
+                                  cd size, cd offset, comment length
+    zip64 locator  <IIQI          sig 0x07064b50, disk, zip64 EOCD offset, disks
+    zip64 EOCD     <IQHHIIQQQQ    sig 0x06064b50, record size, made by, version, disk, cd disk,
+                                  entries here, entries, cd size, cd offset
+    zip64 extra    id 0x0001: the 64-bit size, compressed size, offset — only those whose
+                   32-bit field is 0xFFFFFFFF, in that order
+
+Rules (each a `CorruptFileError`, or `FormatError` for unsupported features): the EOCD ends the
+file; the central directory lies between the last member and the EOCD; entry counts fit in the
+central directory's bytes; each local header has the right signature and the same name as its
+central entry; member names are unique; members start at offset 0 (nothing hidden before them)
+and do not overlap; no encryption; compression is stored (0) or deflate (8).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._io import MappedFile
+from .errors import CorruptFileError, FormatError
+
+__all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
+
+METHOD_STORED, METHOD_DEFLATED = 0, 8
+_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
+_EOCD = struct.Struct("<IHHHHIIH")
+_LOCATOR = struct.Struct("<IIQI")
+_EOCD64 = struct.Struct("<IQHHIIQQQQ")
+_SIG_LOCAL, _SIG_CENTRAL, _SIG_EOCD = 0x04034B50, 0x02014B50, 0x06054B50
+_SIG_LOCATOR, _SIG_EOCD64 = 0x07064B50, 0x06064B50
+_FLAG_ENCRYPTED, _FLAG_DESCRIPTOR, _FLAG_UTF8 = 0x1, 0x8, 0x800
+_MAX_MEMBERS = 1_000_000
+_MAX_DEFLATE_RATIO = 1032  # deflate cannot expand more than this (258-byte matches in 2 bits)
+
+
+@dataclass(frozen=True, slots=True)
+class ZipMember:
+    """One archive member.
+
+    Attributes:
+        name: the member name (UTF-8 or CP437 as its flag says).
+        method: `METHOD_STORED` or `METHOD_DEFLATED`.
+        crc32: the CRC-32 of the uncompressed data, from the central directory.
+        compressed_size: bytes of (possibly compressed) data in the file.
+        size: bytes once uncompressed.
+        header_offset: offset of the local file header.
+        data_offset: offset of the member's data (after the local header's name and extra).
+    """
+
+    name: str
+    method: int
+    crc32: int
+    compressed_size: int
+    size: int
+    header_offset: int
+    data_offset: int
+
+
+def read_members(file: MappedFile) -> list[ZipMember]:
+    """Every member of the zip archive `file`, in file order, fully validated (see module doc)."""
+    cd_offset, cd_size, count = _find_central_directory(file)
+    members = _read_central_directory(file, cd_offset, cd_size, count)
+    located = [_locate(file, m, cd_offset) for m in members]
+    _check_layout(file, located, cd_offset)
+    return sorted(located, key=lambda m: m.header_offset)
+
+
+def _fail(file: MappedFile, message: str) -> CorruptFileError:
+    return CorruptFileError(f"zip archive: {message}", path=file.path)
+
+
+def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
+    size = file.size
+    if size < _EOCD.size:
+        raise _fail(file, f"file is {size} bytes, shorter than an end-of-central-directory record")
+    start = max(0, size - _EOCD.size - 0xFFFF)
+    tail = file.read(start, size - start, "the end of the archive")
+    pos = _find_eocd(tail)
+    if pos < 0:
+        raise _fail(file, "no end-of-central-directory record ends the file (truncated, or bytes appended)")
+    eocd = start + pos
+    _, disk, cd_disk, _, count, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, pos)
+    cd_end = eocd
+    if 0xFFFF in (count, disk, cd_disk) or 0xFFFFFFFF in (cd_size, cd_offset):
+        count, cd_size, cd_offset, cd_end = _read_zip64_end(file, eocd)
+    elif disk or cd_disk:
+        raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
+    if cd_offset + cd_size > cd_end:
+        raise _fail(file, f"central directory ({cd_size} bytes at {cd_offset}) overruns the end records at {cd_end}")
+    if count > _MAX_MEMBERS or count * _CENTRAL.size > cd_size:
+        raise _fail(file, f"{count} entries cannot fit in a {cd_size}-byte central directory")
+    return cd_offset, cd_size, count
+
+
+def _find_eocd(tail: bytes) -> int:
+    """Offset in `tail` of the EOCD record whose comment ends exactly at the end, or -1."""
+    end = len(tail) - _EOCD.size + 4
+    while (pos := tail.rfind(b"PK\x05\x06", 0, end)) >= 0:
+        if pos + _EOCD.size + _EOCD.unpack_from(tail, pos)[7] == len(tail):
+            return pos
+        end = pos + 3
+    return -1
+
+
+def _read_zip64_end(file: MappedFile, eocd: int) -> tuple[int, int, int, int]:
+    locator = eocd - _LOCATOR.size
+    if locator < 0:
+        raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
+    sig, _, record, disks = file.unpack(_LOCATOR, locator, "the ZIP64 locator")
+    if sig != _SIG_LOCATOR:
+        raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
+    if record + _EOCD64.size > locator:
+        raise _fail(file, f"ZIP64 end record offset {record} is not before its locator")
+    fields = file.unpack(_EOCD64, record, "the ZIP64 end record")
+    if fields[0] != _SIG_EOCD64:
+        raise _fail(file, f"no ZIP64 end record at offset {record}")
+    if disks > 1 or fields[4] or fields[5]:
+        raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
+    _, _, _, _, _, _, _, count, cd_size, cd_offset = fields
+    return count, cd_size, cd_offset, record
+
+
+def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, count: int) -> list[ZipMember]:
+    members, names, pos, end = [], set(), cd_offset, cd_offset + cd_size
+    for _ in range(count):
+        if pos + _CENTRAL.size > end:
+            raise _fail(file, "central directory ends inside an entry")
+        f = file.unpack(_CENTRAL, pos, "a central directory entry")
+        if f[0] != _SIG_CENTRAL:
+            raise _fail(file, f"bad central directory signature at offset {pos}")
+        flags, method, crc, csize, usize, nlen, xlen, clen, offset = f[3], f[4], f[7], f[8], f[9], f[10], f[11], f[12], f[16]
+        if pos + _CENTRAL.size + nlen + xlen + clen > end:
+            raise _fail(file, "a central directory entry runs past the directory")
+        raw_name = file.read(pos + _CENTRAL.size, nlen, "a member name")
+        extra = file.read(pos + _CENTRAL.size + nlen, xlen, "a member's extra field")
+        usize, csize, offset = _apply_zip64(file, extra, usize, csize, offset)
+        name = _decode_name(file, raw_name, flags)
+        if flags & _FLAG_ENCRYPTED:
+            raise FormatError(f"member {name!r} is encrypted", path=file.path)
+        if method not in (METHOD_STORED, METHOD_DEFLATED):
+            raise FormatError(f"member {name!r} uses compression method {method}; only stored (0) and "
+                              "deflate (8) are supported", path=file.path)
+        if name in names:
+            raise _fail(file, f"member {name!r} appears twice")
+        names.add(name)
+        members.append(ZipMember(name, method, crc, csize, usize, offset, -1))
+        pos += _CENTRAL.size + nlen + xlen + clen
+    return members
+
+
+def _apply_zip64(file: MappedFile, extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    if 0xFFFFFFFF not in (usize, csize, offset):
+        return usize, csize, offset
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, pos)
+        if tag == 0x0001:
+            body, fields, used = extra[pos + 4 : pos + 4 + length], [usize, csize, offset], 0
+            for k, field in enumerate(fields):
+                if field == 0xFFFFFFFF:
+                    if len(body) < used + 8:
+                        raise _fail(file, "ZIP64 extra field is shorter than the fields it must hold")
+                    (fields[k],) = struct.unpack_from("<Q", body, used)
+                    used += 8
+            return fields[0], fields[1], fields[2]
+        pos += 4 + length
+    raise _fail(file, "a 32-bit size or offset is 0xFFFFFFFF but there is no ZIP64 extra field")
+
+
+def _decode_name(file: MappedFile, raw: bytes, flags: int) -> str:
+    try:
+        return raw.decode("utf-8" if flags & _FLAG_UTF8 else "cp437")
+    except UnicodeDecodeError:
+        raise _fail(file, f"member name {raw!r} is flagged UTF-8 but is not") from None
+
+
+def _locate(file: MappedFile, member: ZipMember, cd_offset: int) -> ZipMember:
+    f = file.unpack(_LOCAL, member.header_offset, f"the local header of {member.name!r}")
+    if f[0] != _SIG_LOCAL:
+        raise _fail(file, f"no local header for {member.name!r} at offset {member.header_offset}")
+    flags, nlen, xlen = f[2], f[9], f[10]
+    raw = file.read(member.header_offset + _LOCAL.size, nlen, "a local member name")
+    if _decode_name(file, raw, flags) != member.name:
+        raise _fail(file, f"local header name {raw!r} differs from the central directory's {member.name!r}")
+    data = member.header_offset + _LOCAL.size + nlen + xlen
+    if data + member.compressed_size > cd_offset:
+        raise _fail(file, f"member {member.name!r} ({member.compressed_size} bytes at {data}) runs into the "
+                          f"central directory at {cd_offset}")
+    if member.method == METHOD_STORED and member.compressed_size != member.size:
+        raise _fail(file, f"stored member {member.name!r} has size {member.size} but {member.compressed_size} "
+                          "bytes of data")
+    return ZipMember(member.name, member.method, member.crc32, member.compressed_size, member.size,
+                     member.header_offset, data)
+
+
+def _check_layout(file: MappedFile, members: list[ZipMember], cd_offset: int) -> None:
+    ordered = sorted(members, key=lambda m: m.header_offset)
+    if ordered and ordered[0].header_offset != 0:
+        raise _fail(file, f"{ordered[0].header_offset} bytes precede the first member (a polyglot file?)")
+    for before, after in zip(ordered, ordered[1:]):
+        if before.data_offset + before.compressed_size > after.header_offset:
+            raise _fail(file, f"members {before.name!r} and {after.name!r} overlap")
+
+
+# ----------------------------------------------------------------------------- deflate
+
+
+def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.ndarray:
+    """Decompress a deflated member into a new read-only array of exactly ``member.size`` bytes.
+
+    The output size is checked against deflate's maximum ratio before anything is allocated,
+    decompression never produces a byte past ``member.size``, and the CRC-32 is verified.
+    """
+    _check_ratio(file, member)
+    src = file.data[member.data_offset : member.data_offset + member.compressed_size]
+    out = np.empty(member.size, dtype=np.uint8)
+    d, filled, pos, crc = zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0
+    try:
+        while filled < member.size:
+            if d.unconsumed_tail:
+                piece = d.decompress(d.unconsumed_tail, min(chunk, member.size - filled))
+            elif pos < len(src):
+                piece = d.decompress(src[pos : pos + chunk], min(chunk, member.size - filled))
+                pos += chunk
+            else:
+                break
+            out[filled : filled + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            crc = zlib.crc32(piece, crc)
+            filled += len(piece)
+    except zlib.error as e:
+        raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
+    if filled != member.size:
+        raise _fail(file, f"member {member.name!r} inflates to {filled} bytes, not the {member.size} declared")
+    rest = d.unconsumed_tail + (bytes(src[pos:]) if pos < len(src) else b"")
+    if rest and not d.eof and d.decompress(rest, 1):
+        raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
+    if crc != member.crc32:
+        raise _fail(file, f"member {member.name!r} fails its CRC-32 check")
+    out.flags.writeable = False
+    return out
+
+
+def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
+    """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
+    if member.method == METHOD_STORED:
+        return file.read(member.data_offset, min(length, member.size), f"member {member.name!r}")
+    _check_ratio(file, member)
+    src = file.data[member.data_offset : member.data_offset + min(member.compressed_size, length + 1024)]
+    try:
+        return zlib.decompressobj(-zlib.MAX_WBITS).decompress(src, min(length, member.size))
+    except zlib.error as e:
+        raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
+
+
+def _check_ratio(file: MappedFile, member: ZipMember) -> None:
+    if member.size > member.compressed_size * _MAX_DEFLATE_RATIO + 1024:
+        raise _fail(file, f"member {member.name!r} claims {member.size} bytes from {member.compressed_size} "
+                          "compressed, beyond what deflate can produce")

@@ -1,0 +1,168 @@
+"""The error hierarchy: every failure weightio reports is one of these.
+
+```
+WeightioError
+├── FormatError            unknown or unsupported format / version
+├── CorruptFileError       truncated, inconsistent or malformed file (offsets, sizes, counts)
+├── UnsafePickleError      a pickle asks for a global outside the allowlist; nothing is run
+├── TensorNotFoundError    also a KeyError; suggests close names
+├── ShapeMismatchError     VarBuilder.get with the wrong shape; says expected vs found
+├── UnsupportedDTypeError  a dtype weightio (or the target format) cannot represent
+├── InputError             also an OSError: a path that cannot be opened (missing, no permission, a FIFO)
+└── WriteError             also an OSError: an output could not be written (exists, is an input, disk full)
+```
+
+Every error carries the file (`path`) and the tensor (`tensor`) it is about when there is one,
+and renders them in its message: ``model.safetensors: tensor 'w': data_offsets …``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+
+__all__ = [
+    "CorruptFileError",
+    "FormatError",
+    "ShapeMismatchError",
+    "TensorNotFoundError",
+    "UnsafePickleError",
+    "UnsupportedDTypeError",
+    "InputError",
+    "WeightioError",
+    "WeightioWarning",
+    "WriteError",
+]
+
+
+class WeightioError(Exception):
+    """Base class of every error weightio raises on purpose.
+
+    Args:
+        message: what is wrong, and where possible how to fix it.
+        path: the file (or directory) the error is about.
+        tensor: the tensor name the error is about.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        tensor: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = None if path is None else os.fspath(path)
+        self.tensor = tensor
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        prefix = ""
+        if self.path is not None:
+            prefix += f"{self.path}: "
+        if self.tensor is not None:
+            prefix += f"tensor {self.tensor!r}: "
+        return prefix + self.message
+
+    def __str__(self) -> str:  # KeyError subclasses would otherwise repr() the message
+        return self._render()
+
+    def __reduce__(self):  # keep path/tensor across processes (multiprocessing, pytest-xdist)
+        return (_rebuild, (type(self), self.message, self.path, self.tensor))
+
+
+def _rebuild(cls: type[WeightioError], message: str, path: str | None, tensor: str | None) -> WeightioError:
+    return cls(message, path=path, tensor=tensor)
+
+
+class WeightioWarning(UserWarning):
+    """Something in a file is tolerated but suspicious (unknown header fields, odd padding)."""
+
+
+class FormatError(WeightioError):
+    """The input is not a format weightio reads, or a version or feature it does not support."""
+
+
+class CorruptFileError(WeightioError):
+    """The file claims something its bytes do not hold: truncated, inconsistent or malformed."""
+
+
+class UnsafePickleError(WeightioError):
+    """A pickle asks for a global outside the allowlist. Nothing was imported or run."""
+
+
+class UnsupportedDTypeError(WeightioError):
+    """A dtype weightio, numpy or the target format cannot represent."""
+
+
+class ShapeMismatchError(WeightioError):
+    """A tensor was asked for with a shape it does not have."""
+
+
+class InputError(WeightioError, OSError):
+    """A path cannot be read: missing, unreadable, or not a regular file. Also an `OSError`.
+
+    `errno` is the operating system's code when there is one.
+    """
+
+    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, tensor=tensor)
+        self.errno = errno
+
+
+class WriteError(WeightioError, OSError):
+    """An output could not be written; the destination is left as it was. Also an `OSError`.
+
+    `errno` is the operating system's code (ENOSPC, EFBIG, EACCES, …) when there is one.
+    """
+
+    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, tensor=tensor)
+        self.errno = errno
+
+
+class TensorNotFoundError(WeightioError, KeyError):
+    """No tensor of that name. Also a `KeyError`, so `Mapping` semantics hold.
+
+    Attributes:
+        suggestions: the closest existing names, best first.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        candidates: Iterable[str] = (),
+        *,
+        path: str | os.PathLike[str] | None = None,
+        message: str | None = None,
+    ) -> None:
+        self.suggestions = close_matches(name, candidates)
+        if message is None:
+            message = "no such tensor"
+            if self.suggestions:
+                message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
+        super().__init__(message, path=path, tensor=name)
+
+    def __reduce__(self):
+        return (_rebuild_not_found, (self.tensor, self.suggestions, self.path, self.message))
+
+
+def _rebuild_not_found(name, suggestions, path, message) -> TensorNotFoundError:
+    err = TensorNotFoundError(name, (), path=path, message=message)
+    err.suggestions = suggestions
+    return err
+
+
+def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The `n` names in `candidates` most similar to `name`, best first.
+
+    Matches on the whole dotted name first; when nothing is close, on the last component
+    (so `encoder.layer.0.weight` suggests `bert.encoder.layer.0.weight`).
+    """
+    pool = list(candidates)
+    found = difflib.get_close_matches(name, pool, n=n, cutoff=0.6)
+    if found:
+        return found
+    suffix_hits = [c for c in pool if c.endswith("." + name) or name.endswith("." + c)]
+    return sorted(suffix_hits, key=len)[:n]

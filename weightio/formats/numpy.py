@@ -1,0 +1,359 @@
+"""numpy ``.npy`` and ``.npz``: readers on one mapping, streaming writers.
+
+``.npy`` (numpy ``lib/format.py``, format versions 1.0, 2.0, 3.0)::
+
+    6 bytes   magic b"\\x93NUMPY"
+    2 bytes   version major, minor: (1, 0), (2, 0) or (3, 0)
+    u16 (1.0) or u32 (2.0, 3.0), little-endian: HEADER_LEN
+    HEADER_LEN bytes: a Python dict literal, latin-1 (1.0, 2.0) or UTF-8 (3.0), padded with
+              spaces and ended by '\\n' so the data starts on a 64-byte boundary:
+              {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
+    data      prod(shape) * itemsize bytes, C order (or Fortran order when fortran_order)
+
+Rules enforced here (stricter than ``numpy.load``, which evaluates headers up to 10 000
+characters, allocates whatever the shape claims, and accepts trailing bytes):
+
+* the header is at most 10 000 bytes (numpy's own limit for untrusted files) and is parsed by
+  `ast.literal_eval`, never `eval`; it is a dict with exactly the three keys;
+* ``fortran_order`` is a bool; ``shape`` a tuple of at most 64 non-negative ints (not bools);
+* ``descr`` is a plain numeric dtype (bool, int, uint, float, complex, any byte order); object
+  dtypes raise `UnsafePickleError` (their data is a pickle, never loaded); structured, string,
+  void and datetime dtypes raise `UnsupportedDTypeError`;
+* the data is exactly ``prod(shape) * itemsize`` bytes: nothing missing, nothing after.
+
+``.npz`` is a ZIP archive of ``<name>.npy`` members (see `weightio._zip` for the archive rules).
+STORED members are mapped in place: each tensor is a view of the archive's mapping at the
+member's data offset (``numpy.load`` reads every member into memory, even with ``mmap_mode``).
+DEFLATED members are inflated on first access, into a buffer of exactly the size the member's
+npy header and zip entry agree on, and cached.
+
+The writers produce what ``numpy.save`` produces for C-ordered arrays, byte for byte, and
+``.npz`` archives whose members are STORED and whose array data starts on a 64-byte boundary in
+the archive, so this reader maps every member zero-copy.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from .. import _zip
+from .._io import atomic_write, write_all
+from ..dtypes import dtype_name
+from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from .base import MAX_NDIM, Reader, TensorInfo
+from .sources import TensorSource, tensor_sources
+
+__all__ = ["NpyReader", "NpzReader", "write_npy", "write_npz", "npy_header", "MAX_HEADER_SIZE"]
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER_SIZE = 10_000  # numpy's _MAX_HEADER_SIZE: literal_eval is not safe on larger inputs
+ARRAY_ALIGN = 64
+_PREAMBLE = {(1, 0): (struct.Struct("<H"), "latin1"), (2, 0): (struct.Struct("<I"), "latin1"),
+             (3, 0): (struct.Struct("<I"), "utf8")}
+_KEYS = {"descr", "fortran_order", "shape"}
+_GROWTH_AXIS_MAX_DIGITS = 21  # numpy pads headers so the leading axis can grow in place
+
+
+@dataclass(frozen=True, slots=True)
+class NpyHeader:
+    """A parsed ``.npy`` header: stored dtype (with byte order), shape, order, data offset."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran_order: bool
+    data_offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def info(self, base_offset: int) -> TensorInfo:
+        """The `TensorInfo` for this array when its npy bytes start at `base_offset`."""
+        strides = None
+        if self.fortran_order and len(self.shape) > 1:
+            strides = tuple(self.dtype.itemsize * math.prod(self.shape[:i]) for i in range(len(self.shape)))
+        return TensorInfo(self.dtype, self.shape, base_offset + self.data_offset, self.nbytes, strides)
+
+
+def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = None) -> NpyHeader:
+    """Parse and validate an npy header.
+
+    Args:
+        prefix: the first bytes of the npy data (at least the whole header, when it exists).
+        total: the npy data's full length (file or member size), to check the data size against.
+    """
+    def fail(message: str) -> CorruptFileError:
+        return CorruptFileError(message, path=path, tensor=tensor)
+
+    if prefix[:6] != MAGIC:
+        raise fail("not an .npy array (no \\x93NUMPY magic)")
+    if len(prefix) < 10:
+        raise fail(f"ends inside the .npy preamble ({len(prefix)} bytes)")
+    version = (prefix[6], prefix[7])
+    if version not in _PREAMBLE:
+        raise FormatError(f".npy format version {version[0]}.{version[1]} is not supported (1.0, 2.0, 3.0 are)",
+                          path=path, tensor=tensor)
+    length_field, encoding = _PREAMBLE[version]
+    start = 6 + 2 + length_field.size
+    if len(prefix) < start:
+        raise fail(f"ends inside the .npy preamble ({len(prefix)} bytes)")
+    (hlen,) = length_field.unpack_from(prefix, 8)
+    if hlen > MAX_HEADER_SIZE:
+        raise fail(f".npy header length {hlen} exceeds the {MAX_HEADER_SIZE}-byte limit")
+    if start + hlen > min(total, len(prefix)):
+        raise fail(f".npy header ({hlen} bytes) runs past the end of the data ({total} bytes)")
+    fields = _literal_header(prefix[start : start + hlen], encoding, fail)
+    dtype = _header_dtype(fields["descr"], path, tensor)
+    header = NpyHeader(dtype, fields["shape"], fields["fortran_order"], start + hlen)
+    available = total - header.data_offset
+    if header.nbytes != available:
+        what = "missing" if header.nbytes > available else "trailing"
+        raise fail(f"header declares {dtype_name(dtype)} {header.shape} = {header.nbytes} data bytes but "
+                   f"{available} follow ({abs(header.nbytes - available)} bytes {what})")
+    return header
+
+
+def _literal_header(raw: bytes, encoding: str, fail: Any) -> dict[str, Any]:
+    try:
+        fields = ast.literal_eval(raw.decode(encoding))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError) as e:
+        raise fail(f".npy header is not a Python literal ({type(e).__name__}: {e})") from None
+    if not isinstance(fields, dict) or set(fields) != _KEYS:
+        keys = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
+        raise fail(f".npy header must be a dict with keys descr, fortran_order, shape; found {keys}")
+    shape = fields["shape"]
+    if type(fields["fortran_order"]) is not bool:
+        raise fail(f"fortran_order must be True or False, found {fields['fortran_order']!r}")
+    if (not isinstance(shape, tuple) or len(shape) > MAX_NDIM
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise fail(f"shape must be a tuple of at most {MAX_NDIM} non-negative ints, found {shape!r}")
+    return fields
+
+
+def _header_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
+    if not isinstance(descr, str):
+        raise UnsupportedDTypeError(f"structured dtype {descr!r} is not supported (plain numeric dtypes are)",
+                                    path=path, tensor=tensor)
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError, SyntaxError):
+        raise UnsupportedDTypeError(f"descr {descr!r} is not a numpy dtype", path=path, tensor=tensor) from None
+    if dtype.hasobject:
+        raise UnsafePickleError(
+            f"object array ({descr!r}): its data is a pickle, which weightio never loads", path=path, tensor=tensor)
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise UnsupportedDTypeError(f"dtype {descr!r} is not a plain numeric dtype", path=path, tensor=tensor)
+    return dtype
+
+
+class NpyReader(Reader):
+    """A validated ``.npy`` file: one tensor, named after the file (``w.npy`` -> ``"w"``)."""
+
+    format = "npy"
+
+    def __init__(self, path: Any) -> None:
+        super().__init__(path)
+        try:
+            prefix = self.file.read(0, min(self.file.size, 12 + MAX_HEADER_SIZE), "the .npy header")
+            header = parse_header(prefix, self.file.size, path=self.path)
+        except BaseException:
+            self.close()
+            raise
+        name = os.path.basename(self.path)
+        self.tensors[name[:-4] if name.endswith(".npy") else name] = header.info(0)
+
+
+class NpzReader(Reader):
+    """A validated ``.npz`` archive; member ``w.npy`` is tensor ``"w"``."""
+
+    format = "npz"
+
+    def __init__(self, path: Any) -> None:
+        super().__init__(path)
+        self._deflated: dict[str, _zip.ZipMember] = {}
+        self._inflated: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        try:
+            for member in _zip.read_members(self.file):
+                self._add(member)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, member: _zip.ZipMember) -> None:
+        name = _tensor_name(member.name, self.path)
+        prefix = _zip.inflate_prefix(self.file, member, 12 + MAX_HEADER_SIZE)
+        header = parse_header(prefix, member.size, path=self.path, tensor=name)
+        if member.method == _zip.METHOD_STORED:
+            self.tensors[name] = header.info(member.data_offset)
+        else:
+            self.tensors[name] = header.info(0)
+            self._deflated[name] = member
+
+    def buffer(self, name: str) -> np.ndarray:
+        """The archive mapping, or for a deflated member its inflated bytes (inflated once)."""
+        member = self._deflated.get(name)
+        if member is None:
+            return self.file.data
+        with self._lock:
+            data = self._inflated.get(name)
+            if data is None:
+                data = self._inflated[name] = _zip.inflate(self.file, member)
+        return data
+
+    def close(self) -> None:
+        self._inflated = {}
+        super().close()
+
+
+def _tensor_name(member: str, path: str) -> str:
+    if not member.endswith(".npy"):
+        raise CorruptFileError(f"member {member!r} is not an .npy array", path=path)
+    name = member[:-4]
+    parts = name.split("/")
+    if not name or "\x00" in name or name.startswith("/") or ".." in parts:
+        raise CorruptFileError(f"member name {member!r} is not a safe tensor name", path=path)
+    return name
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` preamble and header ``numpy.save`` writes for a C-ordered array."""
+    descr = np.lib.format.dtype_to_descr(dtype)
+    text = "{" + f"'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, " + "}"
+    if shape:
+        text += " " * (_GROWTH_AXIS_MAX_DIGITS - len(repr(shape[0])))
+    for version, (field, encoding) in _PREAMBLE.items():
+        body = text.encode(encoding)
+        start = 6 + 2 + field.size
+        padded = body + b" " * (-(start + len(body) + 1) % ARRAY_ALIGN) + b"\n"
+        if len(padded) < 1 << (8 * field.size):
+            return MAGIC + bytes(version) + field.pack(len(padded)) + padded
+    raise FormatError(f"shape {shape} makes an .npy header too large")
+
+
+def _npy_source(src: TensorSource, path: str) -> TensorSource:
+    if src.dtype.kind not in "biufc":
+        raise UnsupportedDTypeError(
+            f"{dtype_name(src.dtype)} has no .npy descr that numpy can read back; cast it "
+            "(dtype='float32') or write safetensors", path=path, tensor=src.name)
+    return src
+
+
+def write_npy(tensors: Mapping[str, Any], path: str, *, overwrite: bool = False) -> None:
+    """Write the single tensor of `tensors` as an ``.npy`` file (C order, little-endian), atomically."""
+    sources = tensor_sources(tensors, path=path)
+    if len(sources) != 1:
+        raise FormatError(f".npy holds exactly one array; got {len(sources)} tensors (write .npz or "
+                          ".safetensors for several)", path=path)
+    src = _npy_source(sources[0], path)
+    with atomic_write(path, overwrite=overwrite) as out:
+        out.write(npy_header(src.dtype.newbyteorder("<"), src.shape))
+        write_all(out, src.little_endian_bytes())
+
+
+# ZIP records for the npz writer (see weightio._zip for the layouts)
+_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
+_EOCD = struct.Struct("<IHHHHIIH")
+_EOCD64 = struct.Struct("<IQHHIIQQQQ")
+_LOCATOR = struct.Struct("<IIQI")
+_DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01: fixed, so the same tensors give the same bytes
+_ALIGN_EXTRA_ID = 0xD935  # the "alignment" extra field id used by Android's zipalign
+_U32 = 0xFFFFFFFF  # the value a 32-bit field holds when the real one is in a ZIP64 record
+_ZIP64_LIMIT = 0xFFFFFFFF  # sizes/offsets/counts at or above this need ZIP64 records
+_MADE_BY_UNIX = 3 << 8  # so the external attributes read as a Unix mode (0644)
+
+
+@dataclass
+class _Entry:
+    name: bytes
+    flags: int
+    crc: int
+    size: int
+    offset: int
+
+
+def write_npz(tensors: Mapping[str, Any], path: str, *, overwrite: bool = False) -> None:
+    """Write `tensors` as an uncompressed ``.npz``, atomically, one tensor in memory at a time.
+
+    Each member's array data starts on a 64-byte boundary of the archive (an alignment extra
+    field pads the local header), so `NpzReader` maps every member zero-copy; ``numpy.load``
+    reads the archive as usual. ZIP64 records are written only when a size or offset needs them.
+    """
+    sources = [_npy_source(s, path) for s in tensor_sources(tensors, path=path)]
+    entries: list[_Entry] = []
+    with atomic_write(path, overwrite=overwrite) as out:
+        for src in sources:
+            entries.append(_write_member(out, src))
+        _write_central_directory(out, entries)
+
+
+def _write_member(out: IO[bytes], src: TensorSource) -> _Entry:
+    name = (src.name + ".npy").encode("utf-8")
+    flags = 0 if name.isascii() else 0x800
+    header = npy_header(src.dtype.newbyteorder("<"), src.shape)
+    size = len(header) + src.nbytes
+    offset = out.tell()
+    zip64 = struct.pack("<HHQQ", 0x0001, 16, size, size) if size >= _ZIP64_LIMIT else b""
+    unaligned = offset + _LOCAL.size + len(name) + len(zip64) + len(header)
+    pad = -unaligned % ARRAY_ALIGN
+    if 0 < pad < 4:  # an extra field needs 4 bytes of its own header
+        pad += ARRAY_ALIGN
+    extra = zip64 + (struct.pack("<HH", _ALIGN_EXTRA_ID, pad - 4) + b"\0" * (pad - 4) if pad else b"")
+    csize = _U32 if zip64 else size
+    out.write(_LOCAL.pack(0x04034B50, 45 if zip64 else 20, flags, 0, 0, _DOS_DATE, 0, csize, csize,
+                          len(name), len(extra)) + name + extra)
+    crc = zlib.crc32(header)
+    out.write(header)
+    data = src.little_endian_bytes()
+    for chunk in _chunks(data):
+        crc = zlib.crc32(chunk, crc)
+        write_all(out, chunk)
+    end = out.tell()
+    out.seek(offset + 14)
+    out.write(struct.pack("<I", crc))
+    out.seek(end)
+    return _Entry(name, flags, crc, size, offset)
+
+
+def _chunks(arr: np.ndarray, size: int = 64 << 20) -> Any:
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    for start in range(0, len(flat), size):
+        yield flat[start : start + size]
+
+
+def _write_central_directory(out: IO[bytes], entries: list[_Entry]) -> None:
+    cd_offset = out.tell()
+    for e in entries:
+        big_size, big_offset = e.size >= _ZIP64_LIMIT, e.offset >= _ZIP64_LIMIT
+        extra = b""
+        if big_size or big_offset:
+            values = ([e.size, e.size] if big_size else []) + ([e.offset] if big_offset else [])
+            extra = struct.pack("<HH", 0x0001, 8 * len(values)) + struct.pack(f"<{len(values)}Q", *values)
+        size = _U32 if big_size else e.size
+        version = 45 if extra else 20
+        out.write(_CENTRAL.pack(0x02014B50, _MADE_BY_UNIX | version, version, e.flags, 0, 0, _DOS_DATE,
+                                e.crc, size, size, len(e.name), len(extra), 0, 0, 0, 0o100644 << 16,
+                                _U32 if big_offset else e.offset) + e.name + extra)
+    cd_size = out.tell() - cd_offset
+    count = len(entries)
+    if count >= min(0xFFFF, _ZIP64_LIMIT) or cd_size >= _ZIP64_LIMIT or cd_offset >= _ZIP64_LIMIT:
+        record = out.tell()
+        out.write(_EOCD64.pack(0x06064B50, _EOCD64.size - 12, 45, 45, 0, 0, count, count, cd_size, cd_offset))
+        out.write(_LOCATOR.pack(0x07064B50, 0, record, 1))
+        out.write(_EOCD.pack(0x06054B50, 0, 0, 0xFFFF, 0xFFFF, _U32, _U32, 0))
+    else:
+        out.write(_EOCD.pack(0x06054B50, 0, 0, count, count, cd_size, cd_offset, 0))

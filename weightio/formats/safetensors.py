@@ -1,0 +1,305 @@
+"""safetensors: reader on one read-only mapping, and a streaming writer.
+
+The format (https://github.com/huggingface/safetensors, ``safetensors/src/tensor.rs``)::
+
+    u64 little-endian   N, the header length in bytes (at most 100 000 000)
+    N bytes             UTF-8 JSON object:
+                          "__metadata__": {str: str}             (optional)
+                          "<name>": {"dtype": "F32",             (see weightio.dtypes)
+                                     "shape": [int, ...],        (non-negative; [] is a scalar)
+                                     "data_offsets": [begin, end]}  (relative to the data section)
+    data section        the tensors' bytes, little-endian, C order, back to back
+
+Rules enforced here, each a `CorruptFileError` (unknown dtype codes: `UnsupportedDTypeError`):
+
+* the header length is at most 100 MB and lies inside the file;
+* the header is UTF-8, one JSON object, no duplicate keys at any level, no NaN/Infinity
+  literals (the reference parser accepts duplicates, last wins: a parser differential);
+* ``__metadata__`` maps str to str;
+* names are non-empty and contain no NUL; dtype is a known code; shape is a list of at most 64
+  non-negative integers (JSON booleans and floats are not integers); ``data_offsets`` is two
+  non-negative integers with ``end >= begin``;
+* ``end - begin == prod(shape) * bits / 8``, and packed sub-byte types end on a whole byte;
+* sorted by offset, the tensors cover the data section exactly: the first starts at 0, each
+  starts where the previous ended (no holes, no overlaps), the last ends at the end of the file
+  (no trailing bytes, so no polyglot files).
+
+Unknown per-tensor fields are ignored with a `WeightioWarning`, as the reference ignores them.
+
+Writers (ours and the reference) pad the header with spaces to a multiple of 8 and order the
+tensors by descending dtype alignment, then by name, so every tensor starts aligned to its
+itemsize. `write` produces byte-for-byte what `safetensors.numpy.save_file` produces for the same
+tensors (metadata keys aside, which the reference orders by a hash).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import struct
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write, write_all
+from .._json import IntegersOnly, decode_utf8, parse_json_object
+from ..dtypes import TABLE, DType, by_numpy, by_safetensors
+from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioWarning
+from .base import MAX_NDIM, Reader, TensorInfo
+from .sources import TensorSource, tensor_sources
+
+__all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
+
+MAX_HEADER_SIZE = 100_000_000  # the reference reader's limit (HeaderTooLarge)
+_LENGTH = struct.Struct("<Q")
+_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo(...) minus its Python-level __new__
+# code -> (row, stored numpy dtype): safetensors data is little-endian whatever the host
+_CODES = {row.safetensors: (row, row.numpy.newbyteorder("<") if row.numpy.itemsize > 1 else row.numpy)
+          for row in TABLE}
+
+# The reference writer's dtype enum order, lowest alignment first; it sorts descending.
+_WRITE_RANK = {
+    code: rank
+    for rank, code in enumerate(
+        "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ "
+        "I16 U16 F16 BF16 I32 U32 F32 C64 F64 I64 U64".split()
+    )
+}
+
+
+class SafetensorsReader(Reader):
+    """A validated safetensors file. See the module docstring for the rules."""
+
+    format = "safetensors"
+
+    def __init__(self, path: Any) -> None:
+        super().__init__(path)
+        try:
+            self._read_header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
+        return CorruptFileError(message, path=self.path, tensor=tensor)
+
+    def _read_header(self) -> None:
+        size = self.file.size
+        if size < 8:
+            raise self._fail(f"file is {size} bytes; a safetensors file starts with an 8-byte header length")
+        (n,) = self.file.unpack(_LENGTH, 0, "the header length")
+        if n > MAX_HEADER_SIZE:
+            raise self._fail(f"header length {n} exceeds the {MAX_HEADER_SIZE}-byte limit")
+        if n > size - 8:
+            raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
+        text = decode_utf8(self.file.read(8, n, "the header"), path=self.path, what="header")
+        entries = self._read_entries(text, 8 + n)
+        entries.sort()
+        self._check_coverage(entries, size - 8 - n)
+        self.tensors = {name: info for _, _, name, info in entries}
+
+    def _read_entries(self, text: str, data_start: int) -> list[tuple[int, int, str, TensorInfo]]:
+        """Parse and validate every entry: fast when the header is plain, exact otherwise.
+
+        The fast path parses without the duplicate-key hook and without floats, and accepts an
+        entry only when a handful of C-level checks pass; anything unusual (a float, a ``\\u``
+        escape, an extra field, an invalid entry) re-parses strictly and validates entry by
+        entry with precise messages. Both paths accept exactly the same headers.
+        """
+        fast = "\\u" not in text
+        if fast:
+            try:
+                header = parse_json_object(text, path=self.path, what="header", check_duplicates=False,
+                                           integers_only=True)
+            except IntegersOnly:
+                fast = False
+        if fast:
+            keys = list(header)
+            self.metadata = self._read_metadata(header.pop("__metadata__", None))
+            entries = _plain_entries(header, data_start)
+            if entries is not None and _no_duplicate_keys(text, keys, self.metadata):
+                return entries
+        header = parse_json_object(text, path=self.path, what="header")
+        self.metadata = self._read_metadata(header.pop("__metadata__", None))
+        return [self._slow_entry(name, entry, data_start) for name, entry in header.items()]
+
+    def _slow_entry(self, name: str, entry: Any, data_start: int) -> tuple[int, int, str, TensorInfo]:
+        begin, end, row, shape = self._read_entry(name, entry)
+        return begin, end, name, TensorInfo(_CODES[row.safetensors][1], shape, data_start + begin, end - begin)
+
+    def _read_metadata(self, raw: Any) -> dict[str, str]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise self._fail(f"__metadata__ must be an object of strings, found {type(raw).__name__}")
+        for key, value in raw.items():
+            if not isinstance(value, str):
+                raise self._fail(f"__metadata__[{key!r}] must be a string, found {type(value).__name__} {value!r}")
+        return raw
+
+    def _read_entry(self, name: str, entry: Any) -> tuple[int, int, DType, tuple[int, ...]]:
+        """Validate one header entry; each rule has its own message."""
+        if not name or "\x00" in name:
+            raise self._fail(f"invalid tensor name {name!r} (empty or containing NUL)")
+        if not isinstance(entry, dict):
+            raise self._fail(f"entry must be an object, found {type(entry).__name__}", name)
+        missing = _FIELDS - entry.keys()
+        if missing:
+            raise self._fail(f"entry lacks {', '.join(sorted(missing))}", name)
+        if len(entry) > len(_FIELDS):
+            extra = ", ".join(sorted(entry.keys() - _FIELDS))
+            warnings.warn(f"{self.path}: tensor {name!r}: ignoring unknown fields {extra}", WeightioWarning, 3)
+        code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(code, str):
+            raise self._fail(f"dtype must be a string, found {code!r}", name)
+        try:
+            row = by_safetensors(code)
+        except UnsupportedDTypeError as e:
+            raise UnsupportedDTypeError(e.message, path=self.path, tensor=name) from None
+        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_count(d) for d in shape):
+            raise self._fail(f"shape must be a list of at most {MAX_NDIM} non-negative integers, found {shape!r}", name)
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+            raise self._fail(f"data_offsets must be two non-negative integers, found {offsets!r}", name)
+        begin, end = offsets
+        if end < begin:
+            raise self._fail(f"data_offsets end {end} is before begin {begin}", name)
+        bits = math.prod(shape) * row.bits
+        if bits % 8:
+            raise self._fail(f"{code} shape {shape} is {bits} bits, not a whole number of bytes", name)
+        if end - begin != bits // 8:
+            raise self._fail(
+                f"data_offsets [{begin}, {end}] span {end - begin} bytes but {code} shape {shape} "
+                f"needs {bits // 8}", name)
+        return begin, end, row, tuple(shape)
+
+    def _check_coverage(self, entries: list[tuple[int, int, str, TensorInfo]], data_size: int) -> None:
+        expected, previous = 0, None
+        for begin, end, name, _ in entries:
+            if begin != expected:
+                where = f"after {previous!r}" if previous else "at the start of the data section"
+                kind = "overlaps the tensor before it" if begin < expected else f"leaves a hole of {begin - expected} bytes"
+                raise self._fail(f"data_offsets begin {begin} {kind} (expected {expected}, {where})", name)
+            expected, previous = end, name
+        if expected != data_size:
+            if expected > data_size:
+                raise self._fail(f"tensors need {expected} data bytes but the file holds {data_size} (truncated?)")
+            raise self._fail(f"{data_size - expected} bytes after the last tensor belong to no tensor")
+
+
+def _plain_entries(header: dict[str, Any], data_start: int) -> list[tuple[int, int, str, TensorInfo]] | None:
+    """Every entry as (begin, end, name, info) when each passes the quick checks, else None.
+
+    The caller guarantees that every number in `header` is an int, so ``min(shape) >= 0``
+    proves a shape holds non-negative integers or JSON booleans (any other element type makes
+    the comparison raise); booleans equal 0 or 1, so only shapes holding a 0 or 1 need their
+    element types checked. These checks are the rules of `_read_entry`, minus the messages; a
+    None sends the caller to `_read_entry`.
+    """
+    entries: list[tuple[int, int, str, TensorInfo]] = []
+    append, codes, prod = entries.append, _CODES, math.prod
+    try:
+        for name, entry in header.items():
+            code, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            row, dtype = codes[code]
+            if not (len(entry) == 3 and name and "\x00" not in name and type(shape) is list
+                    and len(shape) <= MAX_NDIM and (not shape or min(shape) >= 0)
+                    and not ((1 in shape or 0 in shape) and bool in map(type, shape))
+                    and type(begin) is int and type(end) is int and 0 <= begin <= end
+                    and not (bits := prod(shape) * row.bits) % 8 and end - begin == bits >> 3):
+                return None
+            append((begin, end, name, _new_info((dtype, tuple(shape), data_start + begin, end - begin, None, None))))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return entries
+
+
+def _no_duplicate_keys(text: str, keys: list[str], metadata: dict[str, str]) -> bool:
+    """True when the header, parsed last-key-wins, provably had no duplicate key.
+
+    Outside string tokens, JSON has exactly one ':' per object member, so the header text's
+    ':' count equals (members written) + (':' inside strings). Parsing keeps every member and
+    every string unless a key repeats, so when each entry has been validated as exactly
+    {dtype, shape, data_offsets} with plain values, the text's count must equal (members kept) +
+    (':' in the strings kept). A repeated key drops a member, so the counts differ. ``\\u``
+    escapes could spell a ':' the text does not contain; such headers are not decided here.
+    This saves the per-object hook that costs a third of the parse on large headers.
+    """
+    if "\\u" in text:
+        return False
+    members = len(keys) + 3 * (len(keys) - ("__metadata__" in keys)) + len(metadata)
+    in_strings = "".join(keys).count(":") + sum(k.count(":") + v.count(":") for k, v in metadata.items())
+    return text.count(":") == members + in_strings
+
+
+def _is_count(x: Any) -> bool:
+    return type(x) is int and x >= 0  # noqa: E721 - bool is an int subclass and must not pass
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+def header_bytes(sources: list[TensorSource], metadata: Mapping[str, str] | None) -> bytes:
+    """The padded JSON header for `sources` (already in write order)."""
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for src in sources:
+        header[src.name] = {
+            "dtype": src.code,
+            "shape": list(src.shape),
+            "data_offsets": [offset, offset + src.nbytes],
+        }
+        offset += src.nbytes
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return text + b" " * (-len(text) % 8)
+
+
+def _check_metadata(metadata: Mapping[str, str] | None, path: str) -> None:
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise FormatError(
+                f"safetensors metadata maps str to str; {key!r}: {value!r} is {type(value).__name__} "
+                "(convert values with str() or json.dumps())",
+                path=path,
+            )
+
+
+def write(
+    tensors: Mapping[str, Any],
+    path: str,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Write `tensors` as a safetensors file, atomically, one tensor in memory at a time.
+
+    Args:
+        tensors: name -> numpy array, `TensorView` or anything `numpy.asarray` accepts
+            (torch tensors included). Views are read one at a time while writing.
+        path: destination file.
+        metadata: the ``__metadata__`` strings.
+        overwrite: replace an existing file (atomically) instead of refusing.
+    """
+    _check_metadata(metadata, path)
+    sources = tensor_sources(tensors, path=path, packed_ok=True)
+    for src in sources:
+        if src.code is None:
+            try:
+                src.code = by_numpy(src.dtype).safetensors
+            except UnsupportedDTypeError as e:
+                raise UnsupportedDTypeError(e.message, path=path, tensor=src.name) from None
+        if "\x00" in src.name or not src.name:
+            raise FormatError(f"tensor name {src.name!r} cannot be stored (empty or containing NUL)", path=path)
+    sources.sort(key=lambda s: (-_WRITE_RANK[s.code], s.name))
+    head = header_bytes(sources, metadata)
+    if len(head) > MAX_HEADER_SIZE:
+        raise FormatError(f"the header would be {len(head)} bytes, over the {MAX_HEADER_SIZE}-byte limit", path=path)
+    with atomic_write(path, overwrite=overwrite) as out:
+        out.write(_LENGTH.pack(len(head)) + head)
+        for src in sources:
+            write_all(out, src.little_endian_bytes())

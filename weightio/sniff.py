@@ -1,0 +1,99 @@
+"""Format detection from a file's first bytes, never from its name.
+
+| first bytes                                   | format                                   |
+|-----------------------------------------------|------------------------------------------|
+| ``\\x93NUMPY``                                 | ``npy``                                  |
+| ``PK\\x03\\x04`` / ``PK\\x05\\x06`` (zip)          | ``npz`` when every member is ``*.npy``;  |
+|                                               | ``pytorch`` when it holds ``data.pkl``   |
+| ``GGUF``                                      | ``gguf``                                 |
+| ``lmgg`` ``fmgg`` ``tjgg`` (ggml/ggmf/ggjt)     | ``ggml``                                 |
+| ``\\x80`` + protocol 2-5 (a pickle)             | ``pytorch`` (legacy torch.save, or a raw pickle) |
+| ``ustar`` at offset 257 (tar)                 | ``pytorch`` (legacy tar torch.save)      |
+| 8 bytes (u64 N), then ``{`` after whitespace  | ``safetensors``                          |
+
+Anything else raises `FormatError` saying what the file looks like (a Git LFS pointer, an HTML
+page, HDF5, gzip …) and what to do.
+"""
+
+from __future__ import annotations
+
+from . import _zip
+from ._io import MappedFile
+from .errors import FormatError
+
+__all__ = ["sniff", "FORMATS"]
+
+FORMATS = ("safetensors", "pytorch", "gguf", "ggml", "npz", "npy")
+
+_MAGICS = (
+    (b"\x93NUMPY", "npy"),
+    (b"GGUF", "gguf"),
+    (b"lmgg", "ggml"),
+    (b"fmgg", "ggml"),
+    (b"tjgg", "ggml"),
+)
+
+# Things people point weight loaders at by mistake, and what to tell them.
+_NOT_CHECKPOINTS = (
+    (b"version https://git-lfs", "a Git LFS pointer file, not the weights: run `git lfs pull` to fetch them"),
+    (b"<!DOCTYPE", "an HTML page, not weights (a failed download?)"),
+    (b"<html", "an HTML page, not weights (a failed download?)"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras .h5); weightio does not read HDF5"),
+    (b"\x1f\x8b", "gzip-compressed; decompress it first"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive; extract it first"),
+    (b"\x89PNG", "a PNG image, not weights"),
+    (b"\xff\xd8\xff", "a JPEG image, not weights"),
+    (b"FUGG", "a big-endian GGUF written with the proposed 'FUGG' magic, which weightio does not read"),
+)
+
+
+def sniff(file: MappedFile) -> str:
+    """The format of `file`, one of `FORMATS`.
+
+    Raises:
+        FormatError: the bytes are no checkpoint format weightio knows; says what they look like.
+    """
+    head = file.read(0, min(file.size, 512), "the first bytes")
+    for magic, fmt in _MAGICS:
+        if head.startswith(magic):
+            return fmt
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return _sniff_zip(file)
+    # Before the pickle test: a safetensors header length such as 0x280 begins with the bytes
+    # of a pickle PROTO opcode, while "{" is no pickle opcode.
+    if _looks_like_safetensors(head, file.size):
+        return "safetensors"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pytorch"
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "pytorch"
+    for magic, words in _NOT_CHECKPOINTS:
+        if head.startswith(magic):
+            raise FormatError(f"is {words}", path=file.path)
+    raise FormatError(f"is not a checkpoint format weightio reads (safetensors, PyTorch, GGUF, ggml, npz, npy); "
+                      f"it starts with {head[:16]!r}", path=file.path)
+
+
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    # A JSON object after the 8-byte length is enough: a length that is absurd or runs past the
+    # end is the reader's to report precisely, not a reason to call the file unknown. Other JSON
+    # values (a malformed header) count only when the length is plausible.
+    if len(head) < 9:
+        return False
+    first = head[8:].lstrip(b" \t\r\n")[:1]
+    n = int.from_bytes(head[:8], "little")
+    return first == b"{" or (first in (b"[", b'"') and 2 <= n <= size - 8)
+
+
+def _sniff_zip(file: MappedFile) -> str:
+    names = [m.name for m in _zip.read_members(file)]
+    if any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in names):
+        raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
+                          "loaded — save the module's state_dict() with torch.save instead", path=file.path)
+    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return "pytorch"
+    if all(n.endswith(".npy") for n in names):
+        return "npz"
+    shown = ", ".join(repr(n) for n in names[:5]) + (" …" if len(names) > 5 else "")
+    raise FormatError(f"is a zip archive but neither an .npz nor a PyTorch checkpoint (members: {shown})",
+                      path=file.path)

@@ -1,0 +1,186 @@
+"""`TensorView`: one tensor of an open checkpoint, read only when asked for.
+
+A view holds a reader, a name and a `TensorInfo`; it touches no tensor bytes until
+`numpy()`, `raw()` or indexing. Those return read-only numpy arrays that are zero-copy views
+of the file mapping whenever the stored bytes allow it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .dtypes import TABLE, dtype_name, parse_dtype
+from .errors import UnsupportedDTypeError
+
+if TYPE_CHECKING:
+    from .formats.base import Reader, TensorInfo
+
+__all__ = ["TensorView"]
+
+# Sub-byte types stored packed several per byte: numpy has no layout for them.
+_PACKED = {row.numpy: row for row in TABLE if row.packed}
+
+
+class TensorView:
+    """A lazy, read-only handle on one stored tensor.
+
+    Attributes:
+        name: the tensor's name in its checkpoint.
+        info: where and how the tensor is stored (`TensorInfo`).
+
+    Example:
+        >>> v = ckpt["encoder.weight"]            # doctest: +SKIP
+        >>> v.shape, v.dtype                      # header only, no data read
+        ((768, 768), dtype('float32'))
+        >>> v[:2].sum()                           # reads two rows
+    """
+
+    __slots__ = ("name", "info", "_reader")
+
+    def __init__(self, reader: Reader, name: str, info: TensorInfo) -> None:
+        self._reader = reader
+        self.name = name
+        self.info = info
+
+    # ------------------------------------------------------------------ header facts
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy-order shape (GGUF `ne` reversed)."""
+        return self.info.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype `numpy()` returns: native byte order; float32 for quantized blocks."""
+        dtype = self.info.dtype
+        return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies as stored (quantized and packed types: their real size)."""
+        return self.info.nbytes
+
+    @property
+    def ggml_type(self) -> str | None:
+        """The ggml block type (``"Q4_K"``, …) for block-quantized tensors, else None."""
+        return self.info.ggml_type
+
+    @property
+    def ndim(self) -> int:
+        return len(self.info.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.info.shape)
+
+    @property
+    def path(self) -> str:
+        """The file this tensor is stored in."""
+        return self._reader.path
+
+    def __len__(self) -> int:
+        if not self.info.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.info.shape[0]
+
+    def __repr__(self) -> str:
+        kind = self.info.ggml_type or dtype_name(self.info.dtype)
+        return f"TensorView({self.name!r}, shape={self.info.shape}, dtype={kind})"
+
+    # ------------------------------------------------------------------ data
+    def numpy(self) -> np.ndarray:
+        """The tensor as a read-only numpy array.
+
+        Zero-copy (a view of the file mapping) whenever dtype and byte order allow. It copies,
+        and only then, for: big-endian data (converted to native order), deflated `.npz` members
+        (inflated once, then shared by every view) and block-quantized tensors (dequantized to
+        float32). Strided torch tensors keep their strides.
+
+        Data stored at an offset that is not a multiple of its itemsize (as in most ``.npz``
+        files numpy writes) is still returned as a view, with ``flags.aligned == False``: numpy
+        computes on it correctly. Backends that need aligned memory (torch) copy at transfer.
+        """
+        if self.info.ggml_type is not None:
+            return self._dequantize(None)
+        return _finish(self._stored())
+
+    def raw(self) -> np.ndarray:
+        """The stored bytes as a read-only 1-D ``uint8`` view (quantized blocks, packed types).
+
+        For strided tensors, the bytes from the first to one past the last element.
+        """
+        info = self.info
+        start = info.offset
+        if info.strides is not None:
+            from .formats.base import byte_extent
+
+            lo, hi = byte_extent(info.shape, info.strides, info.dtype.itemsize)
+            start, stop = info.offset + lo, info.offset + hi
+        else:
+            stop = start + info.nbytes
+        return self._reader.buffer(self.name)[start:stop]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """``view[a:b]``, ``view[:, a:b]``: the selected part as a read-only array.
+
+        Only the bytes of the selected elements are read (the mapping is paged in lazily);
+        conversions (byte order, alignment, dequantization) apply to the selection alone.
+        """
+        if self.info.ggml_type is not None:
+            return self._dequantize(key)
+        return _finish(self._stored()[key])
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        arr = self.numpy()
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def to(self, device: str = "numpy", dtype: Any = None) -> Any:
+        """The tensor on `device`, cast to `dtype` when given.
+
+        Args:
+            device: ``"numpy"``, ``"torch"`` / ``"torch:cpu"``, ``"torch:cuda:N"``, ``"torch:mps"``,
+                ``"jax[:gpu:N]"``, ``"cupy[:N]"``.
+            dtype: any spelling `weightio.dtypes.parse_dtype` accepts (``"bf16"``, ``np.float16`` …).
+        """
+        from . import devices
+
+        return devices.place(self, device, None if dtype is None else parse_dtype(dtype))
+
+    # ------------------------------------------------------------------ internals
+    def _stored(self) -> np.ndarray:
+        """The stored elements as a numpy view, in stored byte order and alignment (zero-copy)."""
+        info = self.info
+        if info.dtype in _PACKED:
+            row = _PACKED[info.dtype]
+            raise UnsupportedDTypeError(
+                f"dtype {row.safetensors} packs {8 // math.gcd(row.bits, 8)} elements per "
+                f"{row.bits // math.gcd(row.bits, 8)} byte(s), which numpy cannot view; "
+                "read the packed bytes with .raw()",
+                path=self.path,
+                tensor=self.name,
+            )
+        buf = self._reader.buffer(self.name)
+        if info.strides is None:
+            return buf[info.offset : info.offset + info.nbytes].view(info.dtype).reshape(info.shape)
+        return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset, strides=info.strides)
+
+    def _dequantize(self, key: Any) -> np.ndarray:
+        from . import quant
+
+        return quant.dequantize_view(self, key)
+
+
+def _finish(arr: np.ndarray) -> np.ndarray:
+    """Make a stored-order view safe to hand out: native byte order, read-only."""
+    if not isinstance(arr, np.ndarray):  # an integer index into a 0-d/1-d view gives a scalar
+        return arr
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if arr.flags.writeable:
+        arr.flags.writeable = False
+    return arr
