@@ -49,6 +49,7 @@ __all__ = [
     "load",
     "open",
     "save",
+    "scan",
 ]
 
 
@@ -106,3 +107,23 @@ def save(
         UnsupportedDTypeError: a tensor's dtype cannot be stored in the format.
     """
     _save(tensors, path, metadata, format, overwrite=overwrite)
+
+
+def scan(path: str | os.PathLike[str]) -> Any:
+    """Report every global a pickle-based checkpoint references and whether it is safe.
+
+    Nothing in the file is executed. Formats that cannot hold code (safetensors, GGUF, npz,
+    npy) report so. See `weightio.safety.ScanReport`.
+    """
+    from .safety import scan as _scan
+
+    return _scan(path)
+
+
+def __getattr__(name: str) -> Any:
+    # `weightio.torch` (load_into & co.) is imported on first use: it imports torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'weightio' has no attribute {name!r}")

@@ -118,17 +118,23 @@ class Checkpoint(Mapping[str, TensorView]):
 # Directory layouts, most preferred first: (index suffix, preferred file, other weight suffixes).
 _LAYOUTS = (
     (".safetensors.index.json", "model.safetensors", (".safetensors",)),
+    (".bin.index.json", "pytorch_model.bin", (".bin", ".pt", ".pth", ".ckpt")),
 )
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a checkpoint file or model directory; see `weightio.open`."""
     path = os.fspath(path)
+    if path.startswith("hf://"):
+        from .hub import resolve  # imports huggingface_hub: only for hf:// paths
+
+        path = resolve(path)
     if os.path.isdir(path):
         return _open_directory(path)
     if not os.path.exists(path):
         raise InputError("no such file or directory", path=path, errno=2)
-    return Checkpoint([open_file(path)], path=path)
+    first = open_file(path)
+    return _open_readers(path, first.siblings(), opened=[first])
 
 
 def _open_directory(path: str) -> Checkpoint:
@@ -188,8 +194,10 @@ def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     return weight_map, metadata
 
 
-def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None = None) -> Checkpoint:
-    readers: list[Reader] = []
+def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None = None, *,
+                  opened: list[Reader] | None = None) -> Checkpoint:
+    """A checkpoint over `opened` readers plus `files`; every reader is closed if any step fails."""
+    readers: list[Reader] = list(opened or [])
     try:
         for file in files:
             readers.append(open_file(file))

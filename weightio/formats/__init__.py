@@ -6,6 +6,7 @@ One module per format; each exposes a `Reader` subclass and, where the format al
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,11 +20,23 @@ from .base import Reader, TensorInfo
 
 __all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "save"]
 
-READERS: dict[str, Callable[[MappedFile], Reader]] = {
+# Readers by sniffed format: a class, or "module:attribute" imported on first use (so that
+# `import weightio` stays cheap and a format's module loads only when such a file is opened).
+READERS: dict[str, Callable[[MappedFile], Reader] | str] = {
     "safetensors": _safetensors.SafetensorsReader,
     "npy": _numpy.NpyReader,
     "npz": _numpy.NpzReader,
+    "pytorch": "weightio.formats.pytorch:PyTorchReader",
+    "gguf": "weightio.formats.gguf:GGUFReader",
+    "ggml": "weightio.formats.ggml:GGMLReader",
 }
+
+
+def _resolve(entry: Any) -> Any:
+    if not isinstance(entry, str):
+        return entry
+    module, _, attribute = entry.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
@@ -36,13 +49,15 @@ def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
     return write
 
 
-WRITERS: dict[str, Callable[..., None]] = {
+# Writers by format name: ``write(tensors, path, metadata=None, *, overwrite=False)``.
+WRITERS: dict[str, Callable[..., None] | str] = {
     "safetensors": _safetensors.write,
     "npz": _no_metadata(_numpy.write_npz, "npz"),
     "npy": _no_metadata(_numpy.write_npy, "npy"),
+    "gguf": "weightio.formats.gguf:write",
 }
 
-SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy"}
+SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".gguf": "gguf"}
 
 
 def open_file(path: str | os.PathLike[str]) -> Reader:
@@ -50,9 +65,11 @@ def open_file(path: str | os.PathLike[str]) -> Reader:
     file = MappedFile(path)
     try:
         fmt = sniff(file)
-        reader = READERS.get(fmt)
-        if reader is None:
-            raise FormatError(f"is a {fmt} file, which this version of weightio cannot read yet", path=file.path)
+        try:
+            reader = _resolve(READERS[fmt])
+        except (KeyError, ImportError, AttributeError):
+            raise FormatError(f"is a {fmt} file, which this version of weightio cannot read yet",
+                              path=file.path) from None
         return reader(file)
     except BaseException:
         file.close()
@@ -82,4 +99,8 @@ def save(
 ) -> None:
     """Write `tensors` to `path`, atomically; see `weightio.save`."""
     fmt = format_for_path(path, format)
-    WRITERS[fmt](tensors, os.fspath(path), metadata, overwrite=overwrite)
+    try:
+        writer = _resolve(WRITERS[fmt])
+    except (ImportError, AttributeError):
+        raise FormatError(f"writing {fmt} is not available in this version of weightio", path=os.fspath(path)) from None
+    writer(tensors, os.fspath(path), metadata, overwrite=overwrite)

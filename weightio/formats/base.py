@@ -92,8 +92,18 @@ class Reader:
         self.tensors: dict[str, TensorInfo] = {}
 
     def buffer(self, name: str) -> np.ndarray:
-        """The read-only ``uint8`` array that tensor `name`'s offset indexes."""
+        """The read-only ``uint8`` array that tensor `name`'s offset indexes.
+
+        Readers may raise here for tensors that are listed but hold no readable data
+        (`UnsupportedDTypeError` for a PyTorch meta tensor, say).
+        """
         return self.file.data
+
+    def siblings(self) -> list[str]:
+        """Other files that belong to the same checkpoint as this one (the other parts of a
+        split GGUF set, say), in order, this file excluded. `open` opens them too and serves
+        every part as one checkpoint."""
+        return []
 
     def close(self) -> None:
         self.file.close()
