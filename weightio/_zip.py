@@ -36,9 +36,11 @@ and do not overlap; no encryption; compression is stored (0) or deflate (8).
 
 from __future__ import annotations
 
+import functools
 import struct
+import weakref
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,6 +50,7 @@ from .errors import CorruptFileError, FormatError
 __all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
 
 METHOD_STORED, METHOD_DEFLATED = 0, 8
+_METHODS = (METHOD_STORED, METHOD_DEFLATED)
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
 _EOCD = struct.Struct("<IHHHHIIH")
@@ -60,9 +63,11 @@ _MAX_MEMBERS = 1_000_000
 _MAX_DEFLATE_RATIO = 1032  # deflate cannot expand more than this (258-byte matches in 2 bits)
 
 
-@dataclass(frozen=True, slots=True)
-class ZipMember:
-    """One archive member.
+class ZipMember(NamedTuple):
+    """One archive member (an immutable record).
+
+    A `NamedTuple` rather than a frozen dataclass: a torch checkpoint has a member per storage,
+    and a frozen dataclass costs several times as much to build (it shows at 1000s of members).
 
     Attributes:
         name: the member name (UTF-8 or CP437 as its flag says).
@@ -83,13 +88,28 @@ class ZipMember:
     data_offset: int
 
 
+_member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
+
+
 def read_members(file: MappedFile) -> list[ZipMember]:
-    """Every member of the zip archive `file`, in file order, fully validated (see module doc)."""
+    """Every member of the zip archive `file`, in file order, fully validated (see module doc).
+
+    The result is remembered for the life of `file`: sniffing a file and then reading it walks
+    the archive once.
+    """
+    cached = _CACHE.get(file)
+    if cached is not None:
+        return list(cached)
     cd_offset, cd_size, count = _find_central_directory(file)
     members = _read_central_directory(file, cd_offset, cd_size, count)
-    located = [_locate(file, m, cd_offset) for m in members]
+    located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
     _check_layout(file, located, cd_offset)
-    return sorted(located, key=lambda m: m.header_offset)
+    located.sort(key=lambda m: m.header_offset)
+    _CACHE[file] = tuple(located)
+    return located
+
+
+_CACHE: weakref.WeakKeyDictionary[MappedFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
 
 
 def _fail(file: MappedFile, message: str) -> CorruptFileError:
@@ -147,32 +167,46 @@ def _read_zip64_end(file: MappedFile, eocd: int) -> tuple[int, int, int, int]:
     return count, cd_size, cd_offset, record
 
 
-def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, count: int) -> list[ZipMember]:
-    members, names, pos, end = [], set(), cd_offset, cd_offset + cd_size
+def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
+                            count: int) -> list[tuple[ZipMember, bytes, int]]:
+    """Parse the central directory from one read (its size is bounded by the file's).
+
+    Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
+    """
+    cd = file.read(cd_offset, cd_size, "the central directory")
+    members, names, pos = [], set(), 0
+    unpack = _CENTRAL.unpack_from
     for _ in range(count):
-        if pos + _CENTRAL.size > end:
+        if pos + _CENTRAL.size > cd_size:
             raise _fail(file, "central directory ends inside an entry")
-        f = file.unpack(_CENTRAL, pos, "a central directory entry")
+        f = unpack(cd, pos)
         if f[0] != _SIG_CENTRAL:
-            raise _fail(file, f"bad central directory signature at offset {pos}")
-        flags, method, crc, csize, usize, nlen, xlen, clen, offset = f[3], f[4], f[7], f[8], f[9], f[10], f[11], f[12], f[16]
-        if pos + _CENTRAL.size + nlen + xlen + clen > end:
+            raise _fail(file, f"bad central directory signature at offset {cd_offset + pos}")
+        flags, method, crc, csize, usize = f[3], f[4], f[7], f[8], f[9]
+        nlen, xlen, clen, offset = f[10], f[11], f[12], f[16]
+        start = pos + _CENTRAL.size
+        if start + nlen + xlen + clen > cd_size:
             raise _fail(file, "a central directory entry runs past the directory")
-        raw_name = file.read(pos + _CENTRAL.size, nlen, "a member name")
-        extra = file.read(pos + _CENTRAL.size + nlen, xlen, "a member's extra field")
-        usize, csize, offset = _apply_zip64(file, extra, usize, csize, offset)
+        if 0xFFFFFFFF in (usize, csize, offset):
+            usize, csize, offset = _apply_zip64(file, cd[start + nlen: start + nlen + xlen], usize, csize, offset)
+        raw_name = cd[start: start + nlen]
         name = _decode_name(file, raw_name, flags)
-        if flags & _FLAG_ENCRYPTED:
-            raise FormatError(f"member {name!r} is encrypted", path=file.path)
-        if method not in (METHOD_STORED, METHOD_DEFLATED):
-            raise FormatError(f"member {name!r} uses compression method {method}; only stored (0) and "
-                              "deflate (8) are supported", path=file.path)
+        if flags & _FLAG_ENCRYPTED or method not in _METHODS:
+            _check_entry(file, name, flags, method)
         if name in names:
             raise _fail(file, f"member {name!r} appears twice")
         names.add(name)
-        members.append(ZipMember(name, method, crc, csize, usize, offset, -1))
-        pos += _CENTRAL.size + nlen + xlen + clen
+        members.append((_member((name, method, crc, csize, usize, offset, -1)), raw_name, flags))
+        pos = start + nlen + xlen + clen
     return members
+
+
+def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:
+    if flags & _FLAG_ENCRYPTED:
+        raise FormatError(f"member {name!r} is encrypted", path=file.path)
+    if method not in (METHOD_STORED, METHOD_DEFLATED):
+        raise FormatError(f"member {name!r} uses compression method {method}; only stored (0) and "
+                          "deflate (8) are supported", path=file.path)
 
 
 def _apply_zip64(file: MappedFile, extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
@@ -201,30 +235,41 @@ def _decode_name(file: MappedFile, raw: bytes, flags: int) -> str:
         raise _fail(file, f"member name {raw!r} is flagged UTF-8 but is not") from None
 
 
-def _locate(file: MappedFile, member: ZipMember, cd_offset: int) -> ZipMember:
-    f = file.unpack(_LOCAL, member.header_offset, f"the local header of {member.name!r}")
+def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int) -> ZipMember:
+    """Find the member's data from its local header (one read: the header and its name)."""
+    at = member.header_offset
+    raw = file.read(at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") if at < file.size else b""
+    if len(raw) < _LOCAL.size:
+        raise CorruptFileError(f"file ends inside the local header of {member.name!r} (needs {_LOCAL.size} bytes "
+                               f"at offset {at}, file has {file.size})", path=file.path)
+    f = _LOCAL.unpack_from(raw)
+    nlen, xlen = f[9], f[10]
     if f[0] != _SIG_LOCAL:
-        raise _fail(file, f"no local header for {member.name!r} at offset {member.header_offset}")
-    flags, nlen, xlen = f[2], f[9], f[10]
-    raw = file.read(member.header_offset + _LOCAL.size, nlen, "a local member name")
-    if _decode_name(file, raw, flags) != member.name:
-        raise _fail(file, f"local header name {raw!r} differs from the central directory's {member.name!r}")
-    data = member.header_offset + _LOCAL.size + nlen + xlen
+        raise _fail(file, f"no local header for {member.name!r} at offset {at}")
+    if raw[_LOCAL.size:] != raw_name or nlen != len(raw_name) or (f[2] ^ flags) & _FLAG_UTF8:
+        _compare_local_name(file, member, f[2], nlen)
+    data = at + _LOCAL.size + nlen + xlen
     if data + member.compressed_size > cd_offset:
         raise _fail(file, f"member {member.name!r} ({member.compressed_size} bytes at {data}) runs into the "
                           f"central directory at {cd_offset}")
     if member.method == METHOD_STORED and member.compressed_size != member.size:
         raise _fail(file, f"stored member {member.name!r} has size {member.size} but {member.compressed_size} "
                           "bytes of data")
-    return ZipMember(member.name, member.method, member.crc32, member.compressed_size, member.size,
-                     member.header_offset, data)
+    return _member((member.name, member.method, member.crc32, member.compressed_size, member.size, at, data))
+
+
+def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: int) -> None:
+    """The local header's name as bytes differs from the central entry's: it must still decode equal."""
+    local = file.read(member.header_offset + _LOCAL.size, nlen, "a local member name")
+    if _decode_name(file, local, flags) != member.name:
+        raise _fail(file, f"local header name {local!r} differs from the central directory's {member.name!r}")
 
 
 def _check_layout(file: MappedFile, members: list[ZipMember], cd_offset: int) -> None:
     ordered = sorted(members, key=lambda m: m.header_offset)
     if ordered and ordered[0].header_offset != 0:
         raise _fail(file, f"{ordered[0].header_offset} bytes precede the first member (a polyglot file?)")
-    for before, after in zip(ordered, ordered[1:]):
+    for before, after in zip(ordered, ordered[1:], strict=False):
         if before.data_offset + before.compressed_size > after.header_offset:
             raise _fail(file, f"members {before.name!r} and {after.name!r} overlap")
 

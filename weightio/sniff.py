@@ -5,9 +5,10 @@
 | ``\\x93NUMPY``                                 | ``npy``                                  |
 | ``PK\\x03\\x04`` / ``PK\\x05\\x06`` (zip)          | ``npz`` when every member is ``*.npy``;  |
 |                                               | ``pytorch`` when it holds ``data.pkl``   |
-| ``GGUF``                                      | ``gguf``                                 |
+| ``GGUF`` (or ``FUGG``, big-endian)            | ``gguf``                                 |
 | ``lmgg`` ``fmgg`` ``tjgg`` (ggml/ggmf/ggjt)     | ``ggml``                                 |
 | ``\\x80`` + protocol 2-5 (a pickle)             | ``pytorch`` (legacy torch.save, or a raw pickle) |
+| ``L119547037146038801333356L\\n`` (protocol 0/1) | ``pytorch`` (legacy torch.save's magic number) |
 | ``ustar`` at offset 257 (tar)                 | ``pytorch`` (legacy tar torch.save)      |
 | 8 bytes (u64 N), then ``{`` after whitespace  | ``safetensors``                          |
 
@@ -28,10 +29,14 @@ FORMATS = ("safetensors", "pytorch", "gguf", "ggml", "npz", "npy")
 _MAGICS = (
     (b"\x93NUMPY", "npy"),
     (b"GGUF", "gguf"),
+    (b"FUGG", "gguf"),  # the byte-swapped magic once proposed for big-endian files (llama.cpp#3957)
     (b"lmgg", "ggml"),
     (b"fmgg", "ggml"),
     (b"tjgg", "ggml"),
 )
+
+# torch's legacy magic number 0x1950a86a20f9469cfc6c as protocols 0 and 1 pickle it (a text LONG).
+_LEGACY_MAGIC_TEXT = b"L119547037146038801333356L\n"
 
 # Things people point weight loaders at by mistake, and what to tell them.
 _NOT_CHECKPOINTS = (
@@ -43,7 +48,6 @@ _NOT_CHECKPOINTS = (
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive; extract it first"),
     (b"\x89PNG", "a PNG image, not weights"),
     (b"\xff\xd8\xff", "a JPEG image, not weights"),
-    (b"FUGG", "a big-endian GGUF written with the proposed 'FUGG' magic, which weightio does not read"),
 )
 
 
@@ -64,6 +68,8 @@ def sniff(file: MappedFile) -> str:
     if _looks_like_safetensors(head, file.size):
         return "safetensors"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pytorch"
+    if head.startswith(_LEGACY_MAGIC_TEXT):
         return "pytorch"
     if len(head) >= 262 and head[257:262] == b"ustar":
         return "pytorch"

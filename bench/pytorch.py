@@ -1,0 +1,242 @@
+"""PyTorch benchmark: weightio's allowlist reader against torch.load, on a real torch.save file.
+
+    python bench/pytorch.py [--reps 7] [--gib 1]
+
+Generates (once, in $WEIGHTIO_BENCH_DIR or /tmp/weightio-bench) a ~1 GiB ``pytorch_model.bin``
+of 500 float32 tensors written by ``torch.save`` (zip format), then measures, each run in a fresh
+process, warm page cache:
+
+1. open + list names and shapes     weightio vs torch.load(mmap=True, weights_only=True), both
+                                    timed after their imports (weightio.formats.pytorch included)
+2. the whole process                ``python -c "open + list"``: weightio vs torch, imports included
+                                    (bytecode cached for both, see `_process_env`)
+3. numpy() on every tensor          weightio: time and RSS growth (zero-copy views of the zip
+                                    records), next to torch.load(mmap=True) + .numpy()
+4. the same file in the legacy      weightio open + list (torch cannot mmap legacy files: it
+   raw-pickle format                reads every storage; shown for scale)
+5. open, step by step               zip walk, prepass, unpickling, index (where weightio's time goes)
+
+and writes the medians and ratios into docs/benchmarks.md (section "pytorch").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+N_TENSORS = 500
+
+
+def paths(gib: float) -> dict[str, Path]:
+    tag = f"{gib:g}g"
+    return {"zip": CACHE / f"pytorch-{tag}" / "pytorch_model.bin",
+            "legacy": CACHE / f"pytorch-{tag}-legacy" / "pytorch_model.bin"}
+
+
+def generate(gib: float) -> dict[str, Path]:
+    p = paths(gib)
+    if all(path.exists() for path in p.values()):
+        return p
+    import torch
+
+    rows = int(gib * (1 << 30)) // 4 // N_TENSORS // 1024
+    generator = torch.Generator().manual_seed(0)
+    state = {f"layers.{i}.weight": torch.randn(rows, 1024, generator=generator) for i in range(N_TENSORS)}
+    for kind, path in p.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            torch.save(state, path, _use_new_zipfile_serialization=(kind == "zip"))
+    return p
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _worker(case: str, peer: str, path: str) -> dict:
+    import numpy as np  # noqa: F401
+
+    if peer == "weightio":
+        import weightio as wio
+        import weightio.formats.pytorch  # noqa: F401 - the reader module, imported lazily by open()
+    else:
+        import torch
+
+    def wio_open():
+        c = wio.open(path)
+        return c, [(k, v.shape) for k, v in c.items()]
+
+    def torch_open():
+        sd = torch.load(path, mmap=True, weights_only=True)
+        return sd, [(k, tuple(v.shape)) for k, v in sd.items()]
+
+    def wio_numpy():
+        c = wio.open(path)
+        return c, [c[k].numpy() for k in c]
+
+    def torch_numpy():
+        sd = torch.load(path, mmap=True, weights_only=True)
+        return sd, [v.numpy() for v in sd.values()]
+
+    table = {("open", "weightio"): wio_open, ("open", "torch"): torch_open,
+             ("numpy", "weightio"): wio_numpy, ("numpy", "torch"): torch_numpy,
+             ("legacy", "weightio"): wio_open}
+    if case == "phases":
+        return _phases(path)
+    return timed(table[(case, peer)])
+
+
+def _phases(path: str) -> dict:
+    """weightio's open of a zip checkpoint, step by step (fresh process, like the other cases)."""
+    from weightio import _pickle, _standins, _zip
+    from weightio._io import MappedFile
+    from weightio.formats import pytorch
+
+    marks = [("start", time.perf_counter())]
+    file = MappedFile(path)
+    members = _zip.read_members(file)
+    marks.append(("zip walk", time.perf_counter()))
+    container = pytorch.ZipContainer.__new__(pytorch.ZipContainer)
+    pytorch.Container.__init__(container, file)
+    container.records = {m.name: m for m in members}
+    container.prefix = pytorch._archive_prefix(file, members)
+    data = container._read_record(container.records[container.prefix + "data.pkl"])
+    marks.append(("data.pkl read", time.perf_counter()))
+    _pickle.prepass(data)
+    marks.append(("prepass", time.perf_counter()))
+    container.root = _pickle.Unpickler(data, container._persistent_load).load()
+    marks.append(("unpickling", time.perf_counter()))
+    tensors, _ = _standins.flatten(container.root, budget=1 << 30, root_name="x")
+    builder = pytorch._Builder(container)
+    for name, leaf in tensors.items():
+        builder.build(name, leaf)
+    marks.append(("flatten + index", time.perf_counter()))
+    steps = {name: round((t - marks[i][1]) * 1e3, 3) for i, (name, t) in enumerate(marks[1:])}
+    return {"seconds": marks[-1][1] - marks[0][1], "rss_mib": 0.0, "extra": steps}
+
+
+_PROCESS_CODE = {
+    "weightio": "import weightio as wio; c = wio.open({path!r}); x = [(k, v.shape) for k, v in c.items()]",
+    "torch": "import torch; sd = torch.load({path!r}, mmap=True, weights_only=True); "
+             "x = [(k, tuple(v.shape)) for k, v in sd.items()]",
+}
+
+
+def _process_env() -> dict[str, str]:
+    """The environment of a `python -c` run: bytecode cached (under the bench folder), as for any
+    installed package — with PYTHONDONTWRITEBYTECODE, an editable weightio would be recompiled
+    from source by every process while torch's wheel ships its bytecode."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(CACHE / "pycache")
+    return env
+
+
+def _process_worker(peer: str, path: str) -> dict:
+    """The whole `python -c` process, timed from outside (interpreter start and imports included)."""
+    command = [sys.executable, "-c", _PROCESS_CODE[peer].format(path=path)]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=_process_env())
+    return {"seconds": time.perf_counter() - start, "rss_mib": 0.0}
+
+
+def _compile_once(p: dict[str, Path]) -> None:
+    """Run each `python -c` once so both peers start from cached bytecode."""
+    for peer in _PROCESS_CODE:
+        subprocess.run([sys.executable, "-c", _PROCESS_CODE[peer].format(path=str(p["zip"]))], check=True,
+                       env=_process_env())
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def cases(p: dict[str, Path]) -> list[Case]:
+    z, legacy = str(p["zip"]), str(p["legacy"])
+    return [
+        Case("open", {peer: ["open", peer, z] for peer in ("weightio", "torch")},
+             "open + list names and shapes (after imports)"),
+        Case("process", {peer: ["process", peer, z] for peer in ("weightio", "torch")},
+             "whole process: python -c 'open + list'"),
+        Case("numpy", {peer: ["numpy", peer, z] for peer in ("weightio", "torch")},
+             "open + numpy() on every tensor"),
+        Case("legacy", {"weightio": ["legacy", "weightio", legacy]}, "legacy raw-pickle file: open + list"),
+        Case("phases", {"weightio": ["phases", "weightio", z]}, "open, step by step (see below)"),
+    ]
+
+
+def report(results: dict, p: dict[str, Path], reps: int) -> str:
+    size = p["zip"].stat().st_size / (1 << 30)
+    lines = [
+        "## PyTorch checkpoints: weightio's allowlist reader vs torch.load",
+        "",
+        f"`python bench/pytorch.py --reps {reps}` on {environment()}.",
+        f"File: {size:.2f} GiB `pytorch_model.bin` ({N_TENSORS} float32 tensors, written by `torch.save`, zip "
+        "format; and the same state dict in the legacy format). Each run is a fresh process, page cache warm; "
+        f"medians of {reps} runs. torch runs `torch.load(path, mmap=True, weights_only=True)`. "
+        "Ratio = peer time / weightio time (> 1: weightio is faster).",
+        "",
+        "| case | peer | median time | RSS growth | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    notes = {c.name: c.note for c in cases(p)}
+    for case, peers in results.items():
+        base = peers["weightio"]["seconds"]
+        for peer, r in peers.items():
+            t = r["seconds"]
+            shown = f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
+            ratio = "1" if peer == "weightio" else f"{t / base:.2f}×"
+            rss = "–" if case in ("process", "phases") else f"{r['rss_mib']:.1f} MiB"
+            lines.append(f"| {notes[case]} | {peer} | {shown} | {rss} | {ratio} |")
+    steps = results["phases"]["weightio"]["extra"]
+    lines += ["", "weightio's open of the zip file, step by step (last run): "
+              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in steps.items()) + ". "
+              "The prepass (opcode checks before CPython's unpickler runs) and the 500 local zip headers "
+              "are read in Python; the unpickling itself is CPython's C unpickler calling weightio's stand-ins."]
+    return "\n".join(lines)
+
+
+def targets(results: dict) -> list[str]:
+    def t(case: str, peer: str) -> float:
+        return results[case][peer]["seconds"]
+
+    checks = [
+        ("open + names/shapes >= 5x faster than torch.load(mmap=True, weights_only=True)",
+         t("open", "torch") / t("open", "weightio") >= 5),
+        ("whole process >= 10x faster than with torch", t("process", "torch") / t("process", "weightio") >= 10),
+        ("numpy() on every tensor: RSS growth < 16 MiB", results["numpy"]["weightio"]["rss_mib"] < 16),
+    ]
+    return [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+    p = generate(args.gib)
+    warm(*p.values())
+    _compile_once(p)
+    results = measure(SCRIPT, cases(p), args.reps)
+    text = report(results, p, args.reps) + "\n\nTargets (from the issue):\n\n" + "\n".join(targets(results)) + "\n"
+    print(text)
+    if not args.no_write:
+        write_section("pytorch", text)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        case, peer, path = sys.argv[2:5]
+        result = _process_worker(peer, path) if case == "process" else _worker(case, peer, path)
+        print(json.dumps(result))
+    else:
+        main()

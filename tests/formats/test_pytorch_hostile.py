@@ -1,0 +1,330 @@
+"""Hostile PyTorch checkpoints: every structural lie gets the right WeightioError, worded for a
+person, naming the file and the tensor — never a traceback from pickle/zipfile, never a hang."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import tarfile
+import zipfile
+
+import pytest
+
+import weightio as wio
+from weightio.errors import CorruptFileError, FormatError, UnsafePickleError
+
+from ..conftest import FIXTURES
+from ..pytorch_files import (
+    BINPERSID,
+    EMPTY_LIST,
+    MARK,
+    NEWFALSE,
+    NONE,
+    P2,
+    STOP,
+    bounded,
+    call,
+    f32,
+    g,
+    i,
+    ints,
+    legacy_file,
+    legacy_pid,
+    member,
+    pid,
+    rezip,
+    s,
+    stacked,
+    state_dict,
+    tensor,
+    torch_zip,
+    tup,
+)
+
+PT = FIXTURES / "pytorch"
+
+
+def _fails(write, content: bytes, error: type, message: str, name: str = "model.pt") -> None:
+    path = write(name, content)
+    with bounded(), pytest.raises(error) as info:
+        with wio.open(path) as ckpt:
+            for view in ckpt.values():
+                view.numpy()
+    assert message in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def one(entry: bytes, records: dict[str, bytes] | None = None, **kwargs) -> bytes:
+    """A zip checkpoint holding tensor 'w' = `entry`."""
+    return torch_zip(state_dict({"w": entry}), {"0": f32(*range(12))} if records is None else records, **kwargs)
+
+
+W = pid("FloatStorage", "0", 12)
+
+# ----------------------------------------------------------------------------- zip checkpoints
+
+ZIP_CASES = [
+    ("missing record", lambda: one(tensor(W, 0, (3, 4), (4, 1)), records={}), CorruptFileError,
+     "tensor 'w': its storage '0' has no record 'archive/data/0' in the archive"),
+    ("record smaller than declared", lambda: one(tensor(W, 0, (3, 4), (4, 1)), records={"0": f32(1, 2, 3)}),
+     CorruptFileError, "tensor 'w': its storage '0' is declared as 12 x float32 = 48 bytes but record 'archive/data/0' "
+                       "holds 12"),
+    ("numel far beyond the file", lambda: one(tensor(pid("FloatStorage", "0", 10**12), 0, (1,), (1,))),
+     CorruptFileError, "archive/data.pkl: storage '0': 1000000000000 elements of float32 cannot fit in a"),
+    ("view past its storage", lambda: one(tensor(W, 10, (3, 4), (4, 1))), CorruptFileError,
+     "tensor 'w': view (offset 10, size (3, 4), stride (4, 1)) reaches element 21 of a 12-element storage '0'"),
+    ("absurd size", lambda: one(tensor(W, 0, (10**20, 10**20), (1, 1))), CorruptFileError,
+     "tensor 'w': view (offset 0, size (100000000000000000000, 100000000000000000000), stride (1, 1)) reaches "
+     "element 199,999,999,999,999,999,998"),
+    ("absurd stride", lambda: one(tensor(W, 0, (2,), (2**62,))), CorruptFileError,
+     "reaches element 4,611,686,018,427,387,904 of a 12-element storage"),
+    ("negative stride", lambda: one(tensor(W, 0, (3, 4), (-4, 1))), CorruptFileError,
+     "tensor 'w': negative offset, size or stride (offset 0, size (3, 4), stride (-4, 1))"),
+    ("negative size", lambda: one(tensor(W, 0, (-3, 4), (4, 1))), CorruptFileError,
+     "tensor 'w': negative offset, size or stride (offset 0, size (-3, 4), stride (4, 1))"),
+    ("negative offset", lambda: one(tensor(W, 0, (3,), (1,)).replace(i(0) + ints((3,)), i(-1) + ints((3,)))),
+     CorruptFileError, "tensor 'w': negative offset, size or stride (offset -1, size (3,), stride (1,))"),
+    ("size and stride differ in length", lambda: one(tensor(W, 0, (3, 4), (1,))), CorruptFileError,
+     "tensor 'w': size (3, 4) and stride (1,) must have the same length, at most 64"),
+    ("65 dimensions", lambda: one(tensor(W, 0, (1,) * 65, (1,) * 65)), CorruptFileError,
+     "must have the same length, at most 64"),
+    ("float size", lambda: one(tensor(W, 0, (3,), (1,)).replace(ints((3,)), tup(b"G" + struct.pack(">d", 3.0)))),
+     CorruptFileError, "tensor 'w': offset 0, size (3.0,) and stride (1,) must be an int and tuples of ints"),
+    ("storage that is not a storage", lambda: one(tensor(NONE, 0, (3,), (1,))), CorruptFileError,
+     "tensor 'w': its storage is None, not a torch storage"),
+    ("storage class that is a dtype", lambda: one(tensor(tup(s("storage"), g("torch", "float32"), s("0"), s("cpu"),
+                                                              i(12)) + BINPERSID, 0, (3,), (1,))),
+     CorruptFileError, "storage '0': torch.float32 is not a torch storage class"),
+    ("storage key declared twice", lambda: torch_zip(state_dict({
+        "a": tensor(pid("FloatStorage", "0", 12), 0, (1,), (1,)),
+        "b": tensor(pid("IntStorage", "0", 12), 0, (1,), (1,))}), {"0": f32(*range(12))}), CorruptFileError,
+     "storage '0' is declared twice: 12 x float32, then 12 x int32"),
+    ("persistent id not a tuple", lambda: one(tensor(i(7) + BINPERSID, 0, (1,), (1,))), CorruptFileError,
+     "persistent id 7 is not ('storage', class, key, location, numel)"),
+    ("module persistent id", lambda: one(tup(s("module"), NONE, NONE, NONE) + BINPERSID), CorruptFileError,
+     "persistent id ('module', None, None, None) is not ('storage', class, key, location, numel)"),
+    ("persistent id of the wrong arity", lambda: one(tup(s("storage"), g("torch", "FloatStorage"), s("0")) + BINPERSID),
+     CorruptFileError, "is not ('storage', class, key, location, numel)"),
+    ("10 MB location", lambda: one(tensor(tup(s("storage"), g("torch", "FloatStorage"), s("0"), s("x" * 10_000_000),
+                                              i(12)) + BINPERSID, 0, (1,), (1,))),
+     CorruptFileError, "storage '0': location 'xxxxxxxx"),
+    ("non-string key", lambda: one(tensor(tup(s("storage"), g("torch", "FloatStorage"), i(0), s("cpu"), i(12))
+                                          + BINPERSID, 0, (1,), (1,))),
+     CorruptFileError, "storage key 0 is not a short printable string"),
+    ("v3 with something that is not a dtype", lambda: one(call(
+        "torch._utils", "_rebuild_tensor_v3", W, i(0), ints((1,)), ints((1,)), NEWFALSE, NONE, s("float32"))),
+     CorruptFileError, "tensor 'w': dtype 'float32' is not a torch dtype"),
+    ("byteorder 'middle'", lambda: one(tensor(W, 0, (1,), (1,)), byteorder=b"middle"), CorruptFileError,
+     "byteorder record is b'middle'; torch writes 'little' or 'big'"),
+    ("format version 99", lambda: one(tensor(W, 0, (1,), (1,)), version=b"99\n"), FormatError,
+     "PyTorch zip format version b'99\\n' is not supported (1 to 10 are)"),
+    ("data.pkl that is no pickle", lambda: torch_zip(b"\xff\xfe not a pickle", {}), CorruptFileError,
+     "archive/data.pkl: invalid opcode 0xff at offset 0"),
+    ("deeply nested data.pkl", lambda: torch_zip(P2 + (MARK + EMPTY_LIST) * 5000 + STOP, {}), CorruptFileError,
+     "archive/data.pkl: more than 1,000 nested MARKs"),
+    ("two data.pkl prefixes", lambda: _zip_of({"a/data.pkl": state_dict({}), "b/data.pkl": state_dict({})}),
+     CorruptFileError, "a PyTorch zip checkpoint has one <prefix>/data.pkl record; found 'a/data.pkl', 'b/data.pkl'"),
+    ("no data.pkl at all", lambda: rezip(PT / "views.pt", {"views/data.pkl": None}), FormatError,
+     "is a zip archive but neither an .npz nor a PyTorch checkpoint"),
+    ("a bomb posing as a deflated data.pkl",
+     lambda: _patch_central(torch_zip(state_dict({}), {}, compress={"data.pkl"}), "archive/data.pkl", usize=2**32 - 2),
+     CorruptFileError, "member 'archive/data.pkl' claims 4294967294 bytes from"),
+    ("data.pkl CRC mismatch", lambda: _patch_central(torch_zip(state_dict({}), {}), "archive/data.pkl", crc=1234),
+     CorruptFileError, "zip archive: record 'archive/data.pkl' fails its CRC-32 check"),
+    ("truncated archive", lambda: one(tensor(W, 0, (1,), (1,)))[:-40], CorruptFileError,
+     "zip archive: no end-of-central-directory record ends the file (truncated, or bytes appended)"),
+    ("cut in half", lambda: (PT / "views.pt").read_bytes()[:3000], CorruptFileError,
+     "zip archive: no end-of-central-directory record ends the file"),
+    ("local header name differs", lambda: _rename_local(one(tensor(W, 0, (1,), (1,))), b"archive/data/0",
+                                                        b"archive/data/X"), CorruptFileError,
+     "zip archive: local header name b'archive/data/X' differs from the central directory's 'archive/data/0'"),
+    ("duplicate members", lambda: _duplicate(), CorruptFileError,
+     "zip archive: member 'archive/data.pkl' appears twice"),
+]
+
+
+def _patch_central(data: bytes, name: str, *, crc: int | None = None, usize: int | None = None) -> bytes:
+    pos = data.index(b"PK\x01\x02")
+    while True:
+        n = struct.unpack_from("<H", data, pos + 28)[0]
+        if data[pos + 46: pos + 46 + n] == name.encode():
+            break
+        pos = data.index(b"PK\x01\x02", pos + 1)
+    if crc is not None:
+        data = data[: pos + 16] + struct.pack("<I", crc) + data[pos + 20:]
+    if usize is not None:
+        data = data[: pos + 24] + struct.pack("<I", usize) + data[pos + 28:]
+    return data
+
+
+def _rename_local(data: bytes, old: bytes, new: bytes) -> bytes:
+    at = data.index(old)  # the first occurrence is in the local header
+    return data[:at] + new + data[at + len(new):]
+
+
+def _zip_of(members: dict[str, bytes] | list[tuple[str, bytes]]) -> bytes:
+    import warnings
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate names some cases need
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in (members.items() if isinstance(members, dict) else members):
+                z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _duplicate() -> bytes:
+    return _zip_of([("archive/data.pkl", state_dict({})),
+                    ("archive/data.pkl", P2 + call("posix", "system", s("touch x")) + STOP)])
+
+
+@pytest.mark.parametrize("build,error,message", [c[1:] for c in ZIP_CASES], ids=[c[0] for c in ZIP_CASES])
+def test_hostile_zip_checkpoints(write, build, error, message):
+    _fails(write, build(), error, message)
+
+
+def test_a_pickle_with_a_zip_appended_is_refused(write):
+    polyglot = P2 + call("collections", "OrderedDict") + STOP + (PT / "views.pt").read_bytes()
+    _fails(write, polyglot, CorruptFileError, "bytes follow the pickle's STOP opcode (stacked pickles or a polyglot "
+                                              "file; a plain pickle holds one object)", name="model.npz")
+
+
+def test_stacked_pickles_in_a_plain_pickle_file_are_refused(write):
+    benign = pickle.dumps({"a": 1}, protocol=2)
+    evil = P2 + call("posix", "system", s("touch x")) + STOP
+    _fails(write, benign + evil, CorruptFileError, f"{len(evil):,} bytes follow the pickle's STOP opcode",
+           name="two.pkl")
+
+
+# ----------------------------------------------------------------------------- legacy raw-pickle files
+
+LEGACY_W = state_dict({"w": tensor(legacy_pid("FloatStorage", "0", 3), 0, (3,), (1,))})
+DATA3 = f32(1, 2, 3)
+
+LEGACY_CASES = [
+    ("protocol version 1000", lambda: legacy_file(LEGACY_W, ["0"], [(3, DATA3)], protocol=1000), FormatError,
+     "legacy torch.save protocol version 1000 is not supported (1001 is)"),
+    ("sys_info not a dict", lambda: legacy_file(LEGACY_W, ["0"], [(3, DATA3)], sys_info=pickle.dumps([1], 2)),
+     CorruptFileError, "legacy sys_info is [1], not a dict"),
+    ("a storage no tensor uses", lambda: legacy_file(LEGACY_W, ["0", "9"], [(3, DATA3)]), CorruptFileError,
+     "storage '9' is listed but no tensor refers to it"),
+    ("element count mismatch", lambda: legacy_file(LEGACY_W, ["0"], [(2, DATA3)]), CorruptFileError,
+     "storage '0' is declared with 3 elements but its data holds 2"),
+    ("storage data cut short", lambda: legacy_file(LEGACY_W, ["0"], [(3, DATA3[:8])]), CorruptFileError,
+     "storage '0' (12 bytes at"),
+    ("bytes after the last storage", lambda: legacy_file(LEGACY_W, ["0"], [(3, DATA3)]) + b"JUNK", CorruptFileError,
+     "4 bytes follow the last storage"),
+    ("key list with duplicates", lambda: legacy_file(LEGACY_W, ["0", "0"], [(3, DATA3)]), CorruptFileError,
+     "the legacy storage key list is not a list of distinct strings"),
+    ("storage not in the list", lambda: legacy_file(LEGACY_W, [], []), CorruptFileError,
+     "tensor 'w': its storage '0' is not in the file's storage list"),
+    ("view outside its root", lambda: legacy_file(state_dict({"w": tensor(legacy_pid(
+        "FloatStorage", "0", 3, view=tup(s("v"), i(2), i(5))), 0, (1,), (1,))}), ["0"], [(3, DATA3)]),
+     CorruptFileError, "storage view 'v' (elements 2..7) lies outside storage '0' (3 elements)"),
+    ("whole-module persistent id",
+     lambda: legacy_file(state_dict({"m": tup(s("module"), NONE, NONE, NONE) + BINPERSID}), [], []),
+     UnsafePickleError, "the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is code"),
+]
+
+
+@pytest.mark.parametrize("build,error,message", [c[1:] for c in LEGACY_CASES], ids=[c[0] for c in LEGACY_CASES])
+def test_hostile_legacy_files(write, build, error, message):
+    _fails(write, build(), error, message)
+
+
+def test_legacy_views_of_a_storage_read_their_slice(write):
+    view = legacy_pid("FloatStorage", "0", 3, view=tup(s("v"), i(1), i(2)))
+    data = legacy_file(state_dict({"w": tensor(view, 0, (2,), (1,))}), ["0"], [(3, DATA3)])
+    with wio.open(write("view.pt", data)) as ckpt:
+        assert ckpt["w"].numpy().tolist() == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("index,label", [(2, "pickle 3 (sys_info)"), (3, "pickle 4 (the checkpoint)"),
+                                         (4, "pickle 5 (storage keys)")])
+def test_a_payload_in_any_stacked_pickle_of_a_legacy_file_is_refused(write, tmp_path, index, label):
+    source = PT / "views_legacy.pt"
+    raw, spans = source.read_bytes(), stacked(source)
+    marker = tmp_path / "PWNED"
+    evil = P2 + call("posix", "system", s(f"touch {marker}")) + STOP
+    start, end = spans[index]
+    _fails(write, raw[:start] + evil + raw[end:], UnsafePickleError,
+           f"{label}: the pickle asks for global 'posix.system'")
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- legacy tar files
+
+
+def _tar_members() -> dict[str, bytes]:
+    with tarfile.open(PT / "legacy_tar.pt") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def _tar(members: dict[str, bytes] | list[tuple[str, bytes]], kind: bytes = tarfile.REGTYPE) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (members.items() if isinstance(members, dict) else members):
+            info = tarfile.TarInfo(name)
+            info.size, info.type = len(data), kind
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+
+
+TAR_CASES = [
+    ("bad header checksum", lambda: _flip((PT / "legacy_tar.pt").read_bytes(), 10), CorruptFileError,
+     "tar archive: the header at offset 0 fails its checksum"),
+    ("a member too many", lambda: _tar({**_tar_members(), "extra": b""}), CorruptFileError,
+     "a legacy torch tar checkpoint has members sys_info, pickle, tensors, storages; found 'sys_info', 'pickle', "
+     "'tensors', 'storages', 'extra'"),
+    ("a member missing", lambda: _tar({k: v for k, v in _tar_members().items() if k != "tensors"}), CorruptFileError,
+     "found 'sys_info', 'pickle', 'storages'"),
+    ("duplicate member", lambda: _tar([*_tar_members().items(), ("pickle", b"x")]), CorruptFileError,
+     "member 'pickle' appears twice"),
+    ("bytes after the archive", lambda: (PT / "legacy_tar.pt").read_bytes() + b"PK\x05\x06" + bytes(18),
+     CorruptFileError, "tar archive: non-zero bytes follow the end of the archive (a polyglot file?)"),
+    ("truncated", lambda: (PT / "legacy_tar.pt").read_bytes()[:2000], CorruptFileError,
+     "tar archive: the archive ends at offset 2048 without its end-of-archive blocks"),
+    ("a symlink member", lambda: _tar(_tar_members(), tarfile.SYMTYPE), CorruptFileError,
+     "the member at offset 0 has type '2'; only regular files are expected"),
+    ("payload in the main pickle", lambda: _tar({**_tar_members(), "pickle": P2 + call("posix", "system", s("x"))
+                                                 + STOP}),
+     UnsafePickleError, "member 'pickle': the pickle asks for global 'posix.system'"),
+    ("tensor header with 100 dims", lambda: _tar({**_tar_members(), "tensors": pickle.dumps(1, 2) + pickle.dumps(
+        (1000, 2000, None), 2) + struct.pack("<ii", 100, 0)}), CorruptFileError,
+     "tar tensor 1000: ndim 100 is out of range or runs past member 'tensors'"),
+    ("storage data past its member", lambda: _tar({**_tar_members(), "storages": _short_storages()}), CorruptFileError,
+     "tar storage 2000 (48 bytes) runs past the end of its member"),
+]
+
+
+def _short_storages() -> bytes:
+    entry = P2 + tup(i(2000), s("cpu"), g("torch", "FloatStorage")) + STOP
+    return pickle.dumps(1, 2) + entry + struct.pack("<q", 12) + b"\0" * 8
+
+
+@pytest.mark.parametrize("build,error,message", [c[1:] for c in TAR_CASES], ids=[c[0] for c in TAR_CASES])
+def test_hostile_tar_files(write, build, error, message):
+    _fails(write, build(), error, message)
+
+
+# ----------------------------------------------------------------------------- what torch itself wrote
+
+
+def test_hostile_edits_of_a_torch_written_archive(write):
+    data_pkl = member(PT / "views.pt", "data.pkl")
+    no_storage_0 = rezip(PT / "views.pt", {"views/data/0": None})
+    _fails(write, no_storage_0, CorruptFileError, "tensor 'base': its storage '0' has no record 'views/data/0'")
+    short = rezip(PT / "views.pt", {"views/data/0": member(PT / "views.pt", "data/0")[:-4]})
+    _fails(write, short, CorruptFileError, "tensor 'base': its storage '0' is declared as 24 x float32 = 96 bytes "
+                                           "but record 'views/data/0' holds 92")
+    bad_order = rezip(PT / "views.pt", {"views/byteorder": b"LITTLE"})
+    _fails(write, bad_order, CorruptFileError, "byteorder record is b'LITTLE'")
+    truncated_pickle = rezip(PT / "views.pt", {"views/data.pkl": data_pkl[:-20]})
+    _fails(write, truncated_pickle, CorruptFileError, "views/data.pkl: BINUNICODE at offset 1808 claims 14 bytes "
+                                                      "but only 5 remain")

@@ -1,0 +1,717 @@
+"""The stand-ins: what the allowlisted globals of a checkpoint pickle become, and how the
+unpickled object is walked into tensor names and metadata.
+
+`ALLOWLIST` maps exact ``(module, name)`` pairs to stand-ins. None imports or calls what the
+pickle names: torch's rebuild functions return records (`TensorRef`) checked later, when the
+reader can name the tensor; storage classes, dtypes, layouts are inert `Token`s; containers
+(`OrderedDict`, `Namespace`, sets …) check the keys they are built from; numpy arrays and
+scalars are rebuilt from their dtype, shape and raw bytes (`NumpyDType`, `NumpyArray`),
+numpy's pickle support is never called, and object dtypes are refused.
+
+`flatten` then walks the unpickled object — iteratively, with a node budget against memo-DAG
+"billion laughs", a check for cycles and bounds on depth and name lengths — into dotted
+tensor names and plain metadata values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .dtypes import TABLE
+from .errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+
+__all__ = [
+    "ALLOWLIST", "MAX_DEPTH", "MAX_NAME", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
+    "TensorRef", "Token", "flatten", "is_tensor", "plain_value", "short_repr",
+]
+
+_WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
+
+
+# ----------------------------------------------------------------------------- what the stand-ins build
+
+
+class StorageRef:
+    """A torch storage as a persistent id describes it: where its bytes are is the container's business.
+
+    Attributes:
+        key: the storage key (zip: the ``data/<key>`` record; legacy: the key in the storage list).
+        dtype: the torch dtype name of its elements (``"float32"``, ``"qint8"`` …).
+        numel: elements the id claims the storage holds.
+        view_offset, view_numel: a legacy storage *view*: its elements within the root storage.
+    """
+
+    __slots__ = ("key", "dtype", "numel", "view_offset", "view_numel")
+
+    def __init__(self, key: str, dtype: Any, numel: int, view_offset: int = 0, view_numel: int | None = None) -> None:
+        self.key, self.dtype, self.numel = key, dtype, numel
+        self.view_offset = view_offset
+        self.view_numel = numel if view_numel is None else view_numel
+
+    def __setstate__(self, state: Any) -> None:
+        raise UnsafePickleError("BUILD on a storage is not allowed")
+
+    def __repr__(self) -> str:
+        return f"<storage {self.key!r} {self.dtype} x{self.view_numel}>"
+
+
+class TensorRef:
+    """A tensor as the pickle describes it. Nothing is checked until the reader builds its index
+    (so that errors can name the tensor).
+
+    Attributes:
+        storage: what the pickle passed as storage (a `StorageRef` when well formed).
+        offset, size, stride: in elements, as passed to ``_rebuild_tensor*``.
+        dtype: an explicit dtype (``_rebuild_tensor_v3``, meta tensors), else None (the storage's).
+        kind: ``"dense"``, ``"meta"``, ``"quantized"``, ``"sparse"``, or ``"unsupported"``.
+        note: for non-dense kinds, what to tell the user.
+        metadata: the tensor metadata dict of ``_rebuild_tensor_v2/v3`` (conj / neg bits).
+    """
+
+    __slots__ = ("storage", "offset", "size", "stride", "dtype", "kind", "note", "metadata")
+
+    def __init__(self, storage: Any, offset: Any, size: Any, stride: Any, dtype: Any = None,
+                 kind: str = "dense", note: str = "", metadata: Any = None) -> None:
+        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
+        self.dtype, self.kind, self.note, self.metadata = dtype, kind, note, metadata
+
+    def __setstate__(self, state: Any) -> None:
+        raise UnsafePickleError("BUILD on a tensor is not allowed (tensor state goes through _rebuild_from_type_v2)")
+
+    def __repr__(self) -> str:
+        return f"<tensor {self.kind} size={self.size!r}>"
+
+
+class Token:
+    """An allowlisted global that is a value, not a function: a dtype, a storage class, a layout.
+
+    Tokens are not callable and take no state: a pickle that calls or BUILDs one is refused.
+    """
+
+    __slots__ = ("module", "name", "kind", "value")
+
+    def __init__(self, module: str, name: str, kind: str, value: Any = None) -> None:
+        self.module, self.name, self.kind, self.value = module, name, kind, value
+
+    def __setstate__(self, state: Any) -> None:
+        raise UnsafePickleError(f"BUILD on {self} is not allowed")
+
+    def __repr__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+# ----------------------------------------------------------------------------- torch stand-ins
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> TensorRef:
+    return TensorRef(storage, storage_offset, size, stride)
+
+
+def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
+                       backward_hooks: Any, metadata: Any = None) -> TensorRef:
+    return TensorRef(storage, storage_offset, size, stride, None, "dense", "", metadata)
+
+
+def _rebuild_tensor_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
+                       backward_hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
+    return TensorRef(storage, storage_offset, size, stride, dtype=dtype, metadata=metadata)
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any) -> Any:
+    return data
+
+
+def _rebuild_parameter_with_state(data: Any, requires_grad: Any, backward_hooks: Any, state: Any) -> Any:
+    _check_state(state, "a Parameter's state")
+    return data
+
+
+def _rebuild_qtensor(storage: Any, storage_offset: Any, size: Any, stride: Any, quantizer_params: Any,
+                     requires_grad: Any, backward_hooks: Any) -> TensorRef:
+    scheme = quantizer_params[0] if isinstance(quantizer_params, tuple) and quantizer_params else None
+    note = (f"quantized tensor ({scheme}); weightio does not dequantize torch quantized tensors — call "
+            ".dequantize() in torch before saving")
+    return TensorRef(storage, storage_offset, size, stride, kind="quantized", note=note)
+
+
+def _rebuild_sparse_tensor(layout: Any, data: Any) -> TensorRef:
+    """COO: ``(indices, values, size[, is_coalesced])``; compressed: ``(compressed, plain, values, size)``."""
+    coo = isinstance(layout, Token) and layout.name == "sparse_coo"
+    parts = data if isinstance(data, tuple) else ()
+    values, size = (parts[1:3] if coo else parts[2:4]) if len(parts) >= 3 else (None, None)
+    dtype = values.dtype if isinstance(values, TensorRef) else None
+    if dtype is None and isinstance(values, TensorRef) and isinstance(values.storage, StorageRef):
+        dtype = values.storage.dtype
+    note = f"sparse tensor ({layout}); numpy has no sparse layout — call .to_dense() in torch before saving"
+    return TensorRef(None, 0, size, None, dtype=dtype, kind="sparse", note=note)
+
+
+def _rebuild_meta_tensor_no_storage(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
+    return TensorRef(None, 0, size, stride, dtype=dtype, kind="meta",
+                     note="meta tensor: it has a shape but no data (saved from device='meta')")
+
+
+def _rebuild_device_tensor_from_cpu_tensor(data: Any, dtype: Any, device: Any, requires_grad: Any) -> Any:
+    """An XLA/MTIA tensor saved through a CPU copy: that copy, when no dtype conversion was asked."""
+    if isinstance(data, TensorRef) and isinstance(dtype, Token) and dtype.value == effective_dtype(data):
+        return data
+    return TensorRef(None, 0, getattr(data, "size", None), None, dtype=dtype, kind="unsupported",
+                     note=f"device tensor ({device}) saved with a dtype conversion, which weightio does not apply")
+
+
+def effective_dtype(ref: TensorRef) -> str | None:
+    """The torch dtype name of a tensor: its explicit dtype, else its storage's."""
+    if isinstance(ref.dtype, Token):
+        return ref.dtype.value
+    return ref.storage.dtype if isinstance(ref.storage, StorageRef) else None
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes, or a subclass.
+
+    Accepted only when `func` is one of the rebuild stand-ins, the type is ``torch.Tensor`` or
+    ``torch.nn.Parameter``, and the state has no dunder keys; then it is ``func(*args)``.
+    """
+    if func not in _REBUILDS:
+        raise UnsafePickleError(f"_rebuild_from_type_v2 with function {short_repr(func)}, which is not a torch "
+                                "rebuild function; refused")
+    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type"):
+        raise UnsafePickleError(f"_rebuild_from_type_v2 with type {short_repr(new_type)}; only torch.Tensor and "
+                                "torch.nn.Parameter are allowed")
+    if not isinstance(args, tuple):
+        raise CorruptFileError(f"_rebuild_from_type_v2 arguments must be a tuple, found {type(args).__name__}")
+    _check_state(state, "a tensor's state")
+    return func(*args)
+
+
+def _rebuild_from_type(func: Any, new_type: Any, args: Any, dict_: Any) -> Any:
+    return _rebuild_from_type_v2(func, new_type, args, dict_)
+
+
+def _check_state(state: Any, what: str) -> None:
+    """Object state set by BUILD-like calls: a dict (or (dict, slots dict)) of plain attribute names."""
+    parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
+    for part in parts:
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise CorruptFileError(f"{what} must be a dict, found {type(part).__name__}")
+        for key in part:
+            if not isinstance(key, str) or key.startswith("__"):
+                raise UnsafePickleError(f"{what} sets attribute {short_repr(key)}; dunder or non-string "
+                                        "attribute names are refused")
+
+
+def _size(sizes: Any = ()) -> tuple:
+    if not isinstance(sizes, (tuple, list)):
+        raise CorruptFileError(f"torch.Size takes a tuple of ints, found {type(sizes).__name__}")
+    return tuple(sizes)
+
+
+def _device(kind: Any, index: Any = None) -> str:
+    if not isinstance(kind, str) or not (index is None or type(index) is int):
+        raise CorruptFileError(f"torch.device({short_repr(kind)}, {short_repr(index)}) is malformed")
+    return kind if index is None else f"{kind}:{index}"
+
+
+def _get_layout(name: Any) -> Token:
+    layout = _LAYOUTS.get(name) if isinstance(name, str) else None
+    if layout is None:
+        raise CorruptFileError(f"unknown torch layout {short_repr(name)}")
+    return layout
+
+
+_REBUILDS = frozenset({_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter,
+                       _rebuild_parameter_with_state, _rebuild_qtensor, _rebuild_sparse_tensor,
+                       _rebuild_meta_tensor_no_storage, _rebuild_device_tensor_from_cpu_tensor})
+
+
+# ----------------------------------------------------------------------------- builtins and collections
+
+
+def _strong(key: Any) -> bool:
+    """True for keys whose hash the file cannot steer (str/bytes are randomized; small ints are distinct)."""
+    return (key is None or isinstance(key, (str, bytes, bool))
+            or (type(key) is int and -_WIDE < key < _WIDE))
+
+
+def _plain_items(items: Any, what: str) -> list:
+    """Items passed to a set/dict constructor stand-in: a list or tuple of strong keys."""
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        raise CorruptFileError(f"{what} takes a list, found {type(items).__name__}")
+    if not all(_strong(k) for k in items):
+        raise CorruptFileError(f"{what} holds keys other than strings and small integers")
+    return list(items)
+
+
+class OrderedDict(dict):
+    """``collections.OrderedDict`` (and ``Counter``): a dict; its BUILD state (``_metadata``,
+    the module versions torch attaches to a state dict) is checked and dropped."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        _check_state(state, "an OrderedDict's state")
+
+
+def _ordered_dict(items: Any = None) -> OrderedDict:
+    """The stand-in ``collections.OrderedDict(...)``: torch calls it with no arguments, and fills
+    it with SETITEMS (whose keys the prepass polices); arguments are checked here."""
+    if items is None:
+        return OrderedDict()
+    pairs = list(items.items()) if isinstance(items, dict) else [_pair(p) for p in _sequence(items, "OrderedDict")]
+    _plain_items([k for k, _ in pairs], "OrderedDict")
+    return OrderedDict(pairs)
+
+
+def _sequence(items: Any, what: str) -> list:
+    if not isinstance(items, (list, tuple)):
+        raise CorruptFileError(f"{what} takes a list, found {type(items).__name__}")
+    return list(items)
+
+
+def _pair(item: Any) -> tuple:
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise CorruptFileError("OrderedDict takes (key, value) pairs")
+    return tuple(item)
+
+
+class Namespace:
+    """``argparse.Namespace`` (training arguments saved in checkpoints): its attributes as a dict."""
+
+    __slots__ = ("fields",)
+
+    def __new__(cls, *args: Any) -> Namespace:
+        if args:
+            raise CorruptFileError("argparse.Namespace takes no positional arguments")
+        obj = object.__new__(cls)
+        obj.fields = {}
+        return obj
+
+    def __setstate__(self, state: Any) -> None:
+        _check_state(state, "an argparse.Namespace's state")
+        self.fields = dict(state) if isinstance(state, dict) else {}
+
+    def __repr__(self) -> str:
+        return f"Namespace({', '.join(self.fields)})"
+
+
+def _set(items: Any = ()) -> set:
+    return set(_plain_items(items, "set"))
+
+
+def _frozenset(items: Any = ()) -> frozenset:
+    return frozenset(_plain_items(items, "frozenset"))
+
+
+def _bytearray(data: Any = b"", encoding: Any = None) -> bytearray:
+    if isinstance(data, (bytes, bytearray)):
+        return bytearray(data)
+    if isinstance(data, str) and encoding in ("latin1", "latin-1"):
+        return bytearray(data.encode("latin1"))
+    raise CorruptFileError(f"bytearray({short_repr(data)}) is not supported")
+
+
+def _bytes(data: Any = b"") -> bytes:
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data)
+    raise CorruptFileError(f"bytes({short_repr(data)}) is not supported")
+
+
+def _complex(real: Any = 0.0, imag: Any = 0.0) -> complex:
+    if not all(type(x) in (int, float) for x in (real, imag)):
+        raise CorruptFileError(f"complex({short_repr(real)}, {short_repr(imag)}) is not supported")
+    return complex(real, imag)
+
+
+def _codecs_encode(text: Any, encoding: Any = "utf-8") -> bytes:
+    """``_codecs.encode``: how protocol 2 stores ``bytes``; only latin-1 of a str (no codec lookups)."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise UnsafePickleError(f"_codecs.encode with encoding {short_repr(encoding)} (only 'latin1' is "
+                                "allowed: other codecs import modules)")
+    try:
+        return text.encode("latin1")
+    except UnicodeEncodeError:
+        raise CorruptFileError("_codecs.encode: text is not latin-1") from None
+
+
+# ----------------------------------------------------------------------------- numpy stand-ins
+
+# dtype codes numpy pickles (``numpy.dtype('f8', False, True)``): only these are turned into dtypes.
+_NUMPY_CODE = re.compile(r"(?:[biufc]\d{1,2}|\?|[SUV]\d{1,9}|O\d?|[Mm]8(?:\[\w{1,8}\])?)")
+_NUMERIC_CODES = frozenset("b1 ? i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8 c8 c16".split())
+_TEXT_KINDS = "SU"
+
+
+class NumpyDType:
+    """``numpy.dtype(code, align, copy)`` plus its BUILD state; resolved by `resolve`."""
+
+    __slots__ = ("code", "byteorder", "structured")
+
+    def __init__(self, code: Any = None, align: Any = False, copy: Any = False) -> None:
+        if not isinstance(code, str) or not _NUMPY_CODE.fullmatch(code):
+            raise CorruptFileError(f"numpy dtype code {short_repr(code)} is not supported")
+        self.code, self.byteorder, self.structured = code, "=", False
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) not in (8, 9) or state[1] not in ("<", ">", "|", "="):
+            raise CorruptFileError(f"numpy dtype state {short_repr(state)} is malformed")
+        self.byteorder = state[1]
+        self.structured = any(part is not None for part in state[2:5])  # subarray, names, fields
+
+    def resolve(self, *, text: bool = False) -> np.dtype:
+        """The numpy dtype: plain numeric codes (and with `text`, fixed-width strings).
+
+        Raises:
+            UnsafePickleError: the object dtype, whose values are arbitrary pickled objects.
+            UnsupportedDTypeError: anything else (structured, datetime, void, platform-sized floats).
+        """
+        if self.code[0] == "O":
+            raise UnsafePickleError("numpy object dtype ('O'): its values are arbitrary pickled objects; refused")
+        if self.structured or not (self.code in _NUMERIC_CODES or (text and self.code[0] in _TEXT_KINDS)):
+            raise UnsupportedDTypeError(f"numpy dtype {self.code!r} is not supported (plain numeric dtypes are)")
+        dtype = np.dtype(self.code)
+        return dtype.newbyteorder(self.byteorder) if self.byteorder in "<>" else dtype
+
+    def __repr__(self) -> str:
+        return f"dtype({self.code!r})"
+
+
+class NumpyArray:
+    """``numpy.core.multiarray._reconstruct(ndarray, shape, typecode)`` plus BUILD state, or
+    ``numpy._core.numeric._frombuffer``: an ndarray rebuilt here from dtype, shape and raw bytes.
+
+    Attributes:
+        array: the rebuilt read-only array (a view of the pickled bytes), or None before BUILD.
+        error: why the array cannot be served (unsupported dtype), or None.
+    """
+
+    __slots__ = ("array", "error")
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+        self.error: str | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise CorruptFileError(f"numpy array state {short_repr(state)} is malformed")
+        shape, dtype, fortran, raw = state[-4:]
+        self._fill(raw, dtype, shape, "F" if fortran is True else "C")
+
+    def _fill(self, raw: Any, dtype: Any, shape: Any, order: Any) -> None:
+        if not isinstance(dtype, NumpyDType):
+            raise CorruptFileError(f"numpy array dtype {short_repr(dtype)} is not a numpy.dtype")
+        if isinstance(raw, list) or dtype.code[0] == "O":
+            raise UnsafePickleError("numpy object array: its items are arbitrary pickled objects; refused")
+        if isinstance(raw, str):  # Python 2 pickles, or protocol-2 bytes read back as latin-1 text
+            raw = raw.encode("latin1")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise CorruptFileError(f"numpy array data must be bytes, found {type(raw).__name__}")
+        shape = _shape(shape, "numpy array shape")
+        try:
+            resolved = dtype.resolve()
+        except UnsupportedDTypeError:
+            self.error = f"dtype {dtype.code!r}"  # listed in metadata as a description; the pickle is fine
+            return
+        if len(raw) != math.prod(shape) * resolved.itemsize:
+            raise CorruptFileError(f"numpy array {resolved.str} {shape} needs {math.prod(shape) * resolved.itemsize:,} "
+                                   f"bytes but {len(raw):,} are pickled")
+        flat = np.frombuffer(bytes(raw), dtype=resolved)
+        self.array = flat.reshape(shape, order="F" if order == "F" else "C")
+
+    def __repr__(self) -> str:
+        a = self.array
+        if a is None:
+            return f"<numpy array of {self.error}>" if self.error else "<numpy array>"
+        return f"<numpy array {a.dtype} {a.shape}>"
+
+
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    if (not isinstance(shape, (tuple, list)) or len(shape) > 64
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise CorruptFileError(f"{what} {short_repr(shape)} is not a tuple of at most 64 non-negative ints")
+    return tuple(shape)
+
+
+def _numpy_reconstruct(subtype: Any, shape: Any = (0,), typecode: Any = b"b") -> NumpyArray:
+    if subtype is not _NDARRAY:
+        raise UnsafePickleError(f"numpy _reconstruct of {short_repr(subtype)} (only numpy.ndarray is allowed)")
+    return NumpyArray()
+
+
+def _numpy_frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any = "C") -> NumpyArray:
+    arr = NumpyArray()
+    arr._fill(buffer, dtype, shape, order)
+    return arr
+
+
+def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
+    """``numpy.core.multiarray.scalar(dtype, bytes)``: the value as a plain Python scalar.
+
+    Scalars of dtypes weightio does not decode (datetime, void, …) become a short description.
+    """
+    if not isinstance(dtype, NumpyDType):
+        raise CorruptFileError(f"numpy scalar dtype {short_repr(dtype)} is not a numpy.dtype")
+    try:
+        resolved = dtype.resolve(text=True)
+    except UnsupportedDTypeError:
+        return f"<numpy scalar of dtype {dtype.code!r}>"
+    if isinstance(raw, str):
+        raw = raw.encode("latin1")
+    if not isinstance(raw, bytes) or len(raw) != resolved.itemsize:
+        raise CorruptFileError(f"numpy scalar {resolved.str} needs {resolved.itemsize} bytes of data")
+    return np.frombuffer(raw, dtype=resolved)[0].item()
+
+
+_NDARRAY = Token("numpy", "ndarray", "numpy_type")
+
+
+# ----------------------------------------------------------------------------- the allowlist
+
+# torch's dtype globals (``torch.float32``, ``torch.long`` …) -> the canonical dtype name.
+TORCH_DTYPES: dict[str, str] = {
+    **{row.torch: row.torch for row in TABLE if row.torch is not None},
+    **{name: name for name in ("complex128", "complex32", "qint8", "quint8", "qint32", "quint4x2", "quint2x4",
+                               "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2", "bit")},
+    **{f"{kind}{n}": f"{kind}{n}" for kind in ("int", "uint") for n in range(1, 8)},  # sub-byte ints
+    "short": "int16", "int": "int32", "long": "int64", "half": "float16", "float": "float32", "double": "float64",
+    "cfloat": "complex64", "cdouble": "complex128", "chalf": "complex32",
+}
+
+# torch.<X>Storage -> torch dtype name (the legacy typed storages; newer dtypes use UntypedStorage + dtype).
+STORAGE_CLASSES: dict[str, str] = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "LongStorage": "int64",
+    "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+    "BoolStorage": "bool", "BFloat16Storage": "bfloat16", "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64", "QInt8Storage": "qint8", "QInt32Storage": "qint32",
+    "QUInt8Storage": "quint8", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
+}
+_TENSOR_CLASSES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
+_LAYOUT_NAMES = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+_QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
+             "per_tensor_symmetric", "per_channel_symmetric")
+_LAYOUTS = {f"torch.{n}": Token("torch", n, "layout") for n in _LAYOUT_NAMES}
+
+
+def _allowlist() -> dict[tuple[str, str], Any]:
+    """Every global a checkpoint pickle may name, by exact ``(module, name)``, and its stand-in."""
+    table: dict[tuple[str, str], Any] = {}
+    rebuilds = {f.__name__: f for f in _REBUILDS}
+    for name, func in rebuilds.items():
+        table[("torch._utils", name)] = func
+    table[("torch._utils", "_rebuild_xla_tensor")] = _rebuild_device_tensor_from_cpu_tensor
+    for module in ("torch._tensor", "torch.tensor"):  # torch.tensor: the module's name before torch 1.9
+        table[(module, "_rebuild_from_type_v2")] = _rebuild_from_type_v2
+        table[(module, "_rebuild_from_type")] = _rebuild_from_type
+    table[("torch.serialization", "_get_layout")] = _get_layout
+    table[("torch", "Size")] = _size
+    table[("torch", "device")] = _device
+    for module, name in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
+        table[(module, name)] = Token(module, name, "tensor_type")
+    for prefix in ("torch", "torch.cuda"):
+        for kind in _TENSOR_CLASSES:
+            table[(prefix, kind + "Tensor")] = Token(prefix, kind + "Tensor", "tensor_class")
+    for name, canonical in TORCH_DTYPES.items():
+        table[("torch", name)] = Token("torch", name, "dtype", canonical)
+    for name, torch_dtype in STORAGE_CLASSES.items():
+        table[("torch", name)] = Token("torch", name, "storage", torch_dtype)
+    for module in ("torch", "torch.storage"):
+        table[(module, "UntypedStorage")] = Token(module, "UntypedStorage", "storage", "uint8")
+    for token in _LAYOUTS.values():
+        table[("torch", token.name)] = token
+    for name in _QSCHEMES:
+        table[("torch", name)] = Token("torch", name, "qscheme")
+    for name in ("OrderedDict", "Counter"):
+        table[("collections", name)] = _ordered_dict
+    table[("argparse", "Namespace")] = Namespace
+    for module in ("builtins", "__builtin__"):
+        table.update({(module, "set"): _set, (module, "frozenset"): _frozenset, (module, "complex"): _complex,
+                      (module, "bytearray"): _bytearray, (module, "bytes"): _bytes})
+    table[("_codecs", "encode")] = _codecs_encode
+    table[("numpy", "ndarray")] = _NDARRAY
+    table[("numpy", "dtype")] = NumpyDType
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        table[(module, "_reconstruct")] = _numpy_reconstruct
+        table[(module, "scalar")] = _numpy_scalar
+    for module in ("numpy.core.numeric", "numpy._core.numeric"):
+        table[(module, "_frombuffer")] = _numpy_frombuffer
+    return table
+
+
+ALLOWLIST: dict[tuple[str, str], Any] = _allowlist()
+# A stand-in's allowlisted name (the first spelling), for messages about it.
+_STANDIN_NAMES = {id(v): f"{m}.{n}" for (m, n), v in reversed(list(ALLOWLIST.items()))}
+
+
+# ----------------------------------------------------------------------------- flattening
+
+_PLAIN = (str, int, float, bool, type(None))
+_MAX_INT_BITS = 4000  # str(int) refuses more than 4300 digits
+
+
+def is_tensor(obj: Any) -> bool:
+    """True for what `flatten` lists as a tensor (numpy arrays of unsupported dtypes are metadata)."""
+    return isinstance(obj, (TensorRef, StorageRef)) or (isinstance(obj, NumpyArray) and obj.array is not None)
+
+
+def flatten(root: Any, *, budget: int, root_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors and metadata leaves of an unpickled checkpoint, by dotted name, in pickle order.
+
+    Dicts (and OrderedDicts, Namespaces) contribute their keys, lists and tuples their indices:
+    ``{"model": {"fc.weight": t}, "opt": {"state": {0: {"exp_avg": t2}}}}`` gives tensors
+    ``model.fc.weight`` and ``opt.state.0.exp_avg``. A list or tuple of plain values is one
+    metadata leaf (a list); other non-tensor leaves become plain values or a short description.
+    A bare tensor (or value) at the root is named `root_name`.
+
+    Raises:
+        CorruptFileError: more than `budget` nodes visited (shared sub-objects are walked each time
+            they are reached, so a memo DAG could otherwise expand exponentially), or a cycle.
+        FormatError: two entries flatten to the same name.
+    """
+    tensors: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    for name, leaf in _walk(root, budget):
+        name = name or root_name
+        if name in tensors or name in metadata:
+            raise FormatError(f"two entries flatten to the same name {name!r}; weightio cannot list both")
+        if is_tensor(leaf):
+            tensors[name] = leaf
+        else:
+            metadata[name] = plain_value(leaf)
+    return tensors, metadata
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]] | None:
+    """(component, child) pairs of a container to descend into, or None for a leaf."""
+    if isinstance(obj, dict) and obj:
+        return ((_component(k), v) for k, v in obj.items())
+    if isinstance(obj, Namespace) and obj.fields:
+        return ((_component(k), v) for k, v in obj.fields.items())
+    if isinstance(obj, (list, tuple)) and obj and not all(isinstance(v, _PLAIN) for v in obj):
+        return ((str(i), v) for i, v in enumerate(obj))
+    return None
+
+
+def _component(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if type(key) is int and key.bit_length() < 64:
+        return str(key)
+    return short_repr(key)
+
+
+def _walk(root: Any, budget: int) -> Iterator[tuple[str, Any]]:
+    """Depth-first, iterative: (dotted name, leaf) in order; no recursion, bounded work.
+
+    Bounded: at most `budget` entries visited, `MAX_DEPTH` levels, names of `MAX_NAME`
+    characters and ``16 * budget`` characters of names in all (each name is built from its
+    parent's, so deep or long paths would otherwise cost quadratic memory).
+    """
+    visited, characters = 0, 0
+    stack: list[tuple[str, Iterator[tuple[str, Any]]]] = []
+    on_path: set[int] = set()
+    kids = _children(root)
+    if kids is None:
+        yield "", root
+        return
+    stack.append(("", kids))
+    on_path.add(id(root))
+    owners = [root]
+    while stack:
+        prefix, it = stack[-1]
+        step = next(it, None)
+        if step is None:
+            stack.pop()
+            on_path.discard(id(owners.pop()))
+            continue
+        visited += 1
+        key, child = step
+        name = f"{prefix}.{key}" if prefix else key
+        characters += len(name)
+        if visited > budget or characters > 16 * budget or len(name) > MAX_NAME:
+            raise _walk_limit(visited, budget, characters, name)
+        grandkids = _children(child)
+        if grandkids is None:
+            yield name, child
+        elif id(child) in on_path:
+            raise CorruptFileError(f"the pickled object contains itself at {short_repr(name)} (a cycle)")
+        elif len(stack) >= MAX_DEPTH:
+            raise CorruptFileError(f"the pickled object nests deeper than {MAX_DEPTH:,} levels")
+        else:
+            stack.append((name, grandkids))
+            on_path.add(id(child))
+            owners.append(child)
+
+
+MAX_DEPTH = 1_000  # levels of nested containers flattened into one name
+MAX_NAME = 1 << 16  # characters of one flattened name
+
+
+def _walk_limit(visited: int, budget: int, characters: int, name: str) -> CorruptFileError:
+    if len(name) > MAX_NAME:
+        return CorruptFileError(f"a flattened name is longer than {MAX_NAME:,} characters ({short_repr(name)})")
+    if visited > budget:
+        return CorruptFileError(f"walking the pickled object visits more than {budget:,} entries (shared "
+                                "sub-objects expand each time they are reached: a memo-sharing bomb?)")
+    return CorruptFileError(f"the flattened names add up to more than {16 * budget:,} characters (deep nesting, "
+                            "long keys, or shared sub-objects written out each time they are reached: a memo-sharing "
+                            "bomb?)")
+
+
+def plain_value(value: Any) -> Any:
+    """A metadata leaf as a plain Python value: str/int/float/bool/None, a list of those, or a short text."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if type(value) is int:
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length():,} bits>"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict) and not value:
+        return {}
+    if isinstance(value, Namespace):
+        return "Namespace()"
+    return short_repr(value)
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A bounded one-line description of any unpickled value (never expands shared structure)."""
+    text = _describe(value, 2)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _describe(value: Any, depth: int) -> str:
+    if type(value) is int:
+        return repr(value) if value.bit_length() <= 256 else f"<int of {value.bit_length():,} bits>"
+    if isinstance(value, (str, bytes, bytearray)):
+        return repr(value[:60]) + ("…" if len(value) > 60 else "")
+    if isinstance(value, (float, bool, complex, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        return _describe_container(value, depth)
+    if isinstance(value, (Token, TensorRef, StorageRef, NumpyArray, NumpyDType, Namespace)):
+        return repr(value)
+    name = _STANDIN_NAMES.get(id(value))
+    return name if name is not None else f"<{type(value).__name__}>"
+
+
+def _describe_container(value: Any, depth: int) -> str:
+    kind = type(value).__name__
+    if depth == 0 and value:
+        return f"<{kind} of {len(value):,}>"
+    items = list(value.items() if isinstance(value, dict) else value)[:4]
+    if isinstance(value, dict):
+        body = ", ".join(f"{_describe(k, depth - 1)}: {_describe(v, depth - 1)}" for k, v in items)
+    else:
+        body = ", ".join(_describe(v, depth - 1) for v in items)
+    body += ", …" if len(value) > 4 else ""
+    if isinstance(value, dict):
+        return "{" + body + "}"
+    if isinstance(value, list):
+        return "[" + body + "]"
+    if isinstance(value, tuple):
+        return "(" + body + ("," if len(value) == 1 else "") + ")"
+    return f"{kind}({{{body}}})"
