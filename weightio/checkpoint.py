@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -77,6 +78,11 @@ class Checkpoint(Mapping[str, TensorView]):
 
     # ------------------------------------------------------------------ facts
     @property
+    def readers(self) -> tuple[Reader, ...]:
+        """The per-file readers behind this checkpoint, in order (one per file)."""
+        return tuple(self._readers)
+
+    @property
     def files(self) -> list[str]:
         """The weight files behind this checkpoint, in order."""
         return [r.path for r in self._readers]
@@ -115,11 +121,14 @@ class Checkpoint(Mapping[str, TensorView]):
 
 # ----------------------------------------------------------------------------- opening
 
-# Directory layouts, most preferred first: (index suffix, preferred file, other weight suffixes).
+# Directory layouts, most preferred first: (index suffix or None, preferred file, other weight suffixes).
+# GGUF has no index file: a directory holds one .gguf, or the parts of one split set.
 _LAYOUTS = (
     (".safetensors.index.json", "model.safetensors", (".safetensors",)),
     (".bin.index.json", "pytorch_model.bin", (".bin", ".pt", ".pth", ".ckpt")),
+    (None, "model.gguf", (".gguf",)),
 )
+_SPLIT_PART = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -133,26 +142,40 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         return _open_directory(path)
     if not os.path.exists(path):
         raise InputError("no such file or directory", path=path, errno=2)
-    first = open_file(path)
-    return _open_readers(path, first.siblings(), opened=[first])
+    return _open_with_siblings(path, path)
 
 
 def _open_directory(path: str) -> Checkpoint:
     files = sorted(f for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
     for index_suffix, preferred, suffixes in _LAYOUTS:
-        index = _pick(path, [f for f in files if f.endswith(index_suffix)], preferred + ".index.json")
+        index = _pick(path, [f for f in files if f.endswith(index_suffix)], preferred + ".index.json") \
+            if index_suffix else None
         if index is not None:
             return _open_sharded(path, os.path.join(path, index))
         single = _pick(path, [f for f in files if f.endswith(suffixes)], preferred)
         if single is not None:
-            return _open_readers(path, [os.path.join(path, single)])
+            return _open_with_siblings(path, os.path.join(path, single))
     shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
     raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
+
+
+def _open_with_siblings(path: str, file: str) -> Checkpoint:
+    """`file` and the other files of its set (the parts of a split GGUF model) as one checkpoint."""
+    first = open_file(file)
+    try:
+        siblings = first.siblings()
+    except BaseException:
+        first.close()
+        raise
+    return _open_readers(path, siblings, opened=[first])
 
 
 def _pick(directory: str, candidates: list[str], preferred: str) -> str | None:
     if preferred in candidates:
         return preferred
+    parts = [_SPLIT_PART.match(c) for c in candidates]
+    if len(candidates) > 1 and all(parts) and len({(m["stem"], m["count"]) for m in parts}) == 1:
+        return min(candidates)  # the parts of one split GGUF set: part 1 brings the others
     if len(candidates) > 1:
         raise FormatError(f"holds several candidate files ({', '.join(candidates)}); open one of them by path",
                           path=directory)

@@ -1,0 +1,258 @@
+"""Legacy llama.cpp files from before GGUF: ``ggml`` (unversioned), ``ggmf`` v1, ``ggjt`` v1-v3.
+
+The layout (llama.cpp ``llama.cpp``/``llama.h`` up to commit 468ea24, August 2023; candle
+``quantized/ggml_file.rs``), all little-endian::
+
+    u32      magic           'ggml' 0x67676d6c, 'ggmf' 0x67676d66 or 'ggjt' 0x67676a74
+                             (as bytes: "lmgg", "fmgg", "tjgg")
+    u32      version         ggmf: 1; ggjt: 1, 2 or 3; absent for 'ggml'
+    u32[7]   hparams         n_vocab, n_embd, n_mult, n_head, n_layer, n_rot, ftype
+    vocab[n_vocab]:          (no count prefix)
+      u32      len
+      u8[len]  text          (UTF-8, not NUL-terminated)
+      f32      score         ggmf and ggjt only
+    tensors, until the end of the file:
+      u32      n_dims        1..4
+      u32      name_len
+      u32      ggml_type     the ids of weightio.quant.types, with the block sizes of the file's era
+      u32      ne[n_dims]    ne[0] varies fastest: numpy shape = reversed(ne)
+      u8[name_len] name
+      padding  ggjt only: zeros to the next multiple of 32 (absolute file offset)
+      data     the tensor's bytes
+
+Block layouts changed twice while these files were written, and the type ids did not:
+
+| era | files | Q4_0 / Q4_1 | Q5_0 / Q5_1 | Q8_0 |
+|---|---|---|---|---|
+| 1 (to May 2023) | ggml, ggmf, ggjt v1 | f32 scales, interleaved nibbles (20 / 24 B) | interleaved | f32 (36 B) |
+| 2 (llama.cpp #1405) | ggjt v2 | f32 scales, split nibbles (20 / 24 B) | as today | f32 scale (36 B) |
+| 3 (llama.cpp #1508) | ggjt v3 | as today (GGUF) | as today | as today |
+
+This reader reads every tensor of a ggjt v3 file (K-quants included: they appeared in June 2023,
+with today's layouts), F32 and F16 tensors of every version, and ggjt v2's Q5_0/Q5_1. Other
+quantized tensors of older files are listed with their type, and reading them raises
+`UnsupportedDTypeError` naming the change that made their layout obsolete (llama.cpp itself
+stopped loading them). Q4_2 and Q4_3 (removed in spring 2023) are refused the same way.
+
+Metadata: ``ggml.magic`` (``"ggml"``, ``"ggmf"``, ``"ggjt"``), ``ggml.version``, one
+``ggml.<hparam>`` per hyperparameter, ``ggml.tokens`` (a lazily decoded string array, see
+`weightio.formats.gguf.GGUFArray`) and, for ggmf/ggjt, ``ggml.scores``.
+
+The same 'ggml' magic also starts the example models of the ggml repository (gpt-2, gpt-j, …),
+whose hyperparameters are model-specific int32s followed by an int32 vocabulary count and no
+scores; ``GGMLReader(path, hparams=("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer", "ftype"),
+vocab_count=True)`` reads them (their ``ftype`` carries the era: ``ftype // 1000`` is 0, 1 or 2).
+
+Rules enforced here (`CorruptFileError`): every length and count is checked against the bytes
+left before it is used; names are UTF-8, non-empty and unique; 1 to 4 dims whose product fits in
+63 bits; rows are whole blocks; data ends inside the file. A type id whose size is unknown stops
+the walk with `UnsupportedDTypeError`, since nothing after it can be located.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
+from ..quant.types import GGMLType, by_id
+from .base import Reader, TensorInfo
+from .gguf import GGUFArray, GGUFValueType
+
+__all__ = ["GGMLReader", "LLAMA_HPARAMS"]
+
+_MAGICS = {b"lmgg": "ggml", b"fmgg": "ggmf", b"tjgg": "ggjt"}
+_VERSIONS = {"ggmf": (1,), "ggjt": (1, 2, 3)}
+LLAMA_HPARAMS = ("n_vocab", "n_embd", "n_mult", "n_head", "n_layer", "n_rot", "ftype")
+_ALIGN = 32  # ggjt tensor data alignment
+_MAX_DIMS = 4
+_U32 = struct.Struct("<I")
+_TENSOR_HEAD = struct.Struct("<III")  # n_dims, name_len, ggml_type
+
+# Sizes of the block types whose layout changed, per era (block elements, bytes); other ids
+# keep the GGUF-era sizes of weightio.quant.types.
+_OLD_SIZES = {
+    1: {2: (32, 20), 3: (32, 24), 4: (16, 10), 5: (16, 12), 6: (32, 22), 7: (32, 24), 8: (32, 36)},
+    2: {2: (32, 20), 3: (32, 24), 6: (32, 22), 7: (32, 24), 8: (32, 36)},
+}
+_OLD_LAYOUT = {  # (era, type id) -> what changed since, for the error message
+    (1, 2): "interleaved nibbles and a float32 scale (llama.cpp #1405 split the nibbles, #1508 made the scale f16)",
+    (1, 3): "interleaved nibbles and float32 scales (llama.cpp #1405 split the nibbles, #1508 made the scales f16)",
+    (1, 6): "interleaved nibbles (llama.cpp #1405 split them in ggjt v2)",
+    (1, 7): "interleaved nibbles (llama.cpp #1405 split them in ggjt v2)",
+    (1, 8): "a float32 scale (llama.cpp #1508 made it f16 in ggjt v3)",
+    (2, 2): "a float32 scale (llama.cpp #1508 made it f16 in ggjt v3)",
+    (2, 3): "float32 scales (llama.cpp #1508 made them f16 in ggjt v3)",
+    (2, 8): "a float32 scale (llama.cpp #1508 made it f16 in ggjt v3)",
+}
+_ERA_TYPES = {1: (0, 1, 2, 3, 4, 5, 6, 7, 8), 2: (0, 1, 2, 3, 6, 7, 8)}  # ids files of that era can hold
+
+
+class GGMLReader(Reader):
+    """A validated legacy ggml/ggmf/ggjt file. See the module docstring.
+
+    Args:
+        path: the file.
+        hparams: names of the int32 hyperparameters after the magic (default: llama's seven).
+        vocab_count: whether an int32 vocabulary size precedes the vocabulary (ggml examples).
+
+    Attributes:
+        magic: ``"ggml"``, ``"ggmf"`` or ``"ggjt"``.
+        version: the file version (0 for unversioned 'ggml').
+        era: 1, 2 or 3: which block layouts the file's quantized tensors use.
+    """
+
+    format = "ggml"
+
+    def __init__(self, path: Any, *, hparams: Sequence[str] = LLAMA_HPARAMS, vocab_count: bool = False) -> None:
+        super().__init__(path)
+        self._old: dict[str, str] = {}
+        try:
+            self._read(tuple(hparams), vocab_count)
+        except BaseException:
+            self.close()
+            raise
+
+    def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
+        return CorruptFileError(message, path=self.path, tensor=tensor)
+
+    def _u32(self, pos: int, what: str) -> int:
+        return self.file.unpack(_U32, pos, what)[0]
+
+    def _read(self, hparams: tuple[str, ...], vocab_count: bool) -> None:
+        pos = self._read_magic()
+        values = []
+        for name in hparams:
+            values.append(self._u32(pos, f"hparam {name}"))
+            pos += 4
+        self.metadata.update({"ggml.magic": self.magic, "ggml.version": self.version})
+        self.metadata.update({f"ggml.{name}": value for name, value in zip(hparams, values, strict=True)})
+        self.era = self._era(dict(zip(hparams, values, strict=True)), vocab_count)
+        n_vocab = self.metadata.get("ggml.n_vocab", 0)
+        if vocab_count:
+            n_vocab = self._u32(pos, "the vocabulary size")
+            pos += 4
+        pos = self._read_vocab(pos, n_vocab)
+        while pos < self.file.size:
+            pos = self._read_tensor(pos)
+
+    def _read_magic(self) -> int:
+        magic = self.file.read(0, min(4, self.file.size), "the magic")
+        if magic not in _MAGICS:
+            raise FormatError(f"not a legacy ggml file (magic {magic!r})", path=self.path)
+        self.magic = _MAGICS[magic]
+        if self.magic == "ggml":
+            self.version = 0
+            return 4
+        self.version = self._u32(4, "the version")
+        if self.version not in _VERSIONS[self.magic]:
+            known = ", ".join(map(str, _VERSIONS[self.magic]))
+            raise FormatError(f"{self.magic} version {self.version} is not supported ({known} are)", path=self.path)
+        return 8
+
+    def _era(self, hparams: dict[str, int], vocab_count: bool) -> int:
+        if vocab_count:  # ggml examples: the quantization version is folded into ftype
+            era = hparams.get("ftype", 0) // 1000 + 1
+            if era not in (1, 2, 3):
+                raise self._fail(f"ftype {hparams.get('ftype')} names quantization version {era - 1} (0-2 exist)")
+            return era
+        return self.version if self.magic == "ggjt" else 1
+
+    def _read_vocab(self, pos: int, n_vocab: int) -> int:
+        scored = self.magic != "ggml"
+        entry = 8 if scored else 4
+        if n_vocab * entry > self.file.size - pos:
+            raise self._fail(f"a vocabulary of {n_vocab} entries cannot fit in the {self.file.size - pos} bytes left")
+        buf, starts, pos = memoryview(self.file.data), array("q"), pos
+        gap = entry  # between one token's text and the next one's: [score] + length
+        for _ in range(n_vocab):
+            if pos + 4 > self.file.size:
+                raise self._fail("the vocabulary runs past the end of the file")
+            (n,) = _U32.unpack_from(buf, pos)
+            starts.append(pos + 4)
+            pos += 4 + n + (entry - 4)
+        if pos > self.file.size:
+            raise self._fail("the vocabulary runs past the end of the file")
+        self.metadata["ggml.tokens"] = GGUFArray.strings(self.file, starts, pos - (entry - 4), gap)
+        if scored:
+            self.metadata["ggml.scores"] = self._scores(starts, pos)
+        return pos
+
+    def _scores(self, starts: array, end: int) -> GGUFArray:
+        """Each score sits just before the next token's length prefix (the last one at the end)."""
+        where = np.append(np.frombuffer(starts, np.int64)[1:] - 8, end - 4) if len(starts) else np.zeros(0, np.int64)
+        raw = self.file.data[where[:, None] + np.arange(4)] if len(where) else np.zeros((0, 4), np.uint8)
+        return GGUFArray.from_array(GGUFValueType.FLOAT32, raw.reshape(-1).view("<f4"))
+
+    def _read_tensor(self, pos: int) -> int:
+        n_dims, name_len, type_id = self.file.unpack(_TENSOR_HEAD, pos, "a tensor header")
+        pos += _TENSOR_HEAD.size
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise self._fail(f"a tensor at offset {pos - 12} has {n_dims} dimensions (1 to {_MAX_DIMS} allowed)")
+        ne = struct.unpack("<" + "I" * n_dims, self.file.read(pos, 4 * n_dims, "tensor dimensions"))
+        pos += 4 * n_dims
+        name = self._name(pos, name_len)
+        pos += name_len
+        if self.magic == "ggjt":
+            pos += -pos % _ALIGN
+        info = self._info(name, ne[::-1], type_id, pos)
+        if info.offset + info.nbytes > self.file.size:
+            raise self._fail(f"data at {info.offset}..{info.offset + info.nbytes} runs past the end of the file "
+                             f"({self.file.size} bytes)", name)
+        self.tensors[name] = info
+        return info.offset + info.nbytes
+
+    def _name(self, pos: int, length: int) -> str:
+        raw = self.file.read(pos, length, "a tensor name")
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self._fail(f"a tensor name at offset {pos} is not valid UTF-8 ({raw[:40]!r}: {e.reason})") from None
+        if not name:
+            raise self._fail(f"the tensor name at offset {pos} is empty")
+        if name in self.tensors:
+            raise self._fail("tensor name appears twice", name)
+        return name
+
+    def _info(self, name: str, shape: tuple[int, ...], type_id: int, start: int) -> TensorInfo:
+        t = self._type(name, type_id)
+        if math.prod(shape) >= 1 << 63:
+            raise self._fail(f"dimensions {list(shape[::-1])} overflow a 64-bit element count", name)
+        if shape[-1] % t.block_size:
+            raise self._fail(f"rows of {shape[-1]} elements are not whole {t.name} blocks of {t.block_size}", name)
+        nbytes = math.prod(shape[:-1]) * t.row_bytes(shape[-1])
+        if t.quantized:
+            return TensorInfo(np.dtype("<f4"), shape, start, nbytes, None, t.name)
+        return TensorInfo(t.dtype, shape, start, nbytes)
+
+    def _type(self, name: str, type_id: int) -> GGMLType:
+        """The type with this era's block size; old layouts are remembered for `buffer` to refuse."""
+        t = by_id(type_id)
+        if t is None or (self.era in _ERA_TYPES and type_id not in _ERA_TYPES[self.era]):
+            raise UnsupportedDTypeError(f"ggml type {type_id} is unknown in {self._describe()} files; its size is "
+                                        "unknown, so the tensors after it cannot be located", path=self.path,
+                                        tensor=name)
+        old = _OLD_SIZES.get(self.era, {}).get(type_id)
+        if old is None:
+            return t
+        if (self.era, type_id) in _OLD_LAYOUT:
+            self._old[name] = (f"{self._describe()} files store {t.name} blocks with {_OLD_LAYOUT[self.era, type_id]};"
+                               " weightio reads quantized legacy tensors in today's layouts only (ggjt v3, and "
+                               "ggjt v2 Q5_0/Q5_1): re-convert the model to GGUF with a current llama.cpp")
+        elif t.removed is not None:
+            self._old[name] = t.removed
+        return GGMLType(t.id, t.name, old[0], old[1], None, t.removed)
+
+    def _describe(self) -> str:
+        return self.magic if self.magic == "ggml" else f"{self.magic} v{self.version}"
+
+    def buffer(self, name: str) -> np.ndarray:
+        reason = self._old.get(name)
+        if reason is not None:
+            raise UnsupportedDTypeError(reason, path=self.path, tensor=name)
+        return self.file.data
