@@ -28,6 +28,7 @@ from .errors import (
     WriteError,
 )
 from .formats import save as _save
+from .varbuilder import VarBuilder
 from .view import TensorView
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "TensorView",
     "UnsafePickleError",
     "UnsupportedDTypeError",
+    "VarBuilder",
     "WeightioError",
     "WeightioWarning",
     "WriteError",
@@ -54,11 +56,16 @@ __all__ = [
 
 
 def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public name is the contract
-    """Open a checkpoint: a file of any supported format, or a model directory.
+    """Open a checkpoint: a file of any supported format, a model directory, or ``hf://`` URI.
 
-    Only headers are read; tensors are read when asked for. The format is sniffed from the
-    file's bytes, never from its name. A directory may hold a sharded index
-    (``model.safetensors.index.json``) or a single weight file (``model.safetensors``).
+    Formats: safetensors, PyTorch pickles (zip, legacy, tar; never executed), GGUF (split sets
+    opened as one), legacy ggml/ggmf/ggjt, ``.npz`` and ``.npy``. Only headers are read;
+    tensors are read when asked for. The format is sniffed from the file's bytes, never from its
+    name. A directory may hold a sharded index (``model.safetensors.index.json``,
+    ``pytorch_model.bin.index.json``), a single weight file (``model.safetensors``,
+    ``pytorch_model.bin``, one ``.gguf``) or the parts of one split GGUF model.
+    ``hf://org/repo[@revision][/file]`` is fetched through huggingface_hub (its cache,
+    ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` apply).
 
     Returns:
         A `Checkpoint`: a read-only mapping of tensor names to `TensorView`s, usable as a
@@ -67,6 +74,7 @@ def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public
     Raises:
         FormatError: not a format weightio reads (the message says what it looks like).
         CorruptFileError: the file is truncated, inconsistent or malformed.
+        UnsafePickleError: a pickle names a global outside the allowlist (nothing was run).
         InputError: the path does not exist or cannot be read.
     """
     return open_checkpoint(path)
@@ -90,23 +98,26 @@ def save(
     format: str | None = None,  # noqa: A002 - the public name is the contract
     *,
     overwrite: bool = False,
+    **options: Any,
 ) -> None:
     """Write tensors to `path` atomically: a temporary file beside it, fsynced, then renamed.
 
     Args:
         tensors: name -> numpy array, `TensorView` (streamed one at a time from its file) or
             torch tensor.
-        path: destination; its suffix picks the format (``.safetensors``, ``.npz``, ``.npy``)
-            unless `format` is given.
+        path: destination; its suffix picks the format (``.safetensors``, ``.npz``, ``.npy``,
+            ``.gguf``) unless `format` is given.
         metadata: string metadata (safetensors ``__metadata__``).
-        format: ``"safetensors"``, ``"npz"`` or ``"npy"``.
+        format: ``"safetensors"``, ``"npz"``, ``"npy"`` or ``"gguf"``.
         overwrite: replace an existing file; by default an existing file is refused.
+        **options: format-specific writer options, e.g. ``types="Q8_0"`` (or a name -> type
+            mapping) to quantize while writing GGUF; see `weightio.formats.gguf.write`.
 
     Raises:
         WriteError: the destination exists (without `overwrite`) or cannot be written.
         UnsupportedDTypeError: a tensor's dtype cannot be stored in the format.
     """
-    _save(tensors, path, metadata, format, overwrite=overwrite)
+    _save(tensors, path, metadata, format, overwrite=overwrite, **options)
 
 
 def scan(path: str | os.PathLike[str]) -> Any:

@@ -1,0 +1,513 @@
+"""Devices: parsing, the numpy/torch/jax/cupy backends, the staging planner and loader, load_all.
+
+Reference values: the fixture manifest (hashes computed by torch when the fixtures were
+written), ml_dtypes conversions, and arrays built here. torch, jax and cupy tests skip when the
+framework is missing; GPU tests skip without a GPU. cupy's logic runs on the CPU through a stand-in
+module built on numpy (cupy mirrors numpy's API).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import weightio as wio
+from weightio import devices
+from weightio.devices import Device, Extent, parse_device, plan_runs
+from weightio.errors import FormatError, UnsupportedDTypeError
+
+from .conftest import FIXTURES, digest, manifest
+
+DTYPES = FIXTURES / "dtypes.safetensors"
+
+
+# ----------------------------------------------------------------------------- device strings
+
+
+@pytest.mark.parametrize("text,framework,target", [
+    ("numpy", "numpy", None), ("numpy:cpu", "numpy", "cpu"), ("torch", "torch", None),
+    ("torch:cpu", "torch", "cpu"), ("torch:cuda", "torch", "cuda"), ("torch:cuda:3", "torch", "cuda:3"),
+    ("torch:mps", "torch", "mps"), ("torch:xpu:1", "torch", "xpu:1"), ("jax", "jax", None),
+    ("jax:cpu", "jax", "cpu"), ("jax:gpu:1", "jax", "gpu:1"), ("jax:tpu", "jax", "tpu"),
+    ("cupy", "cupy", None), ("cupy:2", "cupy", "2"),
+])
+def test_parse_device(text, framework, target):
+    assert parse_device(text) == Device(framework, target)
+    assert str(parse_device(text)) == text
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tpu", "unknown device 'tpu'; use one of: numpy, torch[:cpu|:cuda:N|:mps], jax[:cpu|:gpu:N], cupy[:N]"),
+    ("cuda:0", "unknown device 'cuda:0'; use one of: numpy, torch[:cpu|:cuda:N|:mps], jax[:cpu|:gpu:N], "
+               "cupy[:N]; did you mean 'torch:cuda:0'?"),
+    ("numpy:gpu", "numpy has no device 'gpu' (in 'numpy:gpu')"),
+    ("torch:cuda:x", "torch has no device 'cuda:x'"),
+    ("cupy:gpu", "cupy has no device 'gpu'"),
+    ("jax:gpu:-1", "jax has no device 'gpu:-1'"),
+])
+def test_parse_device_errors(text, message):
+    with pytest.raises(FormatError) as info:
+        parse_device(text)
+    assert str(info.value).startswith(message)
+
+
+def test_torch_device_objects_and_one_backend_per_device():
+    torch = pytest.importorskip("torch")
+    assert parse_device(torch.device("cuda", 1)) == Device("torch", "cuda:1")
+    assert devices.backend("torch") is devices.backend("torch:cpu") is devices.backend(torch.device("cpu"))
+    assert devices.backend("numpy") is devices.backend("numpy:cpu")
+
+
+def _fresh_backends(monkeypatch):
+    """Backends made in this test (fake or failing frameworks) are forgotten after it."""
+    monkeypatch.setattr(devices, "_BACKENDS", {})
+    monkeypatch.setattr(devices, "_BY_ARGUMENT", {})
+
+
+def test_missing_framework_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
+    _fresh_backends(monkeypatch)
+    with pytest.raises(FormatError, match=r"cupy is not installed; install it \(pip install cupy-cuda12x, or the "
+                                          r"cupy build for your CUDA version\) to use cupy devices"):
+        devices.place(np.zeros(1), "cupy")
+    monkeypatch.setitem(sys.modules, "jax", None)
+    with pytest.raises(FormatError, match=r"jax is not installed; install it \(pip install 'weightio\[jax\]'\)"):
+        devices.place(np.zeros(1), "jax")
+
+
+def test_is_floating():
+    floats = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+    assert all(devices.is_floating(np.dtype(t)) for t in floats)
+    assert not any(devices.is_floating(np.dtype(t)) for t in (np.int64, np.uint8, np.bool_, np.complex64))
+
+
+# ----------------------------------------------------------------------------- numpy and torch CPU
+
+
+def test_numpy_place_is_the_view_and_casts_copy():
+    arr = np.arange(6, dtype=np.float32)
+    assert devices.place(arr, "numpy") is arr
+    cast = devices.place(arr, "numpy", np.dtype(ml_dtypes.bfloat16))
+    assert cast.dtype == ml_dtypes.bfloat16 and cast.astype(np.float32).tolist() == arr.tolist()
+
+
+def test_torch_cpu_tensors_share_the_mapping_without_warnings():
+    torch = pytest.importorskip("torch")
+    with wio.open(DTYPES) as ckpt, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in ckpt:
+            view = ckpt[name]
+            t = devices.place(view, "torch")
+            assert isinstance(t, torch.Tensor) and tuple(t.shape) == view.shape
+            if view.nbytes:
+                assert t.data_ptr() == view.numpy().__array_interface__["data"][0]
+            assert digest(devices.as_numpy(t)) == manifest()["dtypes.safetensors"][name]["sha256"]
+    assert caught == []
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(6, dtype=">f4"),  # big-endian: converted
+    lambda: np.frombuffer(b"\0" + np.arange(6, dtype=np.float32).tobytes(), np.float32, offset=1),  # misaligned
+    lambda: np.arange(6, dtype=np.float32)[::-1],  # negative strides: torch has none
+])
+def test_torch_cpu_copies_only_what_it_cannot_wrap(make):
+    torch = pytest.importorskip("torch")
+    arr = make()
+    t = devices.place(arr, "torch")
+    assert t.tolist() == arr.astype(np.float32).tolist() and t.dtype == torch.float32
+
+
+def test_torch_casts_match_ml_dtypes():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    wide = (rng.standard_normal(4096) * 8).astype(np.float32)
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        narrow_t = devices.place(wide, "torch", np.dtype(getattr(ml_dtypes, name)))
+        expected = wide.astype(getattr(ml_dtypes, name))  # round to nearest even, like torch
+        assert narrow_t.dtype == getattr(torch, name)
+        assert devices.as_numpy(narrow_t).view(np.uint8).tobytes() == expected.view(np.uint8).tobytes()
+        for back in (np.float32, np.float16):
+            up = devices.place(expected, "torch", np.dtype(back))
+            np.testing.assert_array_equal(up.numpy(), expected.astype(back))
+
+
+def test_adopting_torch_tensors():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(4.0, requires_grad=True)
+    out = devices.place(t, "torch")
+    assert out.data_ptr() == t.data_ptr() and not out.requires_grad
+    assert devices.place(t, "torch", np.dtype(np.float16)).dtype == torch.float16
+    assert devices.place(t, "numpy").tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_load_all_casts_floating_tensors_only():
+    expected = manifest()["dtypes.safetensors"]
+    out = devices.load_all(DTYPES, "numpy", "float16")
+    assert sorted(out) == sorted(expected)
+    for name, arr in out.items():
+        kind = np.dtype(expected[name]["dtype"]) if expected[name]["dtype"] in np.sctypeDict else None
+        if name in ("i64", "u8", "bool", "num_batches_tracked", "c64"):
+            assert arr.dtype == kind, name
+        elif name != "empty" and not name.startswith("u") and not name.startswith("i"):
+            assert arr.dtype == np.float16, name
+
+
+def test_load_all_to_torch_cpu_is_zero_copy():
+    pytest.importorskip("torch")
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        out = devices.load_all(ckpt, "torch")
+        for name, t in out.items():
+            assert t.data_ptr() == ckpt[name].numpy().__array_interface__["data"][0]
+            assert digest(t.numpy()) == manifest()["tiny-bert"][name]["sha256"]
+
+
+# ----------------------------------------------------------------------------- the staging planner
+
+
+def _ext(key, root, start, stop, itemsize=1):
+    return Extent(key, root, start, stop, np.dtype(f"u{itemsize}"), ((stop - start) // itemsize,))
+
+
+def test_plan_runs_merges_neighbours_and_splits_at_gaps_and_size():
+    buf, other = np.zeros(4096, np.uint8), np.zeros(64, np.uint8)
+    extents = [_ext("c", buf, 200, 300), _ext("a", buf, 0, 100), _ext("b", buf, 100, 150),
+               _ext("far", buf, 1500, 1600), _ext("o", other, 0, 8), _ext("big", buf, 1600, 3600)]
+    runs = plan_runs(extents, max_gap=64, max_run=1000)
+    assert [(r.start, r.stop, [m.key for m in r.members]) for r in runs] == [
+        (0, 300, ["a", "b", "c"]),  # gap 150..200 (50 bytes) is copied along
+        (1472, 1600, ["far"]),  # gap too large: a new run, its start aligned down to 64
+        (1600, 3600, ["big"]),  # would exceed max_run: its own run
+        (0, 8, ["o"]),  # another buffer: another run
+    ]
+    assert runs[0].nbytes == 300
+
+
+def test_plan_runs_keeps_overlapping_tensors_together():
+    buf = np.zeros(1024, np.uint8)
+    runs = plan_runs([_ext("w", buf, 0, 512), _ext("tied", buf, 0, 512), _ext("half", buf, 256, 768)],
+                     max_gap=0, max_run=600)
+    assert [(r.start, r.stop, len(r.members)) for r in runs] == [(0, 768, 3)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 700)), min_size=1, max_size=40),
+       st.integers(0, 300), st.integers(1, 2000))
+@settings(max_examples=200, deadline=None)
+def test_every_extent_lies_in_exactly_one_run(spans, max_gap, max_run):
+    buf = np.zeros(6000, np.uint8)
+    extents = [_ext(str(i), buf, a, a + n) for i, (a, n) in enumerate(spans)]
+    runs = plan_runs(extents, max_gap=max_gap, max_run=max_run)
+    seen = [m.key for r in runs for m in r.members]
+    assert sorted(seen) == sorted(e.key for e in extents)
+    for r in runs:
+        assert r.start % devices.RUN_ALIGN == 0
+        assert all(r.start <= m.start and m.stop <= r.stop for m in r.members)
+    for a, b in zip(runs, runs[1:], strict=False):  # in address order; only the alignment slack is copied twice
+        assert all(m.start >= a.stop for m in b.members) and b.start > a.stop - devices.RUN_ALIGN
+
+
+def test_extent_of_finds_the_root_buffer():
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        view = ckpt["encoder.layer.0.attention.self.query.weight"]
+        ext = devices.extent_of("q", view.numpy())
+        assert ext.root is view.raw().base or ext.root.base is view.raw().base
+        assert (ext.start, ext.stop) == (view.info.offset, view.info.offset + view.nbytes)
+        t = devices.extent_of("t", view.numpy().T)  # strided: the span from first to last element
+        assert t.strides == (4, 128) and (t.start, t.stop) == (view.info.offset, view.info.offset + view.nbytes)
+    arr = np.arange(10, dtype=np.float32)
+    assert devices.extent_of("x", arr[2:]).start == 8
+    assert devices.extent_of("x", arr[::-1]) is None
+    assert devices.extent_of("x", arr.astype(">f4")) is None
+    assert devices.extent_of("x", np.zeros(12, np.uint8)[1:9].view(np.float32)) is None  # misaligned in its buffer
+    assert devices.extent_of("x", arr[:0]) is None
+
+
+# ----------------------------------------------------------------------------- the staged loader
+
+
+def _staged_cpu_loader(**kwargs):
+    torch = pytest.importorskip("torch")
+    return devices.StagedLoader(devices._TorchEngine(torch, "cpu", staged=True, pin=False), **kwargs)
+
+
+@pytest.mark.parametrize("chunk,max_run", [(100, 300), (4096, 1 << 20), (1 << 20, 1 << 20)])
+def test_staged_loader_copies_every_byte_through_the_ring(chunk, max_run):
+    loader = _staged_cpu_loader(chunk=chunk, max_run=max_run)
+    for fixture, key in ((DTYPES, "dtypes.safetensors"), (FIXTURES / "tiny-bert", "tiny-bert")):
+        with wio.open(fixture) as ckpt:
+            arrays = {n: ckpt[n].numpy() for n in ckpt}
+            out = loader.load(arrays)
+            assert list(out) == list(arrays)
+            for name, t in out.items():
+                assert digest(devices.as_numpy(t)) == manifest()[key][name]["sha256"], name
+                if t.numel():
+                    assert t.data_ptr() != arrays[name].__array_interface__["data"][0]  # a copy
+            runs = plan_runs([e for n, a in arrays.items() for e in [devices.extent_of(n, a)] if e],
+                             max_run=max_run)
+            storages = {t.untyped_storage().data_ptr() for t in out.values() if t.numel()}
+            assert len(storages) == len(runs)  # one device allocation per run, tensors are views
+    assert len(loader._slots) == 2 and all(s.host.nbytes == chunk for s in loader._slots)
+    devices.release_staging()  # backends' rings; this loader's own:
+    loader.release()
+    assert loader._slots == []
+
+
+def test_staged_loader_converts_what_cannot_be_copied_raw():
+    torch = pytest.importorskip("torch")
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    arrays = {
+        "big_endian": base.astype(">f4"),
+        "misaligned": np.frombuffer(b"\0" + base.tobytes(), np.float32, 24, offset=1).reshape(4, 6),
+        "transposed": base.T,
+        "reversed": base[::-1],
+        "scalar": np.array(7, np.int64),
+        "empty": np.zeros((0, 3), np.float16),
+        "bf16": base.astype(ml_dtypes.bfloat16),
+        "shared": base[1:3],
+    }
+    out = _staged_cpu_loader(chunk=64, max_run=128).load(arrays)
+    for name, arr in arrays.items():
+        t = out[name]
+        assert tuple(t.shape) == arr.shape, name
+        np.testing.assert_array_equal(devices.as_numpy(t).astype(np.float64), arr.astype(np.float64))
+    assert out["transposed"].stride() == (1, 6)  # strided on the device too, not repacked
+    assert out["empty"].dtype == torch.float16
+
+
+def test_mps_style_direct_runs():
+    torch = pytest.importorskip("torch")
+    loader = devices.StagedLoader(devices._TorchEngine(torch, "cpu", staged=False, pin=False), chunk=100)
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        out = loader.load({n: ckpt[n].numpy() for n in ckpt})
+        assert all(digest(out[n].numpy()) == manifest()["tiny-bert"][n]["sha256"] for n in ckpt)
+    assert loader._slots == []  # no ring without staging
+
+
+def test_parallel_copy_splits_large_copies():
+    src = np.arange(20 << 20, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    devices._parallel_copy(dst, src)
+    assert np.array_equal(dst, src)
+
+
+# ----------------------------------------------------------------------------- GPUs (skip without one)
+
+
+def _cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch
+
+
+def test_cuda_load_all_through_pinned_staging():
+    torch = _cuda()
+    with wio.open(DTYPES) as ckpt:
+        out = devices.load_all(ckpt, "torch:cuda:0")
+        for name, t in out.items():
+            assert t.device.type == "cuda"
+            assert digest(devices.as_numpy(t)) == manifest()["dtypes.safetensors"][name]["sha256"]
+        cast = devices.load_all(ckpt, "torch:cuda", "float32")
+        assert cast["bf16"].dtype == torch.float32 and cast["i64"].dtype == torch.int64
+    loader = devices.backend("torch:cuda:0").loader
+    assert all(s.handle.is_pinned() for s in loader._slots)
+
+
+def test_cuda_single_gets_reuse_the_pinned_ring():
+    _cuda()
+    vb = wio.VarBuilder.from_path(FIXTURES / "tiny-bert", device="torch:cuda:0", dtype="bf16")
+    first = vb.get((32, 32), "encoder.layer.0.attention.self.query.weight")
+    slots = list(devices.backend("torch:cuda:0").loader._slots)
+    second = vb.get((32, 32), "encoder.layer.1.attention.self.query.weight")
+    assert devices.backend("torch:cuda:0").loader._slots == slots
+    assert str(first.dtype) == str(second.dtype) == "torch.bfloat16"
+    vb.close()
+
+
+def test_mps_load_all():
+    torch = pytest.importorskip("torch")
+    if not torch.backends.mps.is_available():
+        pytest.skip("needs Apple MPS")
+    out = devices.load_all(FIXTURES / "tiny-bert", "torch:mps")
+    assert all(t.device.type == "mps" for t in out.values())
+
+
+# ----------------------------------------------------------------------------- jax
+# Each jax test runs in a fresh interpreter: importing jax here would register its fork warning
+# in the test process, and other tests fork.
+
+
+def _run_jax(code):
+    import importlib.util
+    import subprocess
+    import textwrap
+
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    prelude = "import numpy as np, ml_dtypes, jax, weightio as wio\nfrom weightio import devices\n"
+    out = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                         cwd=FIXTURES.parent, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_jax_cpu_is_zero_copy_and_casts_on_device():
+    _run_jax("""
+        raw = np.zeros(64 + 64, np.uint8)
+        start = -raw.__array_interface__["data"][0] % 64  # XLA's CPU client aliases 64-byte-aligned memory
+        arr = raw[start : start + 64].view(np.float32)
+        arr[:] = np.arange(16)
+        x = devices.place(arr, "jax:cpu")
+        assert isinstance(x, jax.Array) and x.unsafe_buffer_pointer() == arr.__array_interface__["data"][0]
+        up = devices.place(arr.astype(ml_dtypes.bfloat16), "jax", np.dtype(np.float32))
+        assert up.dtype == np.float32 and np.asarray(up).tolist() == arr.tolist()
+        out = devices.load_all("fixtures/tiny-bert", "jax", "bfloat16")
+        assert len(out) == 39 and all(v.dtype == ml_dtypes.bfloat16 for v in out.values())
+        assert devices.place(x, "jax").unsafe_buffer_pointer() == x.unsafe_buffer_pointer()  # adopted as is
+    """)
+
+
+def test_jax_refuses_to_truncate_64_bit_integers():
+    _run_jax("""
+        assert not jax.config.jax_enable_x64
+        small = devices.place(np.array([1, -2, 3], np.int64), "jax")
+        assert small.dtype == np.int32 and np.asarray(small).tolist() == [1, -2, 3]
+        try:
+            devices.place(np.array([1 << 40], np.int64), "jax")
+        except wio.UnsupportedDTypeError as e:
+            assert "int64 values do not fit jax's 32-bit integers; enable" in str(e), e
+        else:
+            raise AssertionError("no error")
+    """)
+
+
+def test_jax_unknown_device():
+    _run_jax("""
+        try:
+            devices.place(np.zeros(1), "jax:tpu:7")
+        except wio.FormatError as e:
+            assert "jax has no device 'tpu:7'" in str(e), e
+        else:
+            raise AssertionError("no error")
+    """)
+
+
+# ----------------------------------------------------------------------------- cupy (a numpy stand-in)
+
+
+class _FakeCupyArray(np.ndarray):
+    def set(self, arr, stream=None):
+        self[...] = arr
+
+
+def _fake_cupy(monkeypatch):
+    events = []
+    cp = types.ModuleType("cupy")
+    cp.ndarray = _FakeCupyArray
+    cp.uint8, cp.uint32, cp.float32 = np.uint8, np.uint32, np.float32
+    cp.empty = lambda shape, dtype: np.empty(shape, dtype).view(_FakeCupyArray)
+    cp.asarray = lambda a: np.asarray(a).view(_FakeCupyArray)
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    cp.cuda = types.SimpleNamespace(
+        Device=lambda index: contextlib.nullcontext(), Stream=lambda non_blocking: stream,
+        Event=lambda: types.SimpleNamespace(record=lambda s: events.append("record"),
+                                            synchronize=lambda: events.append("wait")))
+    cp.lib = types.SimpleNamespace(stride_tricks=np.lib.stride_tricks)
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    _fresh_backends(monkeypatch)
+    return events
+
+
+def test_cupy_backend_stages_and_converts_bf16_and_fp8_on_the_gpu(monkeypatch):
+    events = _fake_cupy(monkeypatch)
+    with wio.open(DTYPES) as ckpt:
+        f32 = devices.place(ckpt["f32"], "cupy:0")
+        np.testing.assert_array_equal(np.asarray(f32), ckpt["f32"].numpy())
+        for name in ("bf16", "f8_e4m3", "f8_e5m2"):
+            stored = ckpt[name].numpy()
+            for wanted in (np.float32, np.float16):
+                got = devices.place(ckpt[name], "cupy", np.dtype(wanted))
+                assert got.dtype == wanted
+                np.testing.assert_array_equal(np.asarray(got), stored.astype(np.float32).astype(wanted))
+            with pytest.raises(UnsupportedDTypeError, match="cupy has no .* type; pass dtype='float32'"):
+                devices.place(ckpt[name], "cupy")
+        with pytest.raises(UnsupportedDTypeError, match="cupy has no bfloat16 type; ask for float32"):
+            devices.place(ckpt["f32"], "cupy", np.dtype(ml_dtypes.bfloat16))
+        out = devices.load_all(ckpt, "cupy", "float32")
+        assert out["bf16"].dtype == np.float32 and out["i64"].dtype == np.int64
+    assert "record" in events and "wait" in events  # the ring waits on the event of its last copy
+
+
+# ----------------------------------------------------------------------------- the ring protocol
+
+
+class _LoggingEngine:
+    """A staging engine whose "device" is numpy memory and which logs every ring operation,
+    naming the staging buffer each one concerns (an event belongs to the buffer made before it)."""
+
+    staged = True
+
+    def __init__(self):
+        self.log, self._last = [], None
+
+    def active(self):
+        return contextlib.nullcontext()
+
+    def empty(self, nbytes):
+        return np.zeros(nbytes, np.uint8)
+
+    def host_buffer(self, nbytes):
+        host = np.zeros(nbytes, np.uint8)
+        self._last = id(host)
+        return host, host
+
+    def copy(self, dev, pos, host, n):
+        self.log.append(("copy", id(host)))
+        dev[pos : pos + n] = host[:n]
+
+    def copy_direct(self, dev, pos, src):
+        raise AssertionError("a staged engine never copies directly")
+
+    def event(self):
+        log, buffer = self.log, self._last
+        return types.SimpleNamespace(record=lambda: log.append(("record", buffer)),
+                                     synchronize=lambda: log.append(("wait", buffer)))
+
+    def view(self, dev, rel, ext):
+        span = dev[rel : rel + ext.stop - ext.start].view(ext.dtype)
+        return span.reshape(ext.shape) if ext.strides is None else np.lib.stride_tricks.as_strided(
+            span, ext.shape, ext.strides)
+
+    def empty_tensor(self, dtype, shape):
+        return np.empty(shape, dtype)
+
+
+def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
+    # The order CUDA needs: wait for the event of a buffer's previous copy, fill it, start the
+    # copy, record the event — for every chunk, on every buffer of the ring.
+    engine = _LoggingEngine()
+    loader = devices.StagedLoader(engine, chunk=1000, slots=2, max_run=5000)
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        out = loader.load({n: ckpt[n].numpy() for n in ckpt})
+        for name in ckpt:
+            assert digest(out[name]) == manifest()["tiny-bert"][name]["sha256"]
+    state = {}
+    for op, buffer in engine.log:
+        expected_before = {"wait": (None, "record"), "copy": ("wait",), "record": ("copy",)}[op]
+        assert state.get(buffer) in expected_before, engine.log
+        state[buffer] = op
+    copies = [b for op, b in engine.log if op == "copy"]
+    assert len(set(copies)) == 2 and len(copies) > 2  # both buffers, reused
+    assert set(state.values()) == {"record"}
+    loader.release()
+    assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
