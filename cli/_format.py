@@ -1,10 +1,18 @@
-"""Human-readable numbers and plain-text tables for the CLI."""
+"""Human-readable numbers, metadata values and plain-text tables for the CLI."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["human_bytes", "human_count", "table"]
+import numpy as np
+
+__all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "kind", "plural"]
+
+MAX_VALUE = 80  # characters of a metadata value shown before eliding
+MAX_ITEMS = 3  # items of a long list shown before eliding
 
 
 def human_bytes(n: int) -> str:
@@ -30,6 +38,80 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
-        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 tensor``, ``39 tensors``, ``1,024 params``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """``[32, 768]``; ``[]`` for a scalar."""
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def kind(view: Any) -> str:
+    """What a tensor is stored as: its ggml block type, or its dtype name."""
+    from weightio.dtypes import dtype_name
+
+    return view.ggml_type or dtype_name(view.info.dtype)
+
+
+def number(x: float | int) -> str:
+    """A statistic, short: ints exactly, floats to 6 significant digits."""
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}"
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    return f"{x:.6g}"
+
+
+def elide(value: Any, limit: int = MAX_VALUE) -> str:
+    """A metadata value on one line: long strings cut, long lists shortened to their first items.
+
+    Never formats a whole large container (a GGUF vocabulary has 100k+ entries).
+    """
+    if _is_list(value):
+        n = len(value)
+        shown = ", ".join(_one_line(value[i], 24) for i in range(min(n, MAX_ITEMS)))
+        text = f"[{shown}{', …' if n > MAX_ITEMS else ''}]" + (f" ({n:,} items)" if n > MAX_ITEMS else "")
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+    return _one_line(value, limit)
+
+
+def _is_list(value: Any) -> bool:
+    """Lists, tuples, arrays and sequence types such as GGUF's lazily decoded arrays (not strings)."""
+    return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes, bytearray))
+
+
+def _one_line(value: Any, limit: int) -> str:
+    if isinstance(value, dict):
+        text = json.dumps(json_value(value), ensure_ascii=False)
+    elif isinstance(value, str) and (len(value) > limit or not value.isprintable()):
+        text = value.encode("unicode_escape").decode("ascii") if not value.isprintable() else value
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-safe copy of a metadata value (numpy scalars and arrays to Python, floats finite)."""
+    if isinstance(value, np.ndarray) or (hasattr(value, "tolist") and _is_list(value)):
+        return [json_value(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return json_value(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

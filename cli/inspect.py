@@ -2,49 +2,134 @@
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
 import click
 
 import weightio
-from weightio.dtypes import dtype_name
+from weightio.checkpoint import Checkpoint
+from weightio.convert import select_names
 
-from ._format import human_bytes, human_count, table
+from . import _tree
+from ._format import elide, human_bytes, human_count, json_value, kind, plural, shape_text, table
+from ._options import common_options, echo
 
-_MAX_METADATA_VALUE = 80
+SCHEMA = "weightio.inspect/1"
 
 
-def _elide(value: object) -> str:
-    text = str(value)
-    return text if len(text) <= _MAX_METADATA_VALUE else text[: _MAX_METADATA_VALUE - 1] + "…"
+def _by_kind(ckpt: Checkpoint, names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per dtype (or ggml block type): tensors, parameters and bytes, largest share first."""
+    totals: dict[str, dict[str, int]] = {}
+    for name in names:
+        view = ckpt[name]
+        row = totals.setdefault(kind(view), {"tensors": 0, "parameters": 0, "nbytes": 0})
+        row["tensors"] += 1
+        row["parameters"] += math.prod(view.shape)
+        row["nbytes"] += view.nbytes
+    return dict(sorted(totals.items(), key=lambda kv: (-kv[1]["nbytes"], kv[0])))
+
+
+def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequence[str]) -> list[str]:
+    lines = [path, f"  format      {ckpt.format}"]
+    if len(ckpt.files) > 1:
+        lines.append(f"  files       {len(ckpt.files)}")
+    if patterns:
+        lines.append(f"  filter      {' '.join(patterns)}  ({len(names):,} of {len(ckpt):,} tensors)")
+    params = sum(math.prod(ckpt[n].shape) for n in names)
+    lines += [f"  tensors     {len(names):,}", f"  parameters  {human_count(params)}",
+              f"  size        {human_bytes(sum(ckpt[n].nbytes for n in names))}"]
+    kinds = _by_kind(ckpt, names)
+    if kinds:
+        rows = [(k, plural(v["tensors"], "tensor"), plural(v["parameters"], "param"), human_bytes(v["nbytes"]))
+                for k, v in kinds.items()]
+        for i, line in enumerate(table(("",) * 4, rows, right=(1, 2, 3)).splitlines()[1:]):
+            lines.append(("  dtypes      " if i == 0 else " " * 14) + line)
+    for key, value in ckpt.metadata.items():
+        lines.append(f"  metadata    {key} = {elide(value)}")
+    return lines
+
+
+def _tensor_table(ckpt: Checkpoint, names: list[str]) -> str:
+    rows = [(n, kind(ckpt[n]), shape_text(ckpt[n].shape), human_bytes(ckpt[n].nbytes)) for n in names]
+    return table(("name", "dtype", "shape", "size"), rows, right=(3,))
+
+
+def _tree_table(nodes: list[_tree.Node], depth: int | None) -> str:
+    rows = []
+    for label, node in _tree.rows(nodes, depth):
+        count = f"{node.repeat} × {node.parameters:,}" if node.repeat > 1 else f"{node.parameters:,}"
+        dtype, shape = (node.tensor[0], shape_text(node.tensor[1])) if node.tensor else ("", "")
+        rows.append((label, count, dtype, shape))
+    return table(("module", "params", "dtype", "shape"), rows, right=(1,))
+
+
+def _entries(ckpt: Checkpoint, names: list[str]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(n, kind(ckpt[n]), ckpt[n].shape) for n in names]
+
+
+def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequence[str], tree: bool,
+                 depth: int | None) -> dict[str, Any]:
+    """The ``--json`` document (schema ``weightio.inspect/1``, documented in docs/inspect.md)."""
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "path": path,
+        "format": ckpt.format,
+        "files": ckpt.files,
+        "filter": list(patterns) or None,
+        "tensor_count": len(names),
+        "parameter_count": sum(math.prod(ckpt[n].shape) for n in names),
+        "nbytes": sum(ckpt[n].nbytes for n in names),
+        "dtypes": [{"dtype": k, **v} for k, v in _by_kind(ckpt, names).items()],
+        "metadata": json_value(dict(ckpt.metadata)),
+        "tensors": [_tensor_json(ckpt, n) for n in names],
+    }
+    if tree:
+        doc["tree"] = _tree.to_json(_tree.build(_entries(ckpt, names)), depth)
+    return doc
+
+
+def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
+    from weightio.dtypes import dtype_name
+
+    view = ckpt[name]
+    return {"name": name, "dtype": dtype_name(view.dtype), "ggml_type": view.ggml_type, "shape": list(view.shape),
+            "parameters": math.prod(view.shape), "nbytes": view.nbytes, "file": view.path}
 
 
 @click.command("inspect")
-@click.argument("path", type=click.Path(exists=False))
-def inspect_command(path: str) -> None:
-    """Show format, tensor and parameter counts, metadata and a name/dtype/shape/size table.
+@click.argument("path")
+@click.option("--tree", is_flag=True, help="Group tensors into modules by dotted prefix, with parameter counts; "
+                                           "repeated layers are collapsed (layer.{0..11}).")
+@click.option("--depth", type=click.IntRange(min=1), default=None, help="With --tree: show this many levels.")
+@click.option("--filter", "patterns", multiple=True, metavar="GLOB",
+              help="Only tensors whose names match GLOB (repeatable; e.g. 'encoder.*').")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.inspect/1).")
+@common_options
+def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[str, ...], as_json: bool) -> None:
+    """Show format, tensor and parameter counts, bytes per dtype, metadata, and every tensor.
 
-    Reads headers only, so it is fast on files of any size.
+    Reads headers only, so it takes milliseconds on files of any size. PATH is a file of any
+    format weightio reads, a model directory, or an hf:// path.
 
     \b
     Examples:
       weightio inspect model.safetensors
-      weightio inspect weights.npz
-      weightio inspect path/to/hf-model-dir/      # sharded index or single file
+      weightio inspect path/to/hf-model-dir/         # sharded index or single file
+      weightio inspect model.gguf --tree --depth 2
+      weightio inspect pytorch_model.bin --filter 'encoder.layer.0.*'
+      weightio inspect hf://google-bert/bert-base-uncased --json | jq .parameter_count
     """
     with weightio.open(path) as ckpt:
-        click.echo(path)
-        click.echo(f"  format      {ckpt.format}")
-        if len(ckpt.files) > 1:
-            click.echo(f"  files       {len(ckpt.files)}")
-        click.echo(f"  tensors     {len(ckpt):,}")
-        click.echo(f"  parameters  {human_count(ckpt.parameter_count)}")
-        click.echo(f"  size        {human_bytes(ckpt.nbytes)}")
-        for key, value in ckpt.metadata.items():
-            click.echo(f"  metadata    {key} = {_elide(value)}")
-        rows = []
-        for name in ckpt:
-            info = ckpt[name].info
-            kind = info.ggml_type or dtype_name(info.dtype)
-            rows.append((name, kind, "[" + ", ".join(map(str, info.shape)) + "]", human_bytes(info.nbytes)))
-        if rows:
-            click.echo()
-            click.echo(table(("name", "dtype", "shape", "size"), rows, right=(3,)))
+        names = select_names(ckpt, patterns)
+        if as_json:
+            doc = inspect_json(path, ckpt, names, patterns, tree, depth)
+            echo(json.dumps(doc, indent=2, ensure_ascii=False), essential=True)
+            return
+        echo("\n".join(_summary_lines(path, ckpt, names, patterns)), essential=True)
+        if names:
+            echo("", essential=True)
+            body = _tree_table(_tree.build(_entries(ckpt, names)), depth) if tree else _tensor_table(ckpt, names)
+            echo(body, essential=True)

@@ -1,20 +1,40 @@
-"""The weightio command: inspect (through CliRunner and the installed entry point)."""
+"""The weightio command: every subcommand through CliRunner, a few through the installed entry point."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
+import struct
 import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from weightio.cli import main
+
+import weightio as wio
 
 from .conftest import FIXTURES
 
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-def _run(*args: str):
-    return CliRunner().invoke(main, list(args))
+
+def _run(*args: str, **kwargs):
+    return CliRunner().invoke(main, [str(a) for a in args], **kwargs)
+
+
+def _save(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> Path:
+    safetensors_numpy.save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+# ----------------------------------------------------------------------------- inspect
 
 
 def test_inspect_prints_summary_and_table():
@@ -27,6 +47,8 @@ def test_inspect_prints_summary_and_table():
         "  tensors     2",
         "  parameters  25",
         "  size        120 B",
+        "  dtypes      float32  1 tensor  20 params  80 B",
+        "              float64  1 tensor   5 params  40 B",
         "",
         "name    dtype    shape   size",
         "bias    float64  [5]     40 B",
@@ -35,7 +57,7 @@ def test_inspect_prints_summary_and_table():
 
 
 def test_inspect_sharded_directory_and_metadata():
-    result = _run("inspect", str(FIXTURES / "tiny-bert-sharded"))
+    result = _run("inspect", FIXTURES / "tiny-bert-sharded")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[1:4] == ["  format      safetensors", "  files       3", "  tensors     39"]
@@ -46,44 +68,519 @@ def test_inspect_sharded_directory_and_metadata():
 
 
 def test_inspect_npz_with_big_endian_and_packed_types():
-    result = _run("inspect", str(FIXTURES / "numpy" / "arrays.npz"))
+    result = _run("inspect", FIXTURES / "numpy" / "arrays.npz")
     assert result.exit_code == 0
     assert any(line.split()[:3] == ["big_endian", ">int32", "[6]"] for line in result.output.splitlines())
-    result = _run("inspect", str(FIXTURES / "packed_fp4.safetensors"))
+    result = _run("inspect", FIXTURES / "packed_fp4.safetensors")
     assert any(line.split()[:3] == ["fp4", "float4_e2m1fn", "[8]"] for line in result.output.splitlines())
+    assert "  dtypes      float32        1 tensor  4 params  16 B" in result.output.splitlines()
+    assert "              float4_e2m1fn  1 tensor  8 params   4 B" in result.output.splitlines()
+
+
+def test_inspect_counts_bytes_by_ggml_type():
+    result = _run("inspect", FIXTURES / "gguf" / "quantized.gguf")
+    assert result.exit_code == 0, result.output
+    rows = {}
+    for line in result.output.splitlines():
+        if line.startswith(("  dtypes", " " * 14)):
+            parts = line.split()[1:] if line.startswith("  dtypes") else line.split()
+            rows[parts[0]] = parts[1:]
+    # 1024 values each: Q8_0 in 32-value blocks of 34 bytes, Q4_0 in blocks of 18, F32 4 bytes a value
+    assert rows["Q8_0"] == ["1", "tensor", "1,024", "params", "1.1", "kB"]  # 32 * 34 = 1088 B
+    assert rows["Q4_0"] == ["1", "tensor", "1,024", "params", "576", "B"]  # 32 * 18
+    assert rows["float32"] == ["1", "tensor", "1,024", "params", "4.1", "kB"]
+    assert len(rows) == 9
+
+
+def test_inspect_elides_long_metadata():
+    result = _run("inspect", FIXTURES / "ggml" / "ggjt_v3.bin")
+    assert result.exit_code == 0, result.output
+    tokens = next(line for line in result.output.splitlines() if "ggml.tokens" in line)
+    with wio.open(FIXTURES / "ggml" / "ggjt_v3.bin") as ckpt:
+        first = [str(ckpt.metadata["ggml.tokens"][i]) for i in range(3)]
+        n = len(ckpt.metadata["ggml.tokens"])
+    assert tokens == f"  metadata    ggml.tokens = [{', '.join(first)}, …] ({n:,} items)"
+
+
+def test_inspect_elides_long_strings(tmp_path):
+    path = _save(tmp_path / "m.safetensors", {"w": np.zeros(2, np.float32)}, {"note": "x" * 200, "nl": "a\nb"})
+    lines = _run("inspect", path).output.splitlines()
+    assert f"  metadata    note = {'x' * 79}…" in lines
+    assert "  metadata    nl = a\\nb" in lines
+
+
+def test_inspect_filter():
+    result = _run("inspect", FIXTURES / "tiny-bert", "--filter", "encoder.layer.1.*.weight", "--filter", "pooler.*")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert "  filter      encoder.layer.1.*.weight pooler.*  (10 of 39 tensors)" in lines
+    assert "  tensors     10" in lines
+    names = [line.split()[0] for line in lines[lines.index("") + 2:]]
+    assert names == ["encoder.layer.1.attention.output.LayerNorm.weight",
+                     "encoder.layer.1.attention.output.dense.weight",
+                     "encoder.layer.1.attention.self.key.weight", "encoder.layer.1.attention.self.query.weight",
+                     "encoder.layer.1.attention.self.value.weight", "encoder.layer.1.intermediate.dense.weight",
+                     "encoder.layer.1.output.LayerNorm.weight", "encoder.layer.1.output.dense.weight",
+                     "pooler.dense.bias", "pooler.dense.weight"]
+
+
+def test_inspect_tree_collapses_repeated_layers():
+    result = _run("inspect", FIXTURES / "tiny-bert", "--tree")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    body = lines[lines.index("") + 1:]
+    assert body[:9] == [
+        "module                             params  dtype    shape",
+        "embeddings                          5,344",
+        "  LayerNorm                            64",
+        "    bias                               32  float32  [32]",
+        "    weight                             32  float32  [32]",
+        "  position_embeddings.weight        2,048  float32  [64, 32]",
+        "  token_type_embeddings.weight         64  float32  [2, 32]",
+        "  word_embeddings.weight            3,168  float32  [99, 32]",
+        "encoder.layer.{0..1}            2 × 6,789",
+    ]
+    assert body[-3:] == ["pooler.dense                        1,056",
+                         "  bias                                 32  float32  [32]",
+                         "  weight                            1,024  float32  [32, 32]"]
+    assert 5344 + 2 * 6789 + 1056 == 19978  # the module counts add up to the checkpoint's parameters
+
+
+def test_inspect_tree_breaks_runs_where_layers_differ(tmp_path):
+    tensors = {f"blocks.{i}.w": np.zeros((2, 2) if i != 2 else (3, 2), np.float32) for i in range(5)}
+    tensors.update({f"blocks.{i}.b": np.zeros(2, np.float32) for i in range(5)})
+    tensors["blocks.10.w"] = np.zeros((2, 2), np.float32)
+    tensors["blocks.10.b"] = np.zeros(2, np.float32)
+    result = _run("inspect", _save(tmp_path / "m.safetensors", tensors), "--tree", "--depth", "2")
+    body = result.output.splitlines()
+    body = body[body.index("") + 2:]
+    assert [line.split() for line in body] == [["blocks", "38"], ["{0..1}", "2", "×", "6"], ["2", "8"],
+                                               ["{3..4}", "2", "×", "6"], ["10", "6"]]
+    assert [line[:3] for line in body] == ["blo", "  {", "  2", "  {", "  1"]
+
+
+def test_inspect_json_schema_against_the_safetensors_library():
+    from safetensors import safe_open
+
+    path = FIXTURES / "tiny-bert-sharded"
+    result = _run("inspect", path, "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert list(doc) == ["schema", "path", "format", "files", "filter", "tensor_count", "parameter_count", "nbytes",
+                         "dtypes", "metadata", "tensors"]
+    assert doc["schema"] == "weightio.inspect/1" and doc["format"] == "safetensors" and doc["filter"] is None
+    expected = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(shard, "np") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                expected[name] = (sl.get_dtype(), sl.get_shape(), shard.name)
+    assert {t["name"]: (t["dtype"], t["shape"], Path(t["file"]).name) for t in doc["tensors"]} == {
+        n: ({"F32": "float32"}[d], s, f) for n, (d, s, f) in expected.items()}
+    assert doc["tensor_count"] == len(expected) == 39
+    assert doc["parameter_count"] == sum(math.prod(s) for _, s, _ in expected.values())
+    assert doc["nbytes"] == 4 * doc["parameter_count"]
+    assert doc["dtypes"] == [{"dtype": "float32", "tensors": 39, "parameters": 19978, "nbytes": 79912}]
+    assert doc["metadata"] == {"format": "pt", "total_parameters": 19978, "total_size": 79912}
+    assert set(doc["tensors"][0]) == {"name", "dtype", "ggml_type", "shape", "parameters", "nbytes", "file"}
+
+
+def test_inspect_json_tree_and_gguf_values():
+    doc = json.loads(_run("inspect", FIXTURES / "tiny-bert", "--json", "--tree", "--depth", "2").output)
+    encoder = next(n for n in doc["tree"] if n["name"] == "encoder.layer.{0..1}")
+    assert (encoder["repeat"], encoder["parameters"], encoder["tensor"]) == (2, 6789, None)
+    assert [c["name"] for c in encoder["children"]] == ["attention", "intermediate.dense", "output"]
+    assert all(c["children"] == [] for c in encoder["children"])  # --depth 2
+    doc = json.loads(_run("inspect", FIXTURES / "gguf" / "quantized.gguf", "--json").output)
+    q8 = next(t for t in doc["tensors"] if t["name"] == "w.q8_0")
+    assert (q8["dtype"], q8["ggml_type"], q8["nbytes"]) == ("float32", "Q8_0", 1088)
+    doc = json.loads(_run("inspect", FIXTURES / "ggml" / "ggjt_v3.bin", "--json").output)
+    with wio.open(FIXTURES / "ggml" / "ggjt_v3.bin") as ckpt:
+        assert doc["metadata"]["ggml.tokens"] == list(ckpt.metadata["ggml.tokens"])
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+def test_convert_reports_and_verifies(tmp_path):
+    out = tmp_path / "out.safetensors"
+    result = _run("convert", FIXTURES / "tiny-bert", out, "--verify")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"wrote {out}: 39 tensors, 79.9 kB (safetensors)",
+                                          "  verified: every tensor read back and compared byte for byte"]
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+    again = _run("convert", FIXTURES / "tiny-bert", out)
+    assert again.exit_code == 1 and again.stderr == (f"weightio: error: {out}: already exists; pass overwrite=True "
+                                                     "(CLI: --force) to replace it\n")
+    assert _run("convert", FIXTURES / "tiny-bert", out, "--force", "-q").stdout == ""
+
+
+def test_convert_sharded_with_notes(tmp_path):
+    result = _run("convert", FIXTURES / "dtypes.safetensors", tmp_path / "x.npz", "--filter", "f32", "--filter", "i8")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"wrote {tmp_path / 'x.npz'}: 2 tensors, 120 B (npz)",
+                                          "  note: metadata not kept: npz files cannot store metadata (2 entries)"]
+    result = _run("convert", FIXTURES / "tiny-bert", str(tmp_path / "sharded") + "/", "--max-shard-size", "30kB")
+    assert result.stdout.splitlines() == [
+        f"wrote 3 shards + {tmp_path / 'sharded' / 'model.safetensors.index.json'}: 39 tensors, 79.9 kB (safetensors)"]
+
+
+def test_convert_prints_aliases_of_tied_weights(tmp_path):
+    torch = pytest.importorskip("torch")
+    embed = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    torch.save({"lm_head.weight": embed, "model.embed.weight": embed}, tmp_path / "m.bin")
+    result = _run("convert", tmp_path / "m.bin", tmp_path / "m.safetensors")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1:] == [
+        "  tied: 1 name of shared tensors written once, as aliases in the metadata:",
+        "    model.embed.weight -> lm_head.weight"]
+    diff = _run("diff", tmp_path / "m.bin", tmp_path / "m.safetensors")
+    assert diff.exit_code == 0, diff.output
+    assert "  = model.embed.weight ~ lm_head.weight" in diff.stdout.splitlines()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["x.bin"], "Invalid value for DST: cannot tell the output format from suffix .bin"),
+    (["x.safetensors", "--dtype", "bf17"], "Invalid value for '--dtype': unknown dtype 'bf17'"),
+    (["x.safetensors", "--max-shard-size", "5 parsecs"], "Invalid value for '--max-shard-size': size '5 parsecs'"),
+    (["hf://org/model"], "writing to the Hub is not supported"),
+    (["x.safetensors", "--format", "pickle"], "Invalid value for '--format'"),
+])
+def test_convert_usage_errors_exit_2(tmp_path, args, message):
+    result = _run("convert", FIXTURES / "tiny-bert", *[str(tmp_path / a) if a.startswith("x.") else a for a in args])
+    assert result.exit_code == 2 and message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_dequantize_is_explained(tmp_path):
+    result = _run("convert", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors")
+    assert result.exit_code == 1
+    assert "tensor 'w.q4_0': is Q4_0 block-quantized; pass --dequantize" in result.stderr
+    result = _run("convert", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors", "--dequantize",
+                  "--dtype", "bf16", "--filter", "w.q8_0")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"wrote {tmp_path / 'x.safetensors'}: 1 tensor, 2.0 kB")
+
+
+# ----------------------------------------------------------------------------- diff
+
+
+def _pair(tmp_path: Path, a: dict, b: dict) -> tuple[Path, Path]:
+    return _save(tmp_path / "a.safetensors", a), _save(tmp_path / "b.safetensors", b)
+
+
+def test_diff_equal_across_layouts_and_formats(tmp_path):
+    result = _run("diff", FIXTURES / "tiny-bert", FIXTURES / "tiny-bert-sharded")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [f"A: {FIXTURES / 'tiny-bert'} (safetensors, 39 tensors)",
+                                          f"B: {FIXTURES / 'tiny-bert-sharded'} (safetensors, 39 tensors)",
+                                          "equal: 39 of 39 tensors present in both", "result: equal"]
+    _run("convert", FIXTURES / "tiny-bert", tmp_path / "t.npz")
+    assert _run("diff", FIXTURES / "tiny-bert", tmp_path / "t.npz").exit_code == 0
+    assert _run("diff", FIXTURES / "models" / "bert" / "pytorch_model.bin",
+                FIXTURES / "models" / "bert" / "model.safetensors").exit_code == 0
+
+
+def test_diff_values_with_tolerances(tmp_path):
+    # |a - b| = [0, 0.5, 0, 0.25]; relative to |b|: [0, 0.2, 0, 0.0625]
+    a, b = _pair(tmp_path, {"w": np.array([1, 2, 3, 4], np.float32), "same": np.ones(3, np.float32)},
+                 {"w": np.array([1, 2.5, 3, 4.25], np.float32), "same": np.ones(3, np.float32)})
+    result = _run("diff", a, b)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[2:] == ["different values (1):",
+                                              "  name  max abs  max rel  differing",
+                                              "  w         0.5      0.2     2 of 4",
+                                              "equal: 1 of 2 tensors present in both", "result: different"]
+    assert _run("diff", a, b, "--atol", "0.5").exit_code == 0
+    assert _run("diff", a, b, "--rtol", "0.2").exit_code == 0
+    loose = _run("diff", a, b, "--rtol", "0.1")
+    assert loose.exit_code == 1 and "  w         0.5      0.2     1 of 4" in loose.stdout.splitlines()
+
+
+def test_diff_nan_inf_and_exact_integers(tmp_path):
+    a, b = _pair(tmp_path, {"f": np.array([np.nan, np.inf, 1], np.float32), "i": np.array([2**62, 1], np.int64),
+                            "g": np.array([np.nan, 0], np.float32)},
+                 {"f": np.array([np.nan, np.inf, 1], np.float32), "i": np.array([2**62 + 1, 1], np.int64),
+                  "g": np.array([1, 0], np.float32)})
+    result = _run("diff", a, b)
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 1
+    assert ["g", "inf", "inf", "1", "of", "2"] in [line.split() for line in lines]  # NaN against a number
+    assert ["i", "1", "2.1684e-19", "1", "of", "2"] in [line.split() for line in lines]  # float64 would see 0
+    assert not any(line.split()[:1] == ["f"] for line in lines)  # NaN == NaN, inf == inf
+
+
+def test_diff_names_dtypes_and_shapes(tmp_path):
+    a, b = _pair(tmp_path, {"only_a": np.zeros(1, np.float32), "t": np.zeros(2, np.float32),
+                            "s": np.zeros(2, np.float32)},
+                 {"only_b": np.zeros(1, np.float32), "t": np.zeros(2, np.float16), "s": np.zeros(3, np.float32)})
+    result = _run("diff", a, b)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[2:] == ["only in A (1):", "  - only_a", "only in B (1):", "  + only_b",
+                                              "changed dtype or shape (2):", "  ~ s: float32 [2] -> float32 [3]",
+                                              "  ~ t: float32 [2] -> float16 [2]",
+                                              "equal: 0 of 2 tensors present in both", "result: different"]
+
+
+def test_diff_ignore_dtype_compares_values(tmp_path):
+    values = np.linspace(-3, 3, 50, dtype=np.float32)
+    a, b = _pair(tmp_path, {"w": values}, {"w": values.astype(np.float16)})
+    assert _run("diff", a, b).exit_code == 1
+    assert _run("diff", a, b, "--ignore-dtype").exit_code == 1  # float16 rounding is a difference…
+    assert _run("diff", a, b, "--ignore-dtype", "--rtol", "1e-3").exit_code == 0  # …within 2^-11
+
+
+def test_diff_pairs_single_tensor_files_and_quiet(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(4, dtype=np.int32))
+    np.save(tmp_path / "y.npy", np.arange(4, dtype=np.int32))
+    result = _run("diff", tmp_path / "x.npy", tmp_path / "y.npy")
+    assert result.exit_code == 0 and "  = x ~ y" in result.stdout.splitlines()
+    np.save(tmp_path / "z.npy", np.arange(1, 5, dtype=np.int32))
+    quiet = _run("diff", "-q", tmp_path / "x.npy", tmp_path / "z.npy")
+    assert quiet.exit_code == 1 and quiet.output == ""
+
+
+def test_diff_resolves_alias_metadata(tmp_path):
+    a = _save(tmp_path / "a.safetensors", {"embed": np.ones(3, np.float32), "head": np.ones(3, np.float32)})
+    b = _save(tmp_path / "b.safetensors", {"embed": np.ones(3, np.float32)}, {"head": "embed", "format": "pt"})
+    assert _run("diff", a, b).exit_code == 0
+    assert _run("diff", b, a).exit_code == 0
+
+
+def test_diff_quantized_against_dequantized(tmp_path):
+    _run("convert", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "d.safetensors", "--dequantize")
+    result = _run("diff", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "d.safetensors", "--ignore-dtype")
+    assert result.exit_code == 0, result.output
+    assert "changed dtype or shape (8):" in result.stdout  # Q4_0 -> float32, …
+
+
+# ----------------------------------------------------------------------------- show
+
+
+def _show(path, name, *more):
+    result = _run("show", path, name, *more)
+    assert result.exit_code == 0, result.output
+    return dict((line[2:11].strip(), line[12:]) for line in result.stdout.splitlines()[1:])
+
+
+def test_show_statistics_match_numpy(tmp_path):
+    values = np.array([[1.5, -2.0, np.nan], [np.inf, 0.25, 3.0]], dtype=np.float32)
+    path = _save(tmp_path / "a.safetensors", {"w": values})
+    fields = _show(path, "w", "-n", "4")
+    finite = values[np.isfinite(values)].astype(np.float64)
+    assert fields["dtype"] == "float32" and fields["shape"] == "[2, 3]" and fields["size"] == "24 B (6 values)"
+    assert (fields["min"], fields["max"]) == (f"{finite.min():.6g}", f"{finite.max():.6g}")
+    assert (fields["mean"], fields["std"]) == (f"{finite.mean():.6g}", f"{finite.std():.6g}")
+    assert (fields["nan"], fields["inf"]) == ("1", "1")
+    assert fields["values"] == "[1.5, -2, nan, inf]  (first 4 of 6)"
+
+
+def test_show_integers_are_exact(tmp_path):
+    path = _save(tmp_path / "a.safetensors", {"i": np.array([2**62 + 1, -5, 7], np.int64)})
+    fields = _show(path, "i")
+    assert fields["min"] == "-5" and fields["max"] == f"{2**62 + 1:,}"
+    assert "nan" not in fields and fields["values"] == f"[{2**62 + 1}, -5, 7]"
+
+
+def test_show_quantized_tensor_against_gguf():
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(FIXTURES / "gguf" / "quantized.gguf")
+    tensor = next(t for t in reader.tensors if t.name == "w.q4_0")
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
+    fields = _show(FIXTURES / "gguf" / "quantized.gguf", "w.q4_0")
+    assert fields["dtype"] == "Q4_0 (block-quantized; values dequantized to float32)"
+    assert fields["min"] == f"{values.min():.6g}" and fields["max"] == f"{values.max():.6g}"
+    assert fields["mean"] == f"{values.mean():.6g}"
+
+
+def test_show_packed_and_unknown_names():
+    fields = _show(FIXTURES / "packed_fp4.safetensors", "fp4")
+    assert fields["bytes"] == "21 43 65 87  (packed sub-byte type: numpy cannot show its values)"
+    result = _run("show", FIXTURES / "tiny-bert", "pooler.dense.weigth")
+    assert result.exit_code == 1
+    assert result.stderr == (f"weightio: error: {FIXTURES / 'tiny-bert'}: tensor 'pooler.dense.weigth': no such "
+                             "tensor; did you mean 'pooler.dense.weight', 'pooler.dense.bias'?\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(arr=hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-1e6, 1e6, width=32)),
+       chunk=st.integers(1, 64))
+def test_stats_over_slices_equal_numpy_over_the_whole(tmp_path_factory, arr, chunk):
+    from weightio.cli import _stats
+
+    path = tmp_path_factory.mktemp("s") / "a.safetensors"
+    _save(path, {"w": arr.reshape(-1, 1)})
+    with wio.open(path) as ckpt:
+        stats = _stats.Stats()
+        for part in _stats.chunks(ckpt["w"], chunk):
+            stats.add(part)
+    wide = arr.astype(np.float64)
+    assert (stats.minimum, stats.maximum, stats.count) == (float(wide.min()), float(wide.max()), arr.size)
+    assert math.isclose(stats.mean, wide.mean(), rel_tol=1e-9, abs_tol=1e-6)
+    assert math.isclose(stats.std, wide.std(), rel_tol=1e-9, abs_tol=1e-6)
+
+
+# ----------------------------------------------------------------------------- scan
+
+
+def _malicious_pickle(path: Path, marker: Path) -> Path:
+    """A pickle that calls os.system("touch <marker>") when loaded with pickle.load."""
+    command = f"touch {marker}".encode()
+    path.write_bytes(b"\x80\x02cos\nsystem\nX" + struct.pack("<I", len(command)) + command + b"\x85R.")
+    return path
+
+
+def test_scan_refuses_code_and_runs_nothing(tmp_path):
+    marker = tmp_path / "was-run"
+    bad = _malicious_pickle(tmp_path / "pytorch_model.bin", marker)
+    result = _run("scan", bad)
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{bad}: UNSAFE (pytorch)"
+    assert "    globals: os.system (refused)" in lines
+    assert lines[-1] == "result: UNSAFE"
+    assert not marker.exists()
+    assert _run("scan", bad, "-q").output == ""
+
+
+def test_scan_safe_checkpoints():
+    result = _run("scan", FIXTURES / "models" / "bert" / "pytorch_model.bin")
+    assert result.exit_code == 0, result.output
+    assert "    globals: torch._utils._rebuild_tensor_v2, torch.FloatStorage, collections.OrderedDict" in \
+        result.stdout.splitlines()
+    assert result.stdout.splitlines()[-1] == "result: safe"
+    result = _run("scan", FIXTURES / "tiny-bert")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [
+        f"{FIXTURES / 'tiny-bert' / 'model.safetensors'}: safe (safetensors; no code can be stored in this format)",
+        "  weightio: weightio reads it",
+        "skipped 1 file(s) that are no checkpoint: config.json",
+        "result: safe"]
+
+
+def test_scan_json(tmp_path):
+    doc = json.loads(_run("scan", FIXTURES / "pytorch" / "whole_module.pt", "--json").stdout)
+    assert doc["safe"] is False and doc["files"][0]["format"] == "pytorch"
+    assert "torch.nn.modules.container.Sequential" in doc["files"][0]["pickles"][0]["refused"]
+
+
+# ----------------------------------------------------------------------------- conventions
+
+COMMANDS = ["inspect", "convert", "scan", "diff", "show", "download"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_examples(command):
+    result = _run(command, "--help")
+    assert result.exit_code == 0
+    assert "Examples:" in result.output and f"  weightio {command} " in result.output
+    assert "--quiet" in result.output and "--debug" in result.output
 
 
 def test_errors_are_one_line_on_stderr_with_exit_code_1(tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\0\0\0\0\0\0\0{}")
-    result = CliRunner().invoke(main, ["inspect", str(bad)])
+    result = _run("inspect", bad)
     assert result.exit_code == 1
     assert result.stderr == f"weightio: error: {bad}: header length 16 runs past the end of the file (10 bytes)\n"
     assert result.stdout == ""
-    missing = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")])
+    missing = _run("inspect", tmp_path / "nope")
     assert missing.exit_code == 1 and missing.stderr.endswith("nope: no such file or directory\n")
 
 
-def test_debug_shows_the_traceback(tmp_path):
+def test_debug_shows_the_traceback_before_or_after_the_command(tmp_path):
     bad = tmp_path / "bad.npy"
     bad.write_bytes(b"\x93NUMPY\x09\x09" + b"\0" * 8)
-    result = CliRunner().invoke(main, ["--debug", "inspect", str(bad)])
-    assert result.exit_code == 1 and type(result.exception).__name__ == "FormatError"
+    for args in (["--debug", "inspect", bad], ["inspect", bad, "--debug"]):
+        result = _run(*args)
+        assert result.exit_code == 1 and type(result.exception).__name__ == "FormatError"
 
 
 def test_usage_errors_exit_2():
     assert _run("inspect").exit_code == 2
     assert _run("frobnicate").exit_code == 2
+    assert _run("diff", FIXTURES / "tiny-bert").exit_code == 2
 
 
-def test_help_has_examples():
-    result = _run("inspect", "--help")
-    assert result.exit_code == 0 and "weightio inspect model.safetensors" in result.output
+def test_colour_only_when_allowed(tmp_path, monkeypatch):
+    a, b = _pair(tmp_path, {"x": np.zeros(1, np.float32), "z": np.zeros(1, np.float32)},
+                 {"y": np.zeros(1, np.float32), "z": np.zeros(1, np.float32)})
+    coloured = CliRunner().invoke(main, ["diff", str(a), str(b)], color=True)
+    assert "\x1b[31m  - x" not in coloured.output and "  \x1b[31m- x\x1b[0m" in coloured.output
+    plain = CliRunner().invoke(main, ["diff", str(a), str(b)], color=True, env={"NO_COLOR": "1"})
+    assert "\x1b[" not in plain.output and "  - x" in plain.output
+    error = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")], color=True, env={"NO_COLOR": "1"})
+    assert error.stderr.startswith("weightio: error: ")
 
 
-def test_installed_entry_point_runs():
+def test_interrupt_exits_130_with_one_line(monkeypatch):
+    import weightio.cli.inspect as inspect_module
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_module.weightio, "open", interrupted)
+    result = _run("inspect", FIXTURES / "tiny-bert")
+    assert result.exit_code == 130 and result.stderr == "\nweightio: interrupted\n"
+
+
+def test_version():
+    result = _run("--version")
+    assert result.exit_code == 0 and result.output == f"weightio, version {wio.__version__}\n"
+
+
+def _installed() -> str:
     exe = shutil.which("weightio")
     if exe is None:
         pytest.skip("the weightio console script is not on PATH (package not installed)")
+    return exe
+
+
+def test_installed_entry_point_runs(tmp_path):
+    exe = _installed()
     out = subprocess.run([exe, "inspect", str(FIXTURES / "tiny-bert")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "  tensors     39" in out.stdout
+    converted = tmp_path / "t.npz"
+    out = subprocess.run([exe, "convert", str(FIXTURES / "tiny-bert"), str(converted), "--verify"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == ""
+    same = subprocess.run([exe, "diff", "-q", str(FIXTURES / "tiny-bert"), str(converted)], capture_output=True,
+                          timeout=60)
+    assert same.returncode == 0 and same.stdout == b""
+
+
+def test_python_dash_m_and_broken_pipe():
+    module = subprocess.run([sys.executable, "-m", "weightio.cli", "--version"], capture_output=True, text=True,
+                            timeout=60)
+    assert module.returncode == 0 and module.stdout.startswith("weightio, version")
+    proc = subprocess.Popen([_installed(), "inspect", str(FIXTURES / "tiny-bert")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == f"{FIXTURES / 'tiny-bert'}\n".encode()
+    proc.stdout.close()  # like `| head -1`
+    errors = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) in (0, 141) and errors == b""
+
+
+def test_progress_bar_only_on_a_terminal_and_not_quiet(monkeypatch):
+    import io
+
+    import click
+    from weightio.cli import _options
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with click.Context(main, obj={}):
+        with _options.progress_bar(2000, "converting") as bar:
+            assert not bar.disable
+            bar.update(2000)
+        assert "converting:   0%" in terminal.getvalue() and "0.00/2.00k" in terminal.getvalue()
+    with click.Context(main, obj={"quiet": True}):
+        assert _options.progress_bar(10, "x").disable
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with click.Context(main, obj={}):
+        assert _options.progress_bar(10, "x").disable

@@ -1,0 +1,78 @@
+"""Conventions shared by every command: --quiet, --debug, colour, output helpers.
+
+``--quiet`` and ``--debug`` are accepted before the command (``weightio -q convert …``) and
+after it (``weightio convert … -q``). Colour is used only on a terminal and never when
+``NO_COLOR`` is set (https://no-color.org).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+__all__ = ["common_options", "settings", "quiet", "echo", "style", "progress_bar", "apply_environment"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def settings() -> dict[str, Any]:
+    """The options of this invocation (``quiet``, ``debug``), shared by the group and the command."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = {}
+    return root.obj
+
+
+def quiet() -> bool:
+    return bool(settings().get("quiet"))
+
+
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, bool], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            settings()[key] = True
+
+    return callback
+
+
+def common_options(f: F) -> F:
+    """Add ``-q/--quiet`` and ``--debug`` to a command."""
+    f = click.option("-q", "--quiet", is_flag=True, expose_value=False, is_eager=True, callback=_remember("quiet"),
+                     help="No progress bars, notes or summaries (diff, scan: exit status only).")(f)
+    f = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_remember("debug"),
+                     help="Show the full traceback of an error.")(f)
+    return f
+
+
+def apply_environment(ctx: click.Context) -> None:
+    """NO_COLOR (any non-empty value) turns colour off, even on a terminal."""
+    if os.environ.get("NO_COLOR"):
+        ctx.color = False
+
+
+def style(text: str, **styles: Any) -> str:
+    """`click.style`; the ANSI codes are stripped by `echo` when colour is off."""
+    return click.style(text, **styles)
+
+
+def echo(text: str = "", *, essential: bool = False, err: bool = False, nl: bool = True) -> None:
+    """Print `text`; with --quiet only what is `essential` (the command's answer) is printed."""
+    if quiet() and not essential:
+        return
+    click.echo(text, err=err, nl=nl)
+
+
+def progress_bar(total: int, description: str) -> Any:
+    """A byte-counting tqdm bar on stderr, shown only on a terminal and without --quiet."""
+    from tqdm import tqdm
+
+    disable = quiet() or not sys.stderr.isatty()
+    return tqdm(total=total, desc=description, unit="B", unit_scale=True, unit_divisor=1000, disable=disable,
+                file=sys.stderr, leave=False, dynamic_ncols=True)

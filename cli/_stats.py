@@ -1,0 +1,231 @@
+"""Statistics of one tensor and differences between two, in bounded memory.
+
+Tensors are read in slices of whole rows (at most `CHUNK` elements at a time, through
+`TensorView` indexing, so quantized tensors are dequantized slice by slice too) and the mapped
+pages are released after each slice: a 10 GB tensor is summarised in a few MB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from weightio.convert import drop_array_pages
+from weightio.dtypes import TABLE
+from weightio.errors import UnsupportedDTypeError
+from weightio.view import TensorView
+
+__all__ = ["CHUNK", "Stats", "TensorDiff", "chunks", "first_values", "tensor_stats", "compare"]
+
+CHUNK = 1 << 22  # elements per slice
+_RAW_CHUNK = 16 << 20  # bytes per slice when comparing stored bytes
+_PACKED = frozenset(row.numpy for row in TABLE if row.packed)
+
+
+def is_packed(view: TensorView) -> bool:
+    """Sub-byte types (F4, F6) that numpy cannot view: only their stored bytes can be read."""
+    return view.ggml_type is None and view.info.dtype in _PACKED
+
+
+def chunks(view: TensorView, size: int = CHUNK) -> Iterator[np.ndarray]:
+    """The tensor's elements, in C order, as flat arrays of about `size` elements or fewer."""
+    if is_packed(view):
+        raise UnsupportedDTypeError("packs several elements per byte; numpy cannot read its values",
+                                    path=view.path, tensor=view.name)
+    shape = view.shape
+    if not shape:
+        yield np.asarray(view.numpy()).reshape(1)
+        return
+    per_row = math.prod(shape[1:])
+    if shape[0] == 0 or per_row == 0:
+        return
+    step = max(1, size // per_row)
+    for start in range(0, shape[0], step):
+        part = view[start:start + step]
+        yield np.asarray(part).reshape(-1)
+        drop_array_pages(part)
+
+
+def first_values(view: TensorView, n: int) -> np.ndarray:
+    """The first `n` elements in C order (fewer for small tensors)."""
+    out: list[np.ndarray] = []
+    have = 0
+    for part in chunks(view, max(n, 1)):
+        out.append(part[: n - have].copy())
+        have += len(out[-1])
+        if have >= n:
+            break
+    return np.concatenate(out) if out else np.empty(0, dtype=view.dtype)
+
+
+@dataclass
+class Stats:
+    """Summary of a tensor's values. Floats: min/max/mean/std over finite values only.
+
+    Attributes:
+        count: number of elements.
+        nan, inf: how many are NaN / ±infinity (0 for integer types).
+        minimum, maximum: exact for integers; None when there is no finite value.
+        mean, std: population mean and standard deviation (float64), None when empty.
+        magnitude: True for complex tensors, whose statistics are of ``|x|``.
+    """
+
+    count: int = 0
+    nan: int = 0
+    inf: int = 0
+    minimum: float | int | None = None
+    maximum: float | int | None = None
+    mean: float | None = None
+    std: float | None = None
+    magnitude: bool = False
+    _n: int = 0
+    _m2: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        """Fold in one slice (Chan et al.'s pairwise update of mean and M2)."""
+        self.count += values.size
+        if values.dtype.kind == "c":
+            values, self.magnitude = np.abs(values), True
+        exact = values.dtype.kind in "biu"
+        if not exact:
+            values = values.astype(np.float64)
+            nan, inf = np.isnan(values), np.isinf(values)
+            self.nan, self.inf = self.nan + int(nan.sum()), self.inf + int(inf.sum())
+            values = values[~(nan | inf)]
+        if values.size:
+            self._extremes(values, exact)
+            self._moments(values.astype(np.float64) if exact else values)
+
+    def _extremes(self, values: np.ndarray, exact: bool) -> None:
+        lo, hi = values.min(), values.max()
+        lo, hi = (int(lo), int(hi)) if exact else (float(lo), float(hi))
+        self.minimum = lo if self.minimum is None else min(self.minimum, lo)
+        self.maximum = hi if self.maximum is None else max(self.maximum, hi)
+
+    def _moments(self, values: np.ndarray) -> None:
+        n, mean = values.size, float(values.mean())
+        m2 = float(((values - mean) ** 2).sum())
+        if self._n == 0:
+            self._n, self.mean, self._m2 = n, mean, m2
+        else:
+            total = self._n + n
+            delta = mean - self.mean
+            self.mean += delta * n / total
+            self._m2 += m2 + delta * delta * self._n * n / total
+            self._n = total
+        self.std = math.sqrt(self._m2 / self._n)
+
+
+def tensor_stats(view: TensorView) -> Stats:
+    """`Stats` of every element of `view`, read slice by slice."""
+    stats = Stats()
+    with np.errstate(all="ignore"):
+        for part in chunks(view):
+            stats.add(part if part.dtype.kind != "b" else part.astype(np.uint8))
+    return stats
+
+
+@dataclass
+class TensorDiff:
+    """How two tensors of the same name differ.
+
+    Attributes:
+        name: the name in A (and B, or B's name after an alias or single-tensor pairing).
+        kinds, shapes: A's and B's dtype (or ggml type) and shape.
+        compared: False when the values could not be compared (different shapes).
+        max_abs, max_rel: the largest ``|a - b|`` and ``|a - b| / |b|`` (inf where b is 0);
+            None when only the stored bytes could be compared (packed types).
+        mismatched: elements outside ``atol + rtol * |b|`` (NaN matches NaN only).
+        count: elements compared.
+    """
+
+    name: str
+    kinds: tuple[str, str]
+    shapes: tuple[tuple[int, ...], tuple[int, ...]]
+    compared: bool = True
+    max_abs: float | None = 0.0
+    max_rel: float | None = 0.0
+    mismatched: int = 0
+    count: int = 0
+
+    @property
+    def equal(self) -> bool:
+        return self.compared and self.mismatched == 0
+
+    @property
+    def type_changed(self) -> bool:
+        return self.kinds[0] != self.kinds[1] or self.shapes[0] != self.shapes[1]
+
+
+def compare(name: str, a: TensorView, b: TensorView, atol: float, rtol: float) -> TensorDiff:
+    """Compare two tensors: stored bytes first (equal bytes are equal values), then values."""
+    kinds = (a.ggml_type or a.info.dtype.newbyteorder("=").name, b.ggml_type or b.info.dtype.newbyteorder("=").name)
+    diff = TensorDiff(name, kinds, (a.shape, b.shape), count=math.prod(a.shape))
+    if a.shape != b.shape:
+        diff.compared, diff.max_abs, diff.max_rel = False, None, None
+        return diff
+    same_bytes = kinds[0] == kinds[1] and a.info.dtype.byteorder == b.info.dtype.byteorder and _raw_equal(a, b)
+    if same_bytes:
+        return diff
+    if is_packed(a) or is_packed(b):
+        diff.max_abs, diff.max_rel, diff.mismatched = None, None, diff.count
+        return diff
+    with np.errstate(all="ignore"):
+        for x, y in zip(chunks(a), chunks(b), strict=True):
+            max_abs, max_rel, bad = _chunk_diff(x, y, atol, rtol)
+            diff.max_abs, diff.max_rel = max(diff.max_abs, max_abs), max(diff.max_rel, max_rel)
+            diff.mismatched += bad
+    return diff
+
+
+def _raw_equal(a: TensorView, b: TensorView) -> bool:
+    if a.info.strides is not None or b.info.strides is not None:  # same values may be laid out differently
+        return False
+    x, y = a.raw(), b.raw()
+    if x.nbytes != y.nbytes:
+        return False
+    try:
+        return all(np.array_equal(x[i:i + _RAW_CHUNK], y[i:i + _RAW_CHUNK]) for i in range(0, x.nbytes, _RAW_CHUNK))
+    finally:
+        drop_array_pages(x)
+        drop_array_pages(y)
+
+
+def _widen(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+
+
+def _chunk_diff(x: np.ndarray, y: np.ndarray, atol: float, rtol: float) -> tuple[float, float, int]:
+    """(max |x-y|, max |x-y|/|y|, elements outside atol + rtol*|y|) for one slice."""
+    if x.dtype == y.dtype and x.dtype.kind in "biu":
+        return _integer_diff(x, y, atol, rtol)
+    x, y = _widen(x), _widen(y)
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    d = np.abs(x - y)
+    d[same] = 0.0
+    d[np.isnan(d)] = np.inf  # NaN against a number, or opposite infinities
+    return _summarise(d, np.abs(y), same, atol, rtol)
+
+
+def _integer_diff(x: np.ndarray, y: np.ndarray, atol: float, rtol: float) -> tuple[float, float, int]:
+    """Integers compare exactly (2**62 and 2**62 + 1 differ, though float64 cannot tell them apart);
+    the differing elements' distances are computed with Python ints."""
+    if x.dtype.kind == "b":
+        x, y = x.view(np.uint8), y.view(np.uint8)
+    same = x == y
+    differing = ~same
+    d = np.zeros(x.shape, np.float64)
+    if differing.any():
+        d[differing] = np.abs(x[differing].astype(object) - y[differing].astype(object)).astype(np.float64)
+    return _summarise(d, np.abs(y.astype(np.float64)), same, atol, rtol)
+
+
+def _summarise(d: np.ndarray, magnitude: np.ndarray, same: np.ndarray, atol: float, rtol: float
+               ) -> tuple[float, float, int]:
+    bad = int((~same & ~(d <= atol + rtol * magnitude)).sum())
+    rel = np.where(d == 0, 0.0, d / magnitude)  # a difference where b is 0: inf
+    rel[np.isnan(rel)] = np.inf  # an infinite difference relative to an infinite b
+    return float(d.max(initial=0.0)), float(rel.max(initial=0.0)), bad

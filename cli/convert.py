@@ -1,0 +1,110 @@
+"""``weightio convert SRC DST``: any readable checkpoint to safetensors, npz, npy or GGUF."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from weightio.convert import ConvertResult, convert, parse_size
+from weightio.dtypes import parse_dtype
+from weightio.errors import FormatError, UnsupportedDTypeError
+from weightio.formats import SUFFIXES, WRITERS, format_for_path
+
+from ._format import human_bytes, plural
+from ._options import common_options, echo, progress_bar
+
+
+def _check_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_dtype(value)
+        except UnsupportedDTypeError as e:
+            raise click.BadParameter(e.message) from None
+    return value
+
+
+def _check_size(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_size(value)
+        except FormatError as e:
+            raise click.BadParameter(e.message) from None
+    return value
+
+
+def _check_destination(dst: str, fmt: str | None) -> None:
+    """A destination whose format cannot be told is a usage error (exit 2), found before any work."""
+    if dst.startswith("hf://"):
+        raise click.BadParameter("writing to the Hub is not supported; convert to a local path", param_hint="DST")
+    if fmt is not None or os.path.isdir(dst) or dst.endswith(("/", os.sep)):
+        return
+    try:
+        format_for_path(dst)
+    except FormatError:
+        suffix = os.path.splitext(dst)[1] or "(none)"
+        known = ", ".join(SUFFIXES)
+        raise click.BadParameter(f"cannot tell the output format from suffix {suffix} (writable: {known}; "
+                                 "or pass --format)", param_hint="DST") from None
+
+
+def _report(result: ConvertResult) -> None:
+    shown = result.files[0] if len(result.files) == 1 else f"{len(result.files) - 1} shards + {result.files[-1]}"
+    echo(f"wrote {shown}: {plural(result.tensors, 'tensor')}, {human_bytes(result.nbytes)} ({result.format})")
+    if result.verified:
+        echo("  verified: every tensor read back and compared byte for byte")
+    if result.aliases:
+        echo(f"  tied: {plural(len(result.aliases), 'name')} of shared tensors written once, as aliases in the "
+             "metadata:")
+        for removed, kept in sorted(result.aliases.items()):
+            echo(f"    {removed} -> {kept}")
+    for note in result.notes:
+        echo(f"  note: {note}")
+
+
+@click.command("convert")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--dtype", callback=_check_dtype, metavar="TYPE",
+              help="Cast floating-point tensors: bf16, fp16, fp32, fp64, fp8 (= float8_e4m3fn), fp8_e5m2, …")
+@click.option("--dequantize", is_flag=True, help="Write block-quantized GGUF/ggml tensors as float32 (or --dtype).")
+@click.option("--max-shard-size", callback=_check_size, metavar="SIZE",
+              help="Split a safetensors output into shards of at most SIZE (5GB, 500MiB) with an index, "
+                   "as huggingface_hub writes them.")
+@click.option("--format", "fmt", type=click.Choice(sorted(WRITERS)), default=None,
+              help="Output format, when DST's suffix does not say it.")
+@click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
+@click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
+@click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@common_options
+def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
+                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool) -> None:
+    """Convert checkpoint SRC to DST, one tensor in memory at a time.
+
+    SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
+    picks the format: .safetensors, .npz, .npy (one tensor) or .gguf; a directory gets
+    DST/model.safetensors (with shards and an index under --max-shard-size). The output is
+    written beside DST, fsynced and renamed into place only when complete: Ctrl-C or a full
+    disk leave no partial DST, and SRC is never modified. Tied weights of PyTorch checkpoints
+    are written once, with aliases in the metadata.
+
+    \b
+    Examples:
+      weightio convert pytorch_model.bin model.safetensors --verify
+      weightio convert hf://org/model out/ --max-shard-size 5GB
+      weightio convert model.safetensors model-bf16.safetensors --dtype bf16
+      weightio convert model-Q4_K_M.gguf model.safetensors --dequantize --dtype fp16
+      weightio convert weights.npz weights.safetensors
+      weightio convert model.safetensors embed.npy --filter 'embeddings.word_embeddings.weight'
+    """
+    _check_destination(dst, fmt)
+    with progress_bar(0, "converting") as bar:
+        def progress(advance: int, total: int) -> None:
+            if bar.total != total:
+                bar.total = total
+                bar.refresh()
+            bar.update(advance)
+
+        result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
+                         select=patterns or None, verify=verify, overwrite=force, progress=progress)
+    _report(result)

@@ -1,0 +1,39 @@
+"""``weightio scan PATH``: which code a checkpoint's pickles would import and call, without running it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+import weightio
+
+from ._options import common_options, echo, style
+
+
+@click.command("scan")
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
+@common_options
+def scan_command(path: str, as_json: bool) -> None:
+    """Report every global the pickles of PATH reference, weightio's verdict and fickling's findings.
+
+    Exit status 0 when every file is safe (weightio reads it and no pickle asks for anything
+    outside its allowlist), 1 when not. Nothing in the file is run. PATH may be a file, a
+    directory (every checkpoint under it) or an hf:// path; safetensors, GGUF, ggml, npy and
+    npz files are reported as formats that cannot store code.
+
+    \b
+    Examples:
+      weightio scan pytorch_model.bin
+      weightio scan path/to/downloads/ -q || echo "do not torch.load these"
+      weightio scan hf://org/model --json
+    """
+    report = weightio.scan(path)
+    if as_json:
+        echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False), essential=True)
+    else:
+        echo(str(report))
+        echo("result: " + (style("safe", fg="green") if report.safe else style("UNSAFE", fg="red", bold=True)))
+    sys.exit(0 if report.safe else 1)

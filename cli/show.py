@@ -1,0 +1,72 @@
+"""``weightio show PATH NAME``: one tensor's type, shape, statistics and first values."""
+
+from __future__ import annotations
+
+import math
+
+import click
+import numpy as np
+
+import weightio
+from weightio.dtypes import dtype_name
+
+from ._format import human_bytes, kind, number, shape_text
+from ._options import common_options, echo
+from ._stats import first_values, is_packed, tensor_stats
+
+
+def _values_line(values: np.ndarray, total: int) -> str:
+    shown = ", ".join(_value(v) for v in values.tolist())
+    more = f"  (first {len(values)} of {total:,})" if len(values) < total else ""
+    return f"[{shown}]{more}"
+
+
+def _value(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, complex):
+        return f"{v.real:.6g}{v.imag:+.6g}j"
+    return str(v)
+
+
+@click.command("show")
+@click.argument("path")
+@click.argument("name")
+@click.option("-n", "--count", type=click.IntRange(min=0), default=8, show_default=True,
+              help="How many leading values to print.")
+@common_options
+def show_command(path: str, name: str, count: int) -> None:
+    """Show one tensor: dtype, shape, size, min/max/mean/std, NaN/Inf counts and its first values.
+
+    Statistics cover every element (floats: min/max/mean/std of the finite values); the tensor
+    is read in slices, so memory stays small whatever its size. Quantized GGUF tensors are
+    dequantized slice by slice. An unknown NAME suggests close names.
+
+    \b
+    Examples:
+      weightio show model.safetensors embeddings.word_embeddings.weight
+      weightio show model.gguf blk.0.attn_q.weight -n 16
+      weightio show hf://org/model lm_head.weight
+    """
+    with weightio.open(path) as ckpt:
+        view = ckpt[name]
+        lines = [f"{path}: {name}", f"  dtype     {kind(view)}"]
+        if view.ggml_type is not None:
+            lines[-1] += f" (block-quantized; values dequantized to {dtype_name(view.dtype)})"
+        size = math.prod(view.shape)
+        lines += [f"  shape     {shape_text(view.shape)}", f"  size      {human_bytes(view.nbytes)} ({size:,} values)"]
+        if is_packed(view):
+            raw = view.raw()
+            lines.append(f"  bytes     {raw[:16].tobytes().hex(' ')}{' …' if raw.size > 16 else ''}  "
+                         "(packed sub-byte type: numpy cannot show its values)")
+            echo("\n".join(lines), essential=True)
+            return
+        stats = tensor_stats(view)
+        label = "|x| " if stats.magnitude else ""
+        for key, value in (("min", stats.minimum), ("max", stats.maximum), ("mean", stats.mean), ("std", stats.std)):
+            lines.append(f"  {(label + key):<8}  {'-' if value is None else number(value)}")
+        if view.dtype.kind not in "biu":
+            lines += [f"  nan       {stats.nan:,}", f"  inf       {stats.inf:,}"]
+        if count and size:
+            lines.append(f"  values    {_values_line(first_values(view, count), size)}")
+        echo("\n".join(lines), essential=True)

@@ -1,0 +1,476 @@
+"""``hf://`` paths: checkpoints on the Hugging Face Hub (or a mirror), through ``huggingface_hub``.
+
+Grammar (the ``hf://`` URI form ``huggingface_hub`` itself uses, for model, dataset and space repos)::
+
+    hf://[models/|datasets/|spaces/]<namespace>/<name>[@<revision>][/<path in the repo>]
+
+    hf://google-bert/bert-base-uncased                   the model's weights, as `weightio.open` picks them
+    hf://google-bert/bert-base-uncased@main/config.json  one file at a branch, tag or commit
+    hf://org/model@refs/pr/3                             pull-request refs may be written as they are
+    hf://org/model@my%2Fbranch/unet                      any other "/" in a revision is written %2F
+
+A path that names a file resolves to that file (the other parts of a split GGUF set come with it).
+A path that names a folder, or no path, resolves to the weights of that folder, chosen the way
+`weightio.open` chooses in a local directory: a sharded safetensors index (the index and every
+shard it lists), ``model.safetensors``, a single ``*.safetensors``; then the same for PyTorch
+``.bin`` files; then a single GGUF file or split set. safetensors is preferred over ``.bin``.
+Only the files needed are downloaded.
+
+Where the files come from (read on every call, so a changed environment takes effect):
+
+* ``HF_ENDPOINT``: the Hub or a mirror (default ``https://huggingface.co``);
+* ``HF_HUB_CACHE`` / ``HF_HOME``: the standard ``huggingface_hub`` cache, shared with
+  transformers and the ``hf`` command (downloads are pinned to one commit);
+* ``HF_HUB_OFFLINE=1``: no network; files come from the cache, or the call fails saying so.
+  When the Hub cannot be reached, the cache is used too;
+* tokens: ``HF_TOKEN`` or the one saved by ``hf auth login``, as ``huggingface_hub`` finds
+  them. A token is sent to the endpoint only and never appears in a message.
+
+``huggingface_hub`` is imported here only, inside the functions that need it: ``import weightio``
+does not load it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from .checkpoint import _LAYOUTS, _read_index
+from .errors import FormatError, InputError, WeightioError
+
+__all__ = ["HubPath", "parse", "resolve", "download", "pick_weights", "CONFIG_PATTERNS"]
+
+SCHEME = "hf://"
+_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+_SPECIAL_REFS = re.compile(r"refs/(?:pr/\d+|convert/[\w.-]+)")  # revisions that may hold "/"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # one part of a repo id
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_GGUF_PART = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf")  # llama.cpp's split sets
+# Besides the weights, `download` fetches what loading a model needs: configs and tokenizers.
+CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.yaml", "*.yml")
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment variable
+_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+
+
+@dataclass(frozen=True)
+class HubPath:
+    """A parsed ``hf://`` path.
+
+    Attributes:
+        repo_id: ``namespace/name``.
+        repo_type: ``"model"``, ``"dataset"`` or ``"space"``.
+        revision: branch, tag or commit; None for the default branch.
+        path: the file or folder inside the repo; ``""`` for the repo's root.
+    """
+
+    repo_id: str
+    repo_type: str = "model"
+    revision: str | None = None
+    path: str = ""
+
+    def __str__(self) -> str:
+        prefix = "" if self.repo_type == "model" else self.repo_type + "s/"
+        revision = ""
+        if self.revision is not None:
+            special = _SPECIAL_REFS.fullmatch(self.revision)
+            revision = "@" + (self.revision if special else self.revision.replace("/", "%2F"))
+        return f"{SCHEME}{prefix}{self.repo_id}{revision}" + (f"/{self.path}" if self.path else "")
+
+
+def is_hub_path(path: object) -> bool:
+    """True for strings that start with ``hf://``."""
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+def parse(uri: str) -> HubPath:
+    """Parse ``hf://[type/]namespace/name[@revision][/path]``; `InputError` when malformed.
+
+    Example:
+        >>> parse("hf://org/model@v1/weights/model.safetensors")
+        HubPath(repo_id='org/model', repo_type='model', revision='v1', path='weights/model.safetensors')
+    """
+    if not uri.startswith(SCHEME):
+        raise InputError("is not an hf:// path", path=uri)
+    rest = uri[len(SCHEME):]
+    repo_type = "model"
+    first = rest.split("/", 1)[0]
+    if first in _REPO_TYPES and rest.count("/") >= 2:
+        repo_type, rest = _REPO_TYPES[first], rest.split("/", 1)[1]
+    namespace, _, rest = rest.partition("/")
+    name_part, _, path = rest.partition("/")
+    name, at, revision = name_part.partition("@")
+    if at:
+        revision, path = _split_revision(revision, path)
+    for part in (namespace, name):
+        if not _NAME.fullmatch(part) or ".." in part:
+            raise InputError("is not a valid hf:// path; expected hf://namespace/name[@revision][/file]", path=uri)
+    if at and not revision:
+        raise InputError("has an empty revision after '@'", path=uri)
+    path = path.strip("/")
+    if "//" in path or ".." in path.split("/"):
+        raise InputError(f"path {path!r} inside the repo is not a plain relative path", path=uri)
+    return HubPath(f"{namespace}/{name}", repo_type, unquote(revision) if at else None, path)
+
+
+def _split_revision(revision: str, path: str) -> tuple[str, str]:
+    """``refs/pr/3`` holds slashes of its own: take them back from the path."""
+    joined = revision + ("/" + path if path else "")
+    special = _SPECIAL_REFS.match(joined)
+    if special and (len(joined) == special.end() or joined[special.end()] == "/"):
+        return special.group(0), joined[special.end() + 1:]
+    return revision, path
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return flag.upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return os.path.expanduser(os.environ[var])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    return constants.HF_HUB_CACHE
+
+
+# ----------------------------------------------------------------------------- choosing files
+
+
+def pick_weights(files: Iterable[str], *, where: str, read_index: Any = None) -> list[str]:
+    """The weight files of one folder that `weightio.open` would read, preferred layout first.
+
+    Args:
+        files: file names relative to the folder (names with "/" are in sub-folders and ignored).
+        where: the folder's hf:// path, for messages.
+        read_index: ``read_index(name) -> list of shard names`` for a sharded index (fetches it).
+
+    Returns:
+        The files to fetch: an index first, then its shards; or one file (with the other parts
+        of a split GGUF set).
+
+    Raises:
+        FormatError: no weights, or several candidates where `weightio.open` would not choose.
+    """
+    top = sorted(f for f in files if "/" not in f)
+    for index_suffix, preferred, suffixes in _LAYOUTS:
+        if index_suffix:
+            index = _choose([f for f in top if f.endswith(index_suffix)], preferred + ".index.json", where)
+            if index is not None:
+                return [index, *(read_index(index) if read_index else [])]
+        single = _choose([f for f in top if f.endswith(suffixes)], preferred, where)
+        if single is not None:
+            return [single, *_gguf_parts(single, top)]
+    shown = ", ".join(top[:8]) + (" …" if len(top) > 8 else "") if top else "no files"
+    raise FormatError(f"holds no weight files weightio reads (found: {shown})", path=where)
+
+
+def _choose(candidates: list[str], preferred: str, where: str) -> str | None:
+    """The preferred name, the only candidate, or the first part of the one split GGUF set."""
+    if preferred in candidates:
+        return preferred
+    parts = [_GGUF_PART.fullmatch(c) for c in candidates]
+    if candidates and all(parts) and len({(m.group(1), m.group(3)) for m in parts}) == 1:
+        return min(candidates)
+    if len(candidates) > 1:
+        if all(c.endswith(".gguf") for c in candidates):
+            firsts = [c for c, m in zip(candidates, parts, strict=True) if m is None or m.group(2) == "00001"]
+            shown = ", ".join(f"{where.rstrip('/')}/{f}" for f in firsts[:6]) + (" …" if len(firsts) > 6 else "")
+            raise FormatError(f"holds {len(firsts)} GGUF files; name one: {shown}", path=where)
+        raise FormatError(f"holds several candidate files ({', '.join(candidates)}); name one of them "
+                          f"({where.rstrip('/')}/{candidates[0]})", path=where)
+    return candidates[0] if candidates else None
+
+
+def _gguf_parts(first: str, files: Iterable[str]) -> list[str]:
+    """The other parts of a split GGUF set whose first part is `first`."""
+    match = _GGUF_PART.fullmatch(first)
+    if match is None:
+        return []
+    stem, count = match.group(1), int(match.group(3))
+    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)
+            if f"{stem}-{i:05d}-of-{count:05d}.gguf" in set(files)]
+
+
+# ----------------------------------------------------------------------------- the repo
+
+
+class _Repo:
+    """One revision of one repo: its file list and its downloads, online or from the cache."""
+
+    def __init__(self, hub: HubPath, uri: str, local_dir: str | None = None) -> None:
+        self.hub, self.uri, self.local_dir = hub, uri, local_dir
+        self.endpoint, self.cache_dir, self.offline = _endpoint(), _cache_dir(), _offline()
+        self.commit, self.files = self._listing()
+
+    def _listing(self) -> tuple[str, list[str]]:
+        if not self.offline:
+            try:
+                return self._remote_listing()
+            except Exception as e:  # noqa: BLE001 - every hub failure becomes one InputError below
+                if not _is_unreachable(e):
+                    raise _hub_error(e, self.uri, self.endpoint) from None
+                cached = self._cached_listing()
+                if cached is None:
+                    raise _hub_error(e, self.uri, self.endpoint) from None
+                return cached
+        cached = self._cached_listing()
+        if cached is None:
+            raise InputError(f"is not in the cache ({self.cache_dir}) and HF_HUB_OFFLINE is set; download it "
+                             "once online (weightio download) or unset HF_HUB_OFFLINE", path=self.uri)
+        return cached
+
+    def _remote_listing(self) -> tuple[str, list[str]]:
+        from huggingface_hub import HfApi
+
+        api = HfApi(endpoint=self.endpoint)
+        info = api.repo_info(self.hub.repo_id, repo_type=self.hub.repo_type, revision=self.hub.revision)
+        siblings = info.siblings or []
+        return info.sha, [s.rfilename for s in siblings]
+
+    def _storage(self) -> str:
+        from huggingface_hub.file_download import repo_folder_name
+
+        return os.path.join(self.cache_dir, repo_folder_name(repo_id=self.hub.repo_id, repo_type=self.hub.repo_type))
+
+    def _cached_listing(self) -> tuple[str, list[str]] | None:
+        """The commit the cache knows for this revision, and the files it holds of it."""
+        revision = self.hub.revision or "main"
+        commit = revision if _COMMIT.fullmatch(revision) else _read_text(os.path.join(self._storage(), "refs",
+                                                                                       revision))
+        if commit is None:
+            return None
+        snapshot = os.path.join(self._storage(), "snapshots", commit)
+        if not os.path.isdir(snapshot):
+            return None
+        files = [os.path.relpath(os.path.join(d, f), snapshot).replace(os.sep, "/")
+                 for d, _, names in os.walk(snapshot) for f in names]
+        return commit, files
+
+    def fetch(self, filename: str) -> str:
+        """The local path of one repo file, downloaded (pinned to the listed commit) when not cached."""
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return hf_hub_download(self.hub.repo_id, filename, repo_type=self.hub.repo_type, revision=self.commit,
+                                   cache_dir=self.cache_dir, local_dir=self.local_dir, endpoint=self.endpoint,
+                                   local_files_only=self.offline)
+        except Exception as e:  # noqa: BLE001 - see _hub_error
+            raise _hub_error(e, self.uri, self.endpoint, filename) from None
+
+    def remember_revision(self) -> None:
+        """Record branch/tag -> commit in the cache's ``refs/`` (as huggingface_hub does), so that
+        later offline calls find this revision."""
+        revision = self.hub.revision or "main"
+        if self.offline or _COMMIT.fullmatch(revision) or self.local_dir is not None:
+            return
+        ref = os.path.join(self._storage(), "refs", revision)
+        if _read_text(ref) == self.commit:
+            return
+        os.makedirs(os.path.dirname(ref), exist_ok=True)
+        tmp = f"{ref}.{os.getpid()}.weightio-tmp"
+        with open(tmp, "w") as f:
+            f.write(self.commit)
+        os.replace(tmp, ref)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _files_under(files: list[str], folder: str) -> list[str]:
+    prefix = folder + "/" if folder else ""
+    return [f[len(prefix):] for f in files if f.startswith(prefix)]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to fetch for one hf:// path.
+
+    Attributes:
+        files: repo files to fetch (an index before its shards).
+        file: the file that answers (a named file, a single weight file, the first GGUF part),
+            or None when the answer is the folder (a sharded checkpoint).
+        folder: the repo folder the path is about ("" for the root).
+        named: True when the hf:// path named a file.
+    """
+
+    files: list[str]
+    file: str | None
+    folder: str
+    named: bool
+
+
+def _plan(repo: _Repo) -> _Plan:
+    path = repo.hub.path
+    if path in repo.files:
+        folder, _, name = path.rpartition("/")
+        parts = _gguf_parts(name, _files_under(repo.files, folder))
+        return _Plan([path, *(_join(folder, p) for p in parts)], path, folder, True)
+    if not _files_under(repo.files, path):
+        what = f"file or folder {path!r}" if path else "any file"
+        raise InputError(f"has no {what} at commit {repo.commit[:12]}", path=repo.uri)
+
+    def shards(index: str) -> list[str]:
+        weight_map, _ = _read_index(repo.fetch(_join(path, index)))
+        return list(dict.fromkeys(weight_map.values()))
+
+    chosen = [_join(path, f) for f in pick_weights(_files_under(repo.files, path), where=repo.uri, read_index=shards)]
+    sharded = chosen[0].endswith(".index.json")
+    return _Plan(chosen, None if sharded else chosen[0], path, False)
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+def _local_folder(local_file: str, repo_file: str, folder: str) -> str:
+    """The local directory of repo folder `folder`, given where `repo_file` landed."""
+    root = local_file[: len(local_file) - len(os.path.join(*repo_file.split("/")))]
+    return os.path.join(root, *folder.split("/")) if folder else root.rstrip(os.sep)
+
+
+def resolve(uri: str) -> str:
+    """The local path of an ``hf://`` path's weights, downloading what the cache lacks.
+
+    Returns:
+        A file (a single weight file, or the first part of a split GGUF set) or a directory
+        (a sharded checkpoint: the index and its shards) that `weightio.open` reads.
+
+    Raises:
+        InputError: malformed path, unknown repo/revision/file, no network and nothing cached.
+        FormatError: no weights, or several candidates (the message lists them).
+
+    Example:
+        >>> weightio.open("hf://google-bert/bert-base-uncased")    # doctest: +SKIP
+    """
+    repo = _Repo(parse(uri), uri)
+    plan = _plan(repo)
+    local = {f: repo.fetch(f) for f in plan.files}
+    repo.remember_revision()
+    if plan.file is not None:
+        return local[plan.file]
+    return _local_folder(local[plan.files[0]], plan.files[0], plan.folder)
+
+
+def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | None = None) -> str:
+    """Fetch a model's weights (the preferred layout only) and its config/tokenizer files.
+
+    Args:
+        repo_or_uri: ``namespace/name`` or an ``hf://`` path (a folder inside the repo selects
+            that folder's weights and configs; a file, just that file).
+        revision: branch, tag or commit (overrides an ``@revision`` in the path).
+        local_dir: put the files in this directory (mirroring the repo's layout) instead of
+            only in the cache.
+
+    Returns:
+        The local folder holding the files (in the cache's snapshot, or in `local_dir`), or the
+        local file when a file was named.
+    """
+    uri = repo_or_uri if is_hub_path(repo_or_uri) else SCHEME + repo_or_uri
+    hub = parse(uri)
+    if revision is not None:
+        hub = HubPath(hub.repo_id, hub.repo_type, revision, hub.path)
+    repo = _Repo(hub, str(hub), local_dir)
+    plan = _plan(repo)
+    files = plan.files if plan.named else [*plan.files, *_configs(repo.files, plan.folder, plan.files)]
+    local = {f: repo.fetch(f) for f in files}
+    repo.remember_revision()
+    if plan.named:
+        return local[plan.file]
+    return _local_folder(local[files[0]], files[0], plan.folder)
+
+
+def _configs(files: list[str], folder: str, weights: list[str]) -> list[str]:
+    from fnmatch import fnmatchcase
+
+    inside = [f for f in _files_under(files, folder) if "/" not in f]
+    chosen = [f for f in inside if any(fnmatchcase(f, p) for p in CONFIG_PATTERNS)
+              and not f.endswith(".index.json")]
+    return [_join(folder, f) for f in chosen if _join(folder, f) not in weights]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _is_unreachable(error: BaseException) -> bool:
+    """Network down, DNS failure, timeout or a 5xx: the cache may still answer."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(error, HfHubHTTPError):
+        response = getattr(error, "response", None)
+        return response is not None and getattr(response, "status_code", 0) >= 500
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return bool(names & {"ConnectError", "ConnectionError", "TimeoutException", "Timeout", "OfflineModeIsEnabled",
+                         "NetworkError", "ConnectTimeout", "ReadTimeout"})
+
+
+def _hub_error(error: BaseException, uri: str, endpoint: str, filename: str | None = None) -> WeightioError:
+    """One `InputError` with a message a person can act on; tokens scrubbed."""
+    if isinstance(error, WeightioError):
+        return error
+    from huggingface_hub import errors as hf
+
+    where = f"file {filename!r}" if filename else "repository"
+    if isinstance(error, hf.GatedRepoError):
+        message = "is a gated repository: accept its conditions on the Hub, then log in (hf auth login) or set HF_TOKEN"
+    elif isinstance(error, hf.RepositoryNotFoundError):
+        message = (f"repository not found on {endpoint} (if it is private or gated, log in with "
+                   "`hf auth login` or set HF_TOKEN)")
+    elif isinstance(error, hf.RevisionNotFoundError):
+        message = f"revision not found on {endpoint}"
+    elif isinstance(error, hf.LocalEntryNotFoundError):
+        message = f"{where} is not in the cache and the Hub cannot be used (offline or unreachable)"
+    elif isinstance(error, hf.EntryNotFoundError):
+        message = f"{where} not found in the repository"
+    elif isinstance(error, hf.HfHubHTTPError):
+        status = getattr(getattr(error, "response", None), "status_code", 0)
+        detail = getattr(error, "server_message", None) or _first_line(error)
+        message = f"the Hub at {endpoint} answered HTTP {status} for the {where}: {' '.join(detail.split())}"
+        if status >= 500:
+            message += "; it is not in the cache either"
+    elif _is_unreachable(error):
+        message = f"cannot reach {endpoint} ({_first_line(error)}) and the {where} is not cached"
+    else:
+        message = f"cannot fetch the {where}: {type(error).__name__}: {_first_line(error)}"
+    return InputError(_scrub(message), path=uri)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _scrub(message: str) -> str:
+    """Remove anything that looks like a token, and the token in use, from a message."""
+    try:
+        from huggingface_hub import get_token
+
+        token = get_token()
+    except Exception:  # noqa: BLE001 - no token store is not an error here
+        token = None
+    if token:
+        message = message.replace(token, "***")
+    return _TOKEN_LIKE.sub("hf_***", message)
