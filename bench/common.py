@@ -72,11 +72,17 @@ def median(values: list[float]) -> float:
 
 
 def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, dict]]:
-    """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n}}}, peers interleaved per rep."""
+    """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n}}}.
+
+    Peers are interleaved within each repetition, and the order rotates from one repetition to
+    the next, so no peer always runs first (right after another peer warmed or dirtied caches).
+    """
     samples: dict[str, dict[str, list[dict]]] = {c.name: {p: [] for p in c.peers} for c in cases}
     for rep in range(reps):
         for case in cases:
-            for peer, args in case.peers.items():
+            peers = list(case.peers.items())
+            shift = rep % len(peers)
+            for peer, args in peers[shift:] + peers[:shift]:
                 samples[case.name][peer].append(run_worker(script, args))
         print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
     return {

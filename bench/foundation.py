@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, environment, measure, run_worker, timed, warm, write_section  # noqa: E402
+from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS, NPZ_ARRAYS = 500, 200
@@ -151,7 +151,8 @@ def cases(p: dict[str, Path]) -> list[Case]:
     return [
         Case("open", {peer: ["open", peer, st] for peer in st_peers}, "open + list names, shapes, dtypes"),
         Case("numpy", {peer: ["numpy", peer, st] for peer in st_peers}, "an array for every tensor"),
-        Case("sum", {peer: ["sum", peer, st] for peer in ("weightio", "np.memmap", "np.memmap-views", "safetensors-np")},
+        Case("sum", {peer: ["sum", peer, st]
+                     for peer in ("weightio", "np.memmap", "np.memmap-views", "safetensors-np")},
              "read every byte (float64 sum of every tensor)"),
         Case("npy", {peer: ["npy", peer, str(p["npy"])] for peer in ("weightio", "np.load-mmap")},
              ".npy: open + the array"),
@@ -184,7 +185,8 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
             shown = f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
             lines.append(f"| {notes[case]} | {peer} | {shown} | {r['rss_mib']:.1f} MiB | {ratio} |")
     imp = results["import"]["weightio"]
-    lines += ["", f"`import weightio` pulls in: {imp['extra']['heavy_modules'] or 'none of torch, jax, huggingface_hub, fickling'}."]
+    heavy = imp["extra"]["heavy_modules"] or "none of torch, jax, huggingface_hub, fickling"
+    lines += ["", f"`import weightio` pulls in: {heavy}."]
     return "\n".join(lines)
 
 

@@ -67,3 +67,14 @@ def test_save_accepts_torch_tensors_when_torch_is_installed(tmp_path):
     back = load_file(tmp_path / "t.safetensors")
     for name, tensor in tensors.items():
         assert torch.equal(back[name], tensor)
+
+
+def test_save_passes_format_options_to_the_writer(tmp_path):
+    weights = {"w": np.arange(64, dtype=np.float32).reshape(2, 32) / 8, "norm": np.ones(32, dtype=np.float32)}
+    wio.save(weights, tmp_path / "q.gguf", types="Q8_0")
+    with wio.open(tmp_path / "q.gguf") as ckpt:
+        assert ckpt["w"].ggml_type == "Q8_0" and ckpt["norm"].ggml_type is None  # vectors keep F32
+        # Q8_0 rounds each value to a multiple of its 32-block's scale max|x| / 127
+        np.testing.assert_allclose(ckpt["w"].numpy(), weights["w"], atol=7.875 / 127 / 2)
+    with pytest.raises(TypeError, match="types"):
+        wio.save(weights, tmp_path / "x.safetensors", types="Q8_0")

@@ -123,7 +123,7 @@ def test_mapped_file_reads_are_bounds_checked(write):
     finally:
         f.close()
     with pytest.raises(wio.WeightioError, match="closed"):
-        f.data
+        _ = f.data
 
 
 def test_save_leaves_no_temporary_on_an_unsupported_tensor(tmp_path):

@@ -12,7 +12,6 @@ from weightio.errors import FormatError
 from .conftest import FIXTURES
 
 
-
 def test_header_facts_need_no_data():
     with wio.open(FIXTURES / "dtypes.safetensors") as ckpt:
         v = ckpt["i32"]

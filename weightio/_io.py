@@ -16,7 +16,6 @@ import mmap
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
@@ -106,7 +105,8 @@ class MappedFile:
         while done < length:
             chunk = os.pread(self._fd, length - done, offset + done)
             if not chunk:
-                raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})", path=self.path)
+                raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})",
+                                       path=self.path)
             chunks.append(chunk)
             done += len(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -178,6 +178,8 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
         >>> with atomic_write(tmp / "x.bin") as f:   # doctest: +SKIP
         ...     f.write(b"payload")
     """
+    import tempfile  # (with shutil, random, bz2, lzma…) only when writing: keeps `import weightio` cheap
+
     path = os.fspath(path)
     check_destination(path, overwrite)
     directory = os.path.dirname(os.path.abspath(path))

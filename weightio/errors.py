@@ -18,7 +18,6 @@ and renders them in its message: ``model.safetensors: tensor 'w': data_offsets â
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable
 
@@ -160,6 +159,8 @@ def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]
     Matches on the whole dotted name first; when nothing is close, on the last component
     (so `encoder.layer.0.weight` suggests `bert.encoder.layer.0.weight`).
     """
+    import difflib  # only on a miss: keeps `import weightio` cheap
+
     pool = list(candidates)
     found = difflib.get_close_matches(name, pool, n=n, cutoff=0.6)
     if found:

@@ -23,7 +23,8 @@ NUMPY = FIXTURES / "numpy"
 NAMES = ["c_order", "fortran", "big_endian", "scalar", "empty", "flags", "complex", "unaligned_name_x"]
 
 
-def _npy(header: str | bytes, data: bytes = b"", *, version: tuple[int, int] = (1, 0), hlen: int | None = None) -> bytes:
+def _npy(header: str | bytes, data: bytes = b"", *, version: tuple[int, int] = (1, 0),
+         hlen: int | None = None) -> bytes:
     body = header.encode("latin1") if isinstance(header, str) else header
     field = "<H" if version == (1, 0) else "<I"
     return b"\x93NUMPY" + bytes(version) + struct.pack(field, len(body) if hlen is None else hlen) + body + data
@@ -50,7 +51,7 @@ def test_npy_fixtures_match_numpy(name):
 def test_npy_is_mapped_zero_copy_and_fortran_keeps_its_layout():
     with wio.open(NUMPY / "fortran.npy") as ckpt:
         arr = ckpt["fortran"].numpy()
-        assert np.shares_memory(arr, ckpt._readers[0].file.data)
+        assert np.shares_memory(arr, ckpt.readers[0].file.data)
         assert arr.flags.f_contiguous and not arr.flags.c_contiguous
         assert arr.strides == (8, 16, 48)
         np.testing.assert_array_equal(arr, np.arange(24.0).reshape(2, 3, 4))
@@ -62,7 +63,7 @@ def test_big_endian_is_converted_on_numpy_but_raw_is_the_stored_bytes():
         assert v.dtype == np.dtype("int32") and v.info.dtype == np.dtype(">i4")
         arr = v.numpy()
         assert arr.dtype.isnative and arr.tolist() == [-3, -2, -1, 0, 1, 2]
-        assert not np.shares_memory(arr, ckpt._readers[0].file.data)  # documented copy
+        assert not np.shares_memory(arr, ckpt.readers[0].file.data)  # documented copy
         assert v.raw().tobytes() == np.arange(-3, 3, dtype=">i4").tobytes()
         assert v[1:3].tolist() == [-2, -1]
 
@@ -82,7 +83,7 @@ def test_npz_fixtures_match_numpy(archive):
 
 def test_stored_npz_members_are_views_of_the_archive_even_unaligned():
     with wio.open(NUMPY / "arrays.npz") as ckpt:
-        mapping = ckpt._readers[0].file.data
+        mapping = ckpt.readers[0].file.data
         for name in ckpt:
             if name == "big_endian":
                 continue
@@ -95,7 +96,7 @@ def test_stored_npz_members_are_views_of_the_archive_even_unaligned():
 
 def test_deflated_members_inflate_once_and_are_shared():
     with wio.open(NUMPY / "compressed.npz") as ckpt:
-        reader = ckpt._readers[0]
+        reader = ckpt.readers[0]
         first = ckpt["c_order"].numpy()
         assert reader.buffer("c_order") is reader.buffer("c_order")
         assert np.shares_memory(first, ckpt["c_order"].numpy())
@@ -104,7 +105,7 @@ def test_deflated_members_inflate_once_and_are_shared():
 
 def test_inflate_works_in_small_chunks():
     with wio.open(NUMPY / "compressed_big.npz") as ckpt:
-        reader = ckpt._readers[0]
+        reader = ckpt.readers[0]
         member = reader._deflated["ramp"]
         whole = _zip.inflate(reader.file, member, chunk=777)
         assert whole.tobytes() == _zip.inflate(reader.file, member).tobytes()
@@ -170,7 +171,7 @@ def test_npz_writer_output_is_read_by_numpy_and_mapped_aligned(tmp_path):
         for name in ckpt:
             assert ckpt[name].info.offset % 64 == 0, name
             arr = ckpt[name].numpy()
-            assert arr.flags.aligned and (arr.size == 0 or np.shares_memory(arr, ckpt._readers[0].file.data))
+            assert arr.flags.aligned and (arr.size == 0 or np.shares_memory(arr, ckpt.readers[0].file.data))
 
 
 def test_npz_writer_zip64_records_are_read_by_numpy_and_us(tmp_path, monkeypatch):
@@ -232,7 +233,8 @@ HOSTILE_NPY = [
      "is not a Python literal"),
     ("3000-deep tuple", _npy("(" * 3000 + ")" * 3000, version=(2, 0)), CorruptFileError,
      "is not a Python literal"),
-    ("not a dict", _npy("[1, 2, 3]"), CorruptFileError, "must be a dict with keys descr, fortran_order, shape; found list"),
+    ("not a dict", _npy("[1, 2, 3]"), CorruptFileError,
+     "must be a dict with keys descr, fortran_order, shape; found list"),
     ("missing key", _npy("{'descr': '<f4', 'shape': (2,)}"), CorruptFileError,
      "found ['descr', 'shape']"),
     ("extra key", _npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}"), CorruptFileError,

@@ -37,7 +37,7 @@ def _mapping_of(arr: np.ndarray) -> object:
 def test_numpy_is_a_read_only_view_of_the_file_mapping():
     with wio.open(FIXTURES / "numpy.safetensors") as ckpt:
         weight = ckpt["weight"].numpy()
-        mapping = ckpt._readers[0].file.data
+        mapping = ckpt.readers[0].file.data
         assert np.shares_memory(weight, mapping)
         assert isinstance(_mapping_of(weight), mmap.mmap)
         assert weight.flags.writeable is False
@@ -52,7 +52,7 @@ def test_slices_are_views_and_read_only_the_selection():
         rows, cols = v[1:3], v[:, 2:4]
         np.testing.assert_array_equal(rows, [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]])
         np.testing.assert_array_equal(cols, np.arange(20, dtype=np.float32).reshape(4, 5)[:, 2:4])
-        mapping = ckpt._readers[0].file.data
+        mapping = ckpt.readers[0].file.data
         assert np.shares_memory(rows, mapping) and np.shares_memory(cols, mapping)
         start = rows.__array_interface__["data"][0] - mapping.__array_interface__["data"][0]
         assert start == v.info.offset + 5 * 4  # row 1 of a float32 [4, 5] tensor
@@ -106,7 +106,7 @@ def test_leading_whitespace_and_misaligned_data_are_read(write):
         f64 = ckpt["f64"].numpy()
         assert f64.tolist() == [2.5]
         assert f64.flags.aligned is False  # zero-copy even though misaligned; numpy reads it correctly
-        assert np.shares_memory(f64, ckpt._readers[0].file.data)
+        assert np.shares_memory(f64, ckpt.readers[0].file.data)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -41,10 +41,10 @@ def _resolve(entry: Any) -> Any:
 
 def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
     def write(tensors: Mapping[str, Any], path: str, metadata: Mapping[str, Any] | None = None, *,
-              overwrite: bool = False) -> None:
+              overwrite: bool = False, **options: Any) -> None:
         if metadata:
             raise FormatError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
-        writer(tensors, path, overwrite=overwrite)
+        writer(tensors, path, overwrite=overwrite, **options)
 
     return write
 
@@ -85,7 +85,8 @@ def format_for_path(path: str | os.PathLike[str], format: str | None = None) -> 
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in SUFFIXES:
         known = ", ".join(SUFFIXES)
-        raise FormatError(f"cannot tell the format from suffix {suffix!r} ({known}); pass format=", path=os.fspath(path))
+        raise FormatError(f"cannot tell the format from suffix {suffix!r} ({known}); pass format=",
+                          path=os.fspath(path))
     return SUFFIXES[suffix]
 
 
@@ -96,11 +97,13 @@ def save(
     format: str | None = None,
     *,
     overwrite: bool = False,
+    **options: Any,
 ) -> None:
-    """Write `tensors` to `path`, atomically; see `weightio.save`."""
+    """Write `tensors` to `path`, atomically; see `weightio.save`. `options` go to the format's
+    writer (e.g. ``types="Q8_0"`` for GGUF)."""
     fmt = format_for_path(path, format)
     try:
         writer = _resolve(WRITERS[fmt])
     except (ImportError, AttributeError):
         raise FormatError(f"writing {fmt} is not available in this version of weightio", path=os.fspath(path)) from None
-    writer(tensors, os.fspath(path), metadata, overwrite=overwrite)
+    writer(tensors, os.fspath(path), metadata, overwrite=overwrite, **options)

@@ -60,8 +60,8 @@ def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int)
     """The half-open byte range ``[lo, hi)`` a strided view touches, relative to its first element."""
     if any(d == 0 for d in shape):
         return (0, 0)
-    lo = sum(s * (d - 1) for d, s in zip(shape, strides) if s < 0)
-    hi = sum(s * (d - 1) for d, s in zip(shape, strides) if s > 0) + itemsize
+    lo = sum(s * (d - 1) for d, s in zip(shape, strides, strict=True) if s < 0)
+    hi = sum(s * (d - 1) for d, s in zip(shape, strides, strict=True) if s > 0) + itemsize
     return (lo, hi)
 
 

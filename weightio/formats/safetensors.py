@@ -42,8 +42,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from .._io import atomic_write, write_all
 from .._json import IntegersOnly, decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
@@ -181,7 +179,8 @@ class SafetensorsReader(Reader):
         for begin, end, name, _ in entries:
             if begin != expected:
                 where = f"after {previous!r}" if previous else "at the start of the data section"
-                kind = "overlaps the tensor before it" if begin < expected else f"leaves a hole of {begin - expected} bytes"
+                kind = ("overlaps the tensor before it" if begin < expected
+                        else f"leaves a hole of {begin - expected} bytes")
                 raise self._fail(f"data_offsets begin {begin} {kind} (expected {expected}, {where})", name)
             expected, previous = end, name
         if expected != data_size:
