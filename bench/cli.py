@@ -23,7 +23,6 @@ and writes the medians and the issue's targets into docs/benchmarks.md (section 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, environment, measure, warm, write_section  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LAYERS, HIDDEN, MLP, VOCAB = 20, 1024, 4096, 30000
@@ -239,18 +238,11 @@ def targets(results: dict, p: dict[str, Path]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    args = arguments(__doc__, reps=5)
     p = generate(args.gib)
     warm(*p.values())
     results = measure(SCRIPT, cases(p), args.reps)
-    text = report(results, p, args.reps) + "\n\nTargets (from the issue):\n\n" + "\n".join(targets(results, p)) + "\n"
-    print(text)
-    if not args.no_write:
-        write_section("cli", text)
+    publish("cli", report(results, p, args.reps), targets(results, p), not args.no_write)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ weightio row of the same case. Files are read warm (the page cache is filled bef
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("WEIGHTIO_BENCH_DIR", "/tmp/weightio-bench"))
 RESULTS = ROOT / "docs" / "benchmarks.md"
 
-__all__ = ["CACHE", "Case", "rss_mib", "run_worker", "measure", "warm", "write_section", "environment", "median"]
+__all__ = ["CACHE", "Case", "arguments", "environment", "measure", "median", "publish", "rss_mib", "run_worker",
+           "warm", "write_section"]
 
 
 def rss_mib() -> float:
@@ -124,3 +126,23 @@ def write_section(suite: str, markdown: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
+
+
+def arguments(doc: str | None, reps: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
+              ) -> argparse.Namespace:
+    """The options every suite takes (--reps, --gib, --no-write), plus the suite's own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=reps, help="repetitions (fresh processes) per case")
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the generated files")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    if extra is not None:
+        extra(parser)
+    return parser.parse_args()
+
+
+def publish(suite: str, report: str, checks: list[str], write: bool) -> None:
+    """Print a suite's report and its target checks, and write them into docs/benchmarks.md."""
+    text = report + "\n\nTargets (from the issue):\n\n" + "\n".join(checks) + "\n"
+    print(text)
+    if write:
+        write_section(suite, text)

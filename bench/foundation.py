@@ -19,7 +19,6 @@ and writes the medians and ratios into docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS, NPZ_ARRAYS = 500, 200
@@ -53,7 +52,7 @@ def generate(gib: float) -> dict[str, Path]:
         tensors = {f"layers.{i}.weight": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(N_TENSORS)}
         safetensors.numpy.save_file(tensors, str(p["st"]))
     if not p["npy"].exists():
-        np.save(p["npy"], np.arange(total // 4, dtype=np.float32).reshape(-1, 1024))
+        np.save(p["npy"], np.arange(total // 4 // 1024 * 1024, dtype=np.float32).reshape(-1, 1024))
     if not p["npz"].exists():
         rows = total // 2 // 4 // NPZ_ARRAYS // 1024
         np.savez(p["npz"], **{f"a{i}": np.full((rows, 1024), i, dtype=np.float32) for i in range(NPZ_ARRAYS)})
@@ -208,18 +207,11 @@ def targets(results: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    args = arguments(__doc__, reps=7)
     p = generate(args.gib)
     warm(*p.values())
     results = measure(SCRIPT, cases(p), args.reps)
-    text = report(results, p, args.reps) + "\n\nTargets (from the issue):\n\n" + "\n".join(targets(results)) + "\n"
-    print(text)
-    if not args.no_write:
-        write_section("foundation", text)
+    publish("foundation", report(results, p, args.reps), targets(results), not args.no_write)
 
 
 if __name__ == "__main__":

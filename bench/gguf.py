@@ -30,7 +30,7 @@ from pathlib import Path
 _HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, _HERE)
 
-from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
 
 # This file is itself named gguf.py: drop its folder from the path so `import gguf` finds the package.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
@@ -249,22 +249,17 @@ def targets(results: dict) -> list[str]:
     return [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--gib", type=float, default=1.0)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--elements", type=int, default=1 << 24)
     parser.add_argument("--types", default=",".join(TYPES), help="comma-separated block types to measure")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, reps=5, extra=_options)
     path = generate(args.gib)
     warm(path)
     results = measure(SCRIPT, cases(path, args.elements, args.types.split(",")), args.reps)
-    text = report(results, path, args.elements, args.reps) + "\n\nTargets (from the issue):\n\n" + \
-        "\n".join(targets(results)) + "\n"
-    print(text)
-    if not args.no_write:
-        write_section("gguf", text)
+    publish("gguf", report(results, path, args.elements, args.reps), targets(results), not args.no_write)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ and writes the medians and ratios into docs/benchmarks.md (section "pytorch").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS = 500
@@ -218,19 +217,12 @@ def targets(results: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    args = arguments(__doc__, reps=7)
     p = generate(args.gib)
     warm(*p.values())
     _compile_once(p)
     results = measure(SCRIPT, cases(p), args.reps)
-    text = report(results, p, args.reps) + "\n\nTargets (from the issue):\n\n" + "\n".join(targets(results)) + "\n"
-    print(text)
-    if not args.no_write:
-        write_section("pytorch", text)
+    publish("pytorch", report(results, p, args.reps), targets(results), not args.no_write)
 
 
 if __name__ == "__main__":

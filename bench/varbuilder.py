@@ -25,7 +25,6 @@ The medians and ratios go into docs/benchmarks.md (section "varbuilder").
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, environment, measure, timed, warm, write_section  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LOAD = os.getloadavg()  # recorded with the results: a shared machine's noise shows here
@@ -297,19 +296,11 @@ def targets(results: dict, gib: float) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    args = parser.parse_args()
+    args = arguments(__doc__, reps=5)
     p = generate(args.gib)
     warm(*p.values())
     results = measure(SCRIPT, cases(p, args.gib), args.reps)
-    text = report(results, p, args.gib, args.reps) + "\n\nTargets (from the issue):\n\n" + "\n".join(
-        targets(results, args.gib)) + "\n"
-    print(text)
-    if not args.no_write:
-        write_section("varbuilder", text)
+    publish("varbuilder", report(results, p, args.gib, args.reps), targets(results, args.gib), not args.no_write)
 
 
 if __name__ == "__main__":
