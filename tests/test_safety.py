@@ -216,3 +216,8 @@ def test_scan_never_imports_torch(tmp_path):
             "print(r.safe, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fickling'))[:1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True ['fickling']"
+
+
+def test_a_missing_path_is_an_input_error_not_a_verdict(tmp_path):
+    with pytest.raises(wio.InputError, match="no such file or directory"):
+        wio.scan(tmp_path / "missing.bin")

@@ -32,6 +32,7 @@ hooks, ``also_allow``, its torch helpers and its JSON output are never used.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -41,7 +42,7 @@ from typing import Any
 
 from . import _pickle, _standins, _zip
 from ._io import MappedFile
-from .errors import CorruptFileError, FormatError, WeightioError
+from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import open_file
 from .sniff import sniff
 
@@ -206,6 +207,8 @@ def scan(path: str | os.PathLike[str]) -> ScanReport:
         from .hub import resolve
 
         path = resolve(path)
+    if not os.path.exists(path):  # nothing to judge: an error, as for open(), not an "unsafe" verdict
+        raise InputError("no such file or directory", path=path, errno=errno.ENOENT)
     if not os.path.isdir(path):
         return ScanReport(path, (scan_file(path),))
     scans, skipped = [], []
