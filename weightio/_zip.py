@@ -299,13 +299,13 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.
             out[filled : filled + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             crc = zlib.crc32(piece, crc)
             filled += len(piece)
-    except zlib.error as e:
+        if filled != member.size:
+            raise _fail(file, f"member {member.name!r} inflates to {filled} bytes, not the {member.size} declared")
+        rest = d.unconsumed_tail + (bytes(src[pos:]) if pos < len(src) else b"")
+        if rest and not d.eof and d.decompress(rest, 1):  # past the declared size: one byte tells
+            raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
+    except zlib.error as e:  # corrupt data before or after the declared size
         raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
-    if filled != member.size:
-        raise _fail(file, f"member {member.name!r} inflates to {filled} bytes, not the {member.size} declared")
-    rest = d.unconsumed_tail + (bytes(src[pos:]) if pos < len(src) else b"")
-    if rest and not d.eof and d.decompress(rest, 1):
-        raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
     if crc != member.crc32:
         raise _fail(file, f"member {member.name!r} fails its CRC-32 check")
     out.flags.writeable = False
