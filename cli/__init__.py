@@ -7,11 +7,15 @@ Each command parses its arguments, calls the library and prints. Conventions:
   option or argument) exit 2; Ctrl-C exits 130 leaving no partial output;
 * ``--debug`` shows the traceback instead; ``--quiet`` prints only the answer;
 * ``diff`` exits 0 when equal and 1 when different, ``scan`` 0 when safe and 1 when not;
-* colour only on a terminal, never with ``NO_COLOR`` set.
+* colour only on a terminal, never with ``NO_COLOR`` set;
+* `faulthandler` is on: a checkpoint truncated by another process while one of its arrays is
+  in use makes the process die of SIGBUS (no mmap-based reader can prevent that), and then it
+  at least prints "Fatal Python error: Bus error" and where, instead of dying silently.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from typing import Any
@@ -20,7 +24,7 @@ import click
 
 from weightio import WeightioError, __version__
 
-from ._options import apply_environment, common_options, settings, style
+from ._options import apply_environment, common_options, echo, settings, style
 from .convert import convert_command
 from .diff import diff_command
 from .download import download_command
@@ -34,8 +38,18 @@ EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 2, 130, 141
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(style("weightio: error:", fg="red", bold=True) + " " + message, err=True)
+    echo(style("weightio: error:", fg="red", bold=True) + " " + message, essential=True, err=True)
     sys.exit(code)
+
+
+def _enable_faulthandler() -> None:
+    """Print a traceback on SIGBUS/SIGSEGV (see the module docstring); keep a handler already set."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    except (AttributeError, ValueError, OSError):  # no real stderr (embedded, or a test runner's stream)
+        pass
 
 
 def _quiet_broken_pipe() -> None:
@@ -89,6 +103,7 @@ def main(ctx: click.Context) -> None:
       weightio download google-bert/bert-base-uncased
     """
     apply_environment(ctx)
+    _enable_faulthandler()
 
 
 for _command in (inspect_command, convert_command, scan_command, diff_command, show_command, download_command):

@@ -2,11 +2,13 @@
 
 ``--quiet`` and ``--debug`` are accepted before the command (``weightio -q convert …``) and
 after it (``weightio convert … -q``). Colour is used only on a terminal and never when
-``NO_COLOR`` is set (https://no-color.org).
+``NO_COLOR`` is set (https://no-color.org). Commands that open checkpoints also take
+``--max-header-bytes`` (`limit_options`), which applies `weightio.limits` to every file they open.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -14,7 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["common_options", "settings", "quiet", "echo", "style", "progress_bar", "apply_environment"]
+__all__ = ["common_options", "limit_options", "settings", "quiet", "echo", "style", "progress_bar",
+           "apply_environment"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,6 +54,37 @@ def common_options(f: F) -> F:
     return f
 
 
+def _parse_header_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from weightio.limits import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def limit_options(f: F) -> F:
+    """Add ``--max-header-bytes`` to a command that opens checkpoints: every file the command
+    opens is read under ``weightio.limits.using(header_bytes=SIZE)``, for as long as it runs."""
+
+    @functools.wraps(f)
+    def command(*args: Any, max_header_bytes: int | None = None, **kwargs: Any) -> Any:
+        if max_header_bytes is None:
+            return f(*args, **kwargs)
+        from weightio import limits
+
+        with limits.using(header_bytes=max_header_bytes):
+            return f(*args, **kwargs)
+
+    return click.option(
+        "--max-header-bytes", metavar="SIZE", callback=_parse_header_limit,
+        help="Refuse files whose header (safetensors JSON, GGUF key/values and tensor infos, ggml vocabulary, "
+             ".npy dict) is larger than SIZE (e.g. 1MB; default 100MB, or WEIGHTIO_MAX_HEADER_BYTES). "
+             "Other limits: WEIGHTIO_MAX_* environment variables (docs/security.md).")(command)  # type: ignore[return-value]
+
+
 def apply_environment(ctx: click.Context) -> None:
     """NO_COLOR (any non-empty value) turns colour off, even on a terminal."""
     if os.environ.get("NO_COLOR"):
@@ -66,7 +100,10 @@ def echo(text: str = "", *, essential: bool = False, err: bool = False, nl: bool
     """Print `text`; with --quiet only what is `essential` (the command's answer) is printed."""
     if quiet() and not essential:
         return
-    click.echo(text, err=err, nl=nl)
+    try:
+        click.echo(text, err=err, nl=nl)
+    except UnicodeEncodeError:  # a lone surrogate in a name read from a file: print it escaped, not a traceback
+        click.echo(text.encode("utf-8", "backslashreplace").decode("utf-8"), err=err, nl=nl)
 
 
 def progress_bar(total: int, description: str) -> Any:

@@ -12,7 +12,7 @@ from weightio.errors import FormatError, UnsupportedDTypeError
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 
 from ._format import human_bytes, plural
-from ._options import common_options, echo, progress_bar
+from ._options import common_options, echo, limit_options, progress_bar
 
 
 def _check_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -76,6 +76,7 @@ def _report(result: ConvertResult) -> None:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
 @click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
 @click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
                     fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool) -> None:
@@ -85,8 +86,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     picks the format: .safetensors, .npz, .npy (one tensor) or .gguf; a directory gets
     DST/model.safetensors (with shards and an index under --max-shard-size). The output is
     written beside DST, fsynced and renamed into place only when complete: Ctrl-C or a full
-    disk leave no partial DST, and SRC is never modified. Tied weights of PyTorch checkpoints
-    are written once, with aliases in the metadata.
+    disk leave no partial DST, and SRC is never modified. Temporary files that a killed
+    conversion left beside DST (``.*.weightio-tmp``) are removed first, when no running process
+    holds them. Tied weights of PyTorch checkpoints are written once, with aliases in the metadata.
 
     \b
     Examples:

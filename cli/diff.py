@@ -12,7 +12,7 @@ from weightio.checkpoint import Checkpoint
 from weightio.convert import select_names
 
 from ._format import number, plural, shape_text, table
-from ._options import common_options, echo, style
+from ._options import common_options, echo, limit_options, style
 from ._stats import TensorDiff, compare
 
 
@@ -91,6 +91,7 @@ def _report(a_path: str, b_path: str, a: Checkpoint, b: Checkpoint, pairs: Mappi
 @click.option("--ignore-dtype", is_flag=True, help="Tensors of different dtypes are equal when their values are "
                                                    "(within the tolerances).")
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
+@limit_options
 @common_options
 def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, patterns: tuple[str, ...]) -> None:
     """Compare two checkpoints tensor by tensor, in any formats; exit 0 when equal, 1 when not.

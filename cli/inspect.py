@@ -15,7 +15,7 @@ from weightio.convert import select_names
 
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_value, kind, plural, shape_text, table
-from ._options import common_options, echo
+from ._options import common_options, echo, limit_options
 
 SCHEMA = "weightio.inspect/1"
 
@@ -107,6 +107,7 @@ def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB",
               help="Only tensors whose names match GLOB (repeatable; e.g. 'encoder.*').")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.inspect/1).")
+@limit_options
 @common_options
 def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[str, ...], as_json: bool) -> None:
     """Show format, tensor and parameter counts, bytes per dtype, metadata, and every tensor.

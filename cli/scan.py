@@ -9,12 +9,13 @@ import click
 
 import weightio
 
-from ._options import common_options, echo, style
+from ._options import common_options, echo, limit_options, style
 
 
 @click.command("scan")
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
+@limit_options
 @common_options
 def scan_command(path: str, as_json: bool) -> None:
     """Report every global the pickles of PATH reference, weightio's verdict and fickling's findings.

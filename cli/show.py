@@ -11,7 +11,7 @@ import weightio
 from weightio.dtypes import dtype_name
 
 from ._format import human_bytes, kind, number, shape_text
-from ._options import common_options, echo
+from ._options import common_options, echo, limit_options
 from ._stats import first_values, is_packed, tensor_stats
 
 
@@ -34,6 +34,7 @@ def _value(v: object) -> str:
 @click.argument("name")
 @click.option("-n", "--count", type=click.IntRange(min=0), default=8, show_default=True,
               help="How many leading values to print.")
+@limit_options
 @common_options
 def show_command(path: str, name: str, count: int) -> None:
     """Show one tensor: dtype, shape, size, min/max/mean/std, NaN/Inf counts and its first values.

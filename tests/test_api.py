@@ -78,3 +78,35 @@ def test_save_passes_format_options_to_the_writer(tmp_path):
         np.testing.assert_allclose(ckpt["w"].numpy(), weights["w"], atol=7.875 / 127 / 2)
     with pytest.raises(TypeError, match="types"):
         wio.save(weights, tmp_path / "x.safetensors", types="Q8_0")
+
+
+def _broadcast_checkpoint(tmp_path, length: int):
+    from .pytorch_files import f32, pid, state_dict, tensor, torch_zip
+
+    path = tmp_path / f"expanded-{length}.pt"  # torch.save({"x": torch.full((1,), 2.5).expand(length)})
+    path.write_bytes(torch_zip(state_dict({"x": tensor(pid("FloatStorage", "0", 1), 0, (length,), (0,))}),
+                               {"0": f32(2.5)}))
+    return path
+
+
+def test_a_broadcast_view_reads_zero_copy_and_writes_out_when_modest(tmp_path):
+    with wio.open(_broadcast_checkpoint(tmp_path, 1000)) as ckpt:
+        x = ckpt["x"].numpy()
+        assert x.shape == (1000,) and x.strides == (0,) and set(x.tolist()) == {2.5}
+        wio.save({"x": ckpt["x"]}, tmp_path / "x.safetensors")
+    assert wio.load(tmp_path / "x.safetensors")["x"].tolist() == [2.5] * 1000
+
+
+def test_a_huge_broadcast_view_is_refused_before_anything_is_allocated(tmp_path):
+    # fuzz finding: a 1.5 kB torch file with torch.zeros(1).expand(2**40) made writers allocate 4 TiB
+    path = _broadcast_checkpoint(tmp_path, 2**40)
+    with wio.open(path) as ckpt:
+        assert ckpt["x"].numpy().strides == (0,)  # reading it is still a zero-copy view
+        with pytest.raises(wio.FormatError, match=r"tensor 'x': is a broadcast view \(strides \(0,\)\) of "
+                                                  r"4,398,046,511,104 bytes over 4 stored bytes"):
+            wio.save({"x": ckpt["x"]}, tmp_path / "x.safetensors")
+    from weightio.convert import convert
+
+    with pytest.raises(wio.FormatError, match="is a broadcast view"):
+        convert(path, tmp_path / "y.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

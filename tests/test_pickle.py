@@ -287,13 +287,13 @@ def test_deep_nesting_is_refused_without_recursion(write, marker):
 def test_long_names_are_bounded(write, marker):
     key = s("k" * 70_000)
     _refused(write, P2 + EMPTY_DICT + key + NONE + SETITEM + STOP, CorruptFileError,
-             "a flattened name is longer than 65,536 characters")
+             "a flattened name is longer than 65,535 characters")
     # a 60 000-character key reused (memo) at every level: names would grow quadratically
     nested = EMPTY_DICT + b"h\x00" + NONE + SETITEM
     for _ in range(50):
         nested = EMPTY_DICT + b"h\x00" + nested + SETITEM
     payload = P2 + s("k" * 60_000) + b"q\x00" + POP + nested + STOP
-    _refused(write, payload, CorruptFileError, "a flattened name is longer than 65,536 characters")
+    _refused(write, payload, CorruptFileError, "a flattened name is longer than 65,535 characters")
 
 
 @pytest.mark.slow

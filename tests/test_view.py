@@ -58,3 +58,23 @@ def test_torch_cpu_shares_memory_when_torch_is_installed():
             assert t.data_ptr() == v.numpy().__array_interface__["data"][0]  # no copy
             assert tuple(t.shape) == v.shape
         assert ckpt["bf16"].to("torch", dtype="float32").dtype == torch.float32
+
+
+def test_an_in_place_write_through_a_torch_tensor_never_reaches_the_file(tmp_path):
+    """torch cannot refuse writes to a zero-copy tensor; the private mapping keeps them from the file."""
+    pytest.importorskip("torch")
+    path = tmp_path / "w.safetensors"
+    wio.save({"w": np.arange(4, dtype=np.float32)}, path)
+    before = path.read_bytes()
+    with wio.open(path) as ckpt:
+        t = ckpt["w"].to("torch")
+        t.add_(10)  # would be SIGSEGV on a read-only shared mapping
+        assert t.tolist() == [10, 11, 12, 13]
+        with pytest.raises(ValueError, match="read-only"):
+            ckpt["w"].numpy()[0] = 1  # numpy still refuses
+        forced = ckpt["w"].numpy()
+        forced.flags.writeable = True  # a deliberate override is possible, and also stays private
+        forced[0] = -1
+        assert ckpt["w"].numpy()[0] == -1  # every view in this process shares the private pages
+    assert path.read_bytes() == before
+    assert wio.load(path)["w"].tolist() == [0, 1, 2, 3]

@@ -77,7 +77,8 @@ def main() -> None:
 
         whole = load_file(path)
         same = {n: torch.equal(t.view(torch.uint8), whole[n].view(torch.uint8)) for n, t in gathered.items()}
-        print(json.dumps({"rank": rank, "equal": same, "bytes_read": bytes_read, "resident": resident}))
+        line = json.dumps({"rank": rank, "equal": same, "bytes_read": bytes_read, "resident": resident}) + "\n"
+        os.write(1, line.encode())  # one write below PIPE_BUF: under torchrun the ranks share one stdout pipe
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, limits
 from .checkpoint import Checkpoint, open_checkpoint
 from .errors import (
     CorruptFileError,
@@ -28,6 +28,7 @@ from .errors import (
     WriteError,
 )
 from .formats import save as _save
+from .limits import Limits
 from .varbuilder import VarBuilder
 from .view import TensorView
 
@@ -38,6 +39,7 @@ __all__ = [
     "CorruptFileError",
     "FormatError",
     "InputError",
+    "Limits",
     "ShapeMismatchError",
     "TensorNotFoundError",
     "TensorView",
@@ -48,6 +50,7 @@ __all__ = [
     "WeightioWarning",
     "WriteError",
     "dtypes",
+    "limits",
     "load",
     "open",
     "save",
@@ -55,7 +58,7 @@ __all__ = [
 ]
 
 
-def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public name is the contract
+def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Checkpoint:  # noqa: A001
     """Open a checkpoint: a file of any supported format, a model directory, or ``hf://`` URI.
 
     Formats: safetensors, PyTorch pickles (zip, legacy, tar; never executed), GGUF (split sets
@@ -67,6 +70,11 @@ def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public
     ``hf://org/repo[@revision][/file]`` is fetched through huggingface_hub (its cache,
     ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` apply).
 
+    `limits` (a `weightio.Limits`) bounds what the files may make weightio spend: header
+    bytes, tensor count, name length, nesting, inflated bytes; by default the current limits
+    (`weightio.limits.using` blocks, ``WEIGHTIO_MAX_*`` environment variables, else the
+    defaults). A file beyond one raises `CorruptFileError` naming the limit.
+
     Returns:
         A `Checkpoint`: a read-only mapping of tensor names to `TensorView`s, usable as a
         context manager that closes its files.
@@ -77,17 +85,17 @@ def open(path: str | os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the public
         UnsafePickleError: a pickle names a global outside the allowlist (nothing was run).
         InputError: the path does not exist or cannot be read.
     """
-    return open_checkpoint(path)
+    return open_checkpoint(path, limits)
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def load(path: str | os.PathLike[str], *, limits: Limits | None = None) -> dict[str, np.ndarray]:
     """Every tensor of a checkpoint as numpy arrays, in file order.
 
     The arrays are read-only zero-copy views of the file whenever `TensorView.numpy` allows;
     they stay valid after this returns (the mapping lives as long as they do). Use
-    ``.copy()`` for a writable array.
+    ``.copy()`` for a writable array. `limits` as for `open`.
     """
-    with open_checkpoint(path) as ckpt:
+    with open_checkpoint(path, limits) as ckpt:
         return {name: ckpt[name].numpy() for name in ckpt}
 
 

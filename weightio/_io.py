@@ -1,11 +1,31 @@
 """File access shared by every format: one read-only mapping per input, atomic outputs.
 
-Inputs are mapped once (`mmap.ACCESS_READ`) and exposed as one `uint8` numpy array; every
-tensor view is a slice of that array, so the mapping is exported to numpy exactly once and
-stays mapped for as long as any view lives (closing never unmaps under a live view).
+Inputs are mapped once and exposed as one read-only `uint8` numpy array; every tensor view is
+a slice of that array, so the mapping is exported to numpy exactly once and stays mapped for as
+long as any view lives (closing never unmaps under a live view).
 
-Outputs are written to a temporary file beside the target, fsynced, then renamed over it,
-and the directory fsynced: a crash or error leaves either the old file or the new one.
+The mapping is private and copy-on-write (`mmap.ACCESS_COPY`, ``MAP_PRIVATE``), although weightio
+only reads it: numpy views are read-only, but frameworks that share the memory (a zero-copy
+torch CPU tensor) do not honour that flag, and an in-place write there must neither kill the
+process (a write to a read-only mapping is SIGSEGV) nor reach the file. With a private mapping
+the write copies the page for this process alone; the file and other processes never see it.
+
+A file changed under us: the open file descriptor is kept, and every access to the mapping
+(`MappedFile.data`, which every ``buffer()`` and so every ``numpy()`` goes through) first
+compares the file's size and modification time (``fstat`` of that descriptor) with those seen
+at open; header reads (``pread``) fail cleanly on bytes a truncation took. A file truncated,
+grown or rewritten in place since then raises `CorruptFileError` ("changed since it was
+opened") instead of handing out pages that may no longer exist (touching a mapped page past the
+end of a truncated file is SIGBUS, which kills the process). A file *replaced* by a rename
+keeps serving the original: the descriptor and the mapping still hold the old inode. Arrays
+already handed out cannot be protected (no mmap-based loader can): the CLI enables
+`faulthandler`, so a SIGBUS there at least prints what happened.
+
+Outputs are written to a temporary file beside the target (``.<name>.<random>.weightio-tmp``),
+locked (``flock``) while it is written, fsynced, then renamed over the target while still
+locked, and the directory fsynced: a crash or error leaves either the old file or the new one,
+plus at worst a temporary that `remove_stale_temporaries` can prove dead (no process holds its
+lock) and delete.
 """
 
 from __future__ import annotations
@@ -16,6 +36,7 @@ import mmap
 import os
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
@@ -23,7 +44,11 @@ import numpy as np
 
 from .errors import CorruptFileError, InputError, WeightioError, WriteError
 
-__all__ = ["MappedFile", "atomic_write", "check_destination", "describe_file_type", "write_all"]
+__all__ = ["MappedFile", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
+           "fsync_directory", "lock_temporary", "remove_stale_temporaries", "write_all"]
+
+TEMP_SUFFIX = ".weightio-tmp"
+_CLOSED = "the checkpoint was closed; open it again to read tensors"
 
 
 def describe_file_type(mode: int) -> str:
@@ -62,53 +87,82 @@ class MappedFile:
         path: the path as given (used in every error message).
         size: the file size in bytes at open time.
         data: the mapping as a read-only 1-D `uint8` array; slices of it are zero-copy views.
+            Each access checks that the file has not changed since it was opened (see the
+            module docstring), and raises once it is closed.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._fd = _open_regular(self.path)
+        self._lock = threading.Lock()  # close() against a concurrent pread/fstat of the same descriptor
         try:
-            self.size = os.fstat(self._fd).st_size
+            opened = os.fstat(self._fd)
+            self.size = opened.st_size
+            self._stamp = (opened.st_size, opened.st_mtime_ns)
             if self.size == 0:
                 raise CorruptFileError("empty file (0 bytes)", path=self.path)
-            self._mmap: mmap.mmap | None = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            self._mmap: mmap.mmap | None = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
         except BaseException as e:
             os.close(self._fd)
             if isinstance(e, OSError):
                 raise InputError(f"cannot map file: {e.strerror or e}", path=self.path, errno=e.errno) from e
             raise
         self._data: np.ndarray | None = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._data.flags.writeable = False  # every view derived from it is read-only, and cannot be made writable
 
     @property
     def data(self) -> np.ndarray:
-        if self._data is None:
-            raise WeightioError("the checkpoint was closed; open it again to read tensors", path=self.path)
-        return self._data
+        data = self._data
+        if data is None:
+            raise WeightioError(_CLOSED, path=self.path)
+        self.check()
+        return data
 
     @property
     def closed(self) -> bool:
         return self._data is None
 
+    def check(self) -> None:
+        """Raise `CorruptFileError` if the file changed (size or modification time) since it was opened.
+
+        One ``fstat`` of the open descriptor (about half a microsecond): a file replaced by a
+        rename is not "changed", since the descriptor still names the inode that was opened.
+        Unlocked: a `close` racing with it makes it raise "closed" (or, if the descriptor number
+        was reused meanwhile, "changed"), never return bytes of another file.
+        """
+        try:
+            now = os.fstat(self._fd)
+        except OSError:  # closed (EBADF) under us
+            now = None
+        if now is None or self._mmap is None:
+            raise WeightioError(_CLOSED, path=self.path)
+        if (now.st_size, now.st_mtime_ns) != self._stamp:
+            raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
+
     def read(self, offset: int, length: int, what: str) -> bytes:
         """`length` bytes at `offset`; `CorruptFileError` naming `what` if the file is shorter.
 
         Headers are read with ``pread`` rather than through the mapping: touching the mapping
-        would fault in (and count in RSS) whole blocks of tensor data around each header.
+        would fault in (and count in RSS) whole blocks of tensor data around each header. A
+        ``pread`` cannot crash on a truncated file (it comes back short, which is an error here),
+        so unlike `data` it does not ``fstat`` first: opening a zip checkpoint reads one local
+        header per tensor, and readers check the file again when they hand out the mapping.
         """
         if offset < 0 or length < 0 or offset + length > self.size:
             raise CorruptFileError(
                 f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}", path=self.path
             )
-        if self._mmap is None:
-            raise WeightioError("the checkpoint was closed; open it again to read tensors", path=self.path)
         chunks, done = [], 0
-        while done < length:
-            chunk = os.pread(self._fd, length - done, offset + done)
-            if not chunk:
-                raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})",
-                                       path=self.path)
-            chunks.append(chunk)
-            done += len(chunk)
+        with self._lock:  # the descriptor stays open (and ours) until the bytes are in
+            while done < length and self._mmap is not None:
+                chunk = os.pread(self._fd, length - done, offset + done)
+                if not chunk:
+                    raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})",
+                                           path=self.path)
+                chunks.append(chunk)
+                done += len(chunk)
+        if done < length:
+            raise WeightioError(_CLOSED, path=self.path)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def unpack(self, fmt: struct.Struct, offset: int, what: str) -> tuple:
@@ -125,19 +179,37 @@ class MappedFile:
 
         The mapping is unmapped now when no numpy view of it is alive; otherwise it stays mapped
         until the last view is garbage-collected (unmapping under a live view would crash).
+        Safe to call twice, and from another thread while one reads: that read either completes
+        or raises "closed".
         """
-        self._data = None
-        mm, self._mmap = self._mmap, None
+        with self._lock:
+            self._data = None
+            mm, self._mmap = self._mmap, None
+            if mm is not None:
+                os.close(self._fd)
         if mm is not None:
-            os.close(self._fd)
             with contextlib.suppress(BufferError):
                 mm.close()
+
+
+def _changed(opened: tuple[int, int], now: tuple[int, int]) -> str:
+    """What happened to a file since it was opened, and what to do about it."""
+    size, new_size = opened[0], now[0]
+    if new_size < size:
+        what = (f"was truncated from {size} to {new_size} bytes since it was opened; reading its lost pages would "
+                "crash the process (SIGBUS)")
+    elif new_size > size:
+        what = f"grew from {size} to {new_size} bytes since it was opened"
+    else:
+        what = "was rewritten in place since it was opened (same size, new modification time)"
+    return f"{what}: its bytes are no longer the ones that were validated. Open it again"
 
 
 # ----------------------------------------------------------------------------- outputs
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """Make renames in `directory` durable (a no-op where directories cannot be fsynced)."""
     if os.name == "nt":  # directories cannot be opened for fsync on Windows
         return
     fd = os.open(directory, os.O_RDONLY)
@@ -169,10 +241,13 @@ def check_destination(path: str, overwrite: bool) -> None:
 def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[BinaryIO]:
     """Write `path` all at once or not at all.
 
-    Yields a binary file open on a temporary file in the same directory. On normal exit the
-    data is fsynced, the file renamed over `path` and the directory fsynced; on any exception
-    (KeyboardInterrupt included) the temporary file is removed and `path` is left untouched.
-    OS errors (disk full, file too large, read-only) become `WriteError` with the errno.
+    Yields a binary file open on a temporary file in the same directory
+    (``.<name>.<random>.weightio-tmp``), locked for as long as it exists under that name. On
+    normal exit the data is fsynced, the file renamed over `path` and the directory fsynced; on
+    any exception (KeyboardInterrupt included) the temporary file is removed and `path` is left
+    untouched. OS errors (disk full, file too large, read-only) become `WriteError` with the
+    errno. If the process is killed, the temporary stays behind, unlocked:
+    `remove_stale_temporaries` deletes it.
 
     Example:
         >>> with atomic_write(tmp / "x.bin") as f:   # doctest: +SKIP
@@ -184,26 +259,122 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
     check_destination(path, overwrite)
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                                   suffix=".weightio-tmp")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=TEMP_SUFFIX)
     except OSError as e:
         raise WriteError(f"cannot create a file in {directory}: {e.strerror}", path=path, errno=e.errno) from e
     try:
         os.fchmod(fd, 0o666 & ~_umask()) if hasattr(os, "fchmod") else None  # mkstemp makes 0600
+        _hold(fd, tmp, path)
         with os.fdopen(fd, "wb", buffering=0) as raw:
             yield raw  # type: ignore[misc]
             raw.flush()
             os.fsync(raw.fileno())
-        if not overwrite and os.path.lexists(path):  # someone created it while we wrote
-            raise WriteError("appeared while writing; not replaced", path=path, errno=errno.EEXIST)
-        os.replace(tmp, path)
-        _fsync_dir(directory)
+            if not overwrite and os.path.lexists(path):  # someone created it while we wrote
+                raise WriteError("appeared while writing; not replaced", path=path, errno=errno.EEXIST)
+            if os.name != "nt":  # renamed while still open, so still locked: never a complete, unlocked temporary
+                os.replace(tmp, path)
+        if os.name == "nt":  # Windows cannot rename an open file (and has no flock to release)
+            os.replace(tmp, path)
+        fsync_directory(directory)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError) and not isinstance(e, WeightioError):
             raise WriteError(f"write failed: {e.strerror or e}", path=path, errno=e.errno) from e
         raise
+
+
+def _hold(fd: int, tmp: str, path: str) -> None:
+    """Lock a new temporary (``flock``, exclusive) for as long as `fd` is open.
+
+    The lock is how `remove_stale_temporaries` tells a temporary being written from one a
+    killed writer left: the kernel releases it when its holder exits, however it exits. A
+    cleaner may have taken the lock in the instant between creating the file and locking it:
+    then the name no longer leads to our file, and the write is refused rather than lost.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; temporaries there are never cleaned automatically
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ours = os.stat(tmp).st_ino == os.fstat(fd).st_ino
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return  # a filesystem without locks: its temporaries are never cleaned automatically
+        ours = False
+    if not ours:
+        raise WriteError("a concurrent cleanup removed the temporary file; write again", path=path,
+                         errno=errno.EAGAIN)
+
+
+def lock_temporary(path: str) -> int | None:
+    """Lock an existing weightio temporary (a complete staged output) for as long as the returned
+    descriptor is open; None where the file cannot be opened (the caller's later rename will say)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        _hold(fd, path, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale_temporaries(destination: str | os.PathLike[str]) -> list[str]:
+    """Delete the temporaries that killed writes of `destination` left behind; return their paths.
+
+    Candidates are the files beside `destination` named like weightio's temporaries for it
+    (``.<name>….weightio-tmp``, ``..<name>….weightio-tmp`` for the staged files of
+    `weightio.convert`, where <name> starts with the destination's name without its suffix, so
+    shards and the index count too), or for a directory destination every ``.*.weightio-tmp``
+    in it. A candidate is deleted only when this process can take its lock: every weightio
+    writer holds that lock until its temporary is renamed or removed, and the kernel releases it
+    when a writer dies, so a lock that can be taken proves the file is garbage. Files on
+    filesystems without ``flock`` (and on Windows) are never deleted. Nothing else is touched.
+    """
+    destination = os.fspath(destination)
+    if os.path.isdir(destination) or destination.endswith(("/", os.sep)):
+        directory, stem = destination, ""
+    else:
+        directory, name = os.path.split(os.path.abspath(destination))
+        stem = os.path.splitext(name)[0]
+    try:
+        names = [n for n in os.listdir(directory) if _is_temporary_of(n, stem)]
+    except OSError:
+        return []
+    return [path for path in (os.path.join(directory, n) for n in sorted(names)) if _remove_if_dead(path)]
+
+
+def _is_temporary_of(name: str, stem: str) -> bool:
+    """``.<stem>….weightio-tmp`` (atomic_write) or ``..<stem>….weightio-tmp`` (a staged file's)."""
+    bare = name.lstrip(".")
+    return name.endswith(TEMP_SUFFIX) and 1 <= len(name) - len(bare) <= 2 and bare.startswith(stem.lstrip("."))
+
+
+def _remove_if_dead(path: str) -> bool:
+    """Unlink `path` if its lock can be taken (its writer is gone) and it is still the file we locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or os.stat(path, follow_symlinks=False).st_ino != opened.st_ino:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:  # locked by a live writer, already gone, or no locks on this filesystem
+        return False
+    finally:
+        os.close(fd)
 
 
 def write_all(out: IO[bytes], data: np.ndarray | bytes | memoryview, chunk: int = 64 << 20) -> int:

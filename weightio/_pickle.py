@@ -41,11 +41,13 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from . import limits as _limits
 from ._standins import ALLOWLIST
 from .errors import CorruptFileError, UnsafePickleError, WeightioError
 
 __all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "Unpickler", "lex", "load", "prepass"]
 
+# The defaults of weightio.limits (pickle_opcodes, pickle_stack, nesting_depth):
 MAX_OPCODES = 1 << 24  # per pickle; a state dict needs ~30 per tensor
 MAX_STACK = 100_000  # items on the stack at once; picklers batch 1000 items per APPENDS/SETITEMS
 MAX_MARKS = 1_000  # nested MARKs; one per level of nesting of the pickled object
@@ -163,7 +165,13 @@ _POP_PUSH = frozenset(
     c for c, n in OPCODE_NAMES.items() if n in ("BINPERSID", "REDUCE", "NEWOBJ", "TUPLE1", "TUPLE2", "TUPLE3")
 )
 _STEP = [1 + a if isinstance(a, int) and a >= 0 else 0 for a in _ARG]  # opcode + fixed argument
-_CHUNK = 1024  # opcodes between checks of the stack size and opcode count
+_CHUNK = 1024  # opcodes between checks of the stack size and opcode count (fewer under small limits)
+
+
+def _chunk_size(max_opcodes: int, max_stack: int) -> int:
+    """Opcodes between limit checks: the stack grows by at most one item per opcode, so checking
+    every ``min(1024, limits)`` opcodes keeps the overshoot below the limit itself."""
+    return max(1, min(_CHUNK, max_opcodes, max_stack))
 _OP = {name: code for code, name in OPCODE_NAMES.items()}
 _U32 = struct.Struct("<I")
 
@@ -174,8 +182,11 @@ _U32 = struct.Struct("<I")
 class _Lexer:
     """One pass over one pickle: the checks listed in the module docstring."""
 
-    def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], Exception]) -> None:
+    def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], Exception],
+                 limits: _limits.Limits) -> None:
         self.data, self.pos, self.end, self.fail = data, start, end, fail
+        self.max_opcodes, self.max_stack, self.max_marks = limits.pickle_opcodes, limits.pickle_stack, \
+            limits.nesting_depth
         self.stack: list[int] = []
         self.marks: list[int] = []  # the enclosing fences, innermost last
         self.fence = 0  # stack length at the innermost MARK
@@ -201,12 +212,14 @@ class _Lexer:
         push, u32 = stack.append, _U32.unpack_from
         first = pos = self.pos
         fence = puts = 0  # stack length at the innermost MARK; memo writes so far
-        weak, string, chunk = _WEAK, _STR, range(_CHUNK)
         last = pos  # the opcode being decoded, for error messages
+        max_stack, max_marks = self.max_stack, self.max_marks
+        size = _chunk_size(self.max_opcodes, max_stack)
+        weak, string, chunk = _WEAK, _STR, range(size)
         try:
-            for rounds in range(MAX_OPCODES // _CHUNK):
-                if len(stack) > MAX_STACK:
-                    raise self._limits(rounds * _CHUNK)
+            for rounds in range(-(-self.max_opcodes // size)):
+                if len(stack) > max_stack:
+                    raise self._limits(rounds * size)
                 for _ in chunk:
                     op = data[pos]
                     last = pos
@@ -243,8 +256,8 @@ class _Lexer:
                         pos += 5 + n
                         push(string)
                     elif op == 0x28:  # MARK
-                        if len(marks) >= MAX_MARKS:
-                            raise self.fail(f"more than {MAX_MARKS:,} nested MARKs (offset {pos - first})")
+                        if len(marks) >= max_marks:
+                            raise self._too_deep(pos - first)
                         marks.append(fence)
                         fence = len(stack)
                         pos += 1
@@ -278,7 +291,7 @@ class _Lexer:
             if pos >= len(data):
                 raise self.fail(f"the pickle ends at offset {pos - first} without a STOP opcode (truncated?)") from None
             raise self._underflow(data[last], last - first) from None
-        raise self._limits(MAX_OPCODES + 1)
+        raise self._limits(self.max_opcodes + 1)
 
     def _put_at(self, index: int, op: int, at: int) -> None:
         if len(self.stack) <= self.fence:
@@ -303,9 +316,12 @@ class _Lexer:
         return self.fail(f"{OPCODE_NAMES[op]} at offset {at} runs past the end of the pickle")
 
     def _limits(self, ops: int) -> Exception:
-        if ops > MAX_OPCODES:
-            return self.fail(f"more than {MAX_OPCODES:,} opcodes in one pickle")
-        return self.fail(f"more than {MAX_STACK:,} items on the pickle stack")
+        if ops > self.max_opcodes:
+            return self.fail(f"more than {self.max_opcodes:,} opcodes in one pickle {_limits.hint('pickle_opcodes')}")
+        return self.fail(f"more than {self.max_stack:,} items on the pickle stack {_limits.hint('pickle_stack')}")
+
+    def _too_deep(self, at: int) -> Exception:
+        return self.fail(f"more than {self.max_marks:,} nested MARKs (offset {at}) {_limits.hint('nesting_depth')}")
 
     def _stop(self, at: int) -> None:
         if self.marks:
@@ -400,8 +416,8 @@ class _Lexer:
             self.stack.append(tag)
 
     def _mark(self, op: int, start: int, stop: int, at: int) -> None:
-        if len(self.marks) >= MAX_MARKS:
-            raise self.fail(f"more than {MAX_MARKS:,} nested MARKs (offset {at})")
+        if len(self.marks) >= self.max_marks:
+            raise self._too_deep(at)
         self.marks.append(self.fence)
         self.fence = len(self.stack)
 
@@ -547,7 +563,7 @@ _HANDLERS: dict[int, Callable[..., None]] = {
 
 
 def prepass(data: Any, start: int = 0, end: int | None = None, *, path: str | None = None,
-            what: str = "the pickle") -> int:
+            what: str = "the pickle", limits: _limits.Limits | None = None) -> int:
     """Check the pickle at ``data[start:]``; return the offset just past its STOP opcode.
 
     `data` is anything indexable by int (bytes, a memoryview of the file mapping). Pickles made
@@ -555,13 +571,15 @@ def prepass(data: Any, start: int = 0, end: int | None = None, *, path: str | No
     and any the fast path has doubts about, by the exact lexer (`lex`), whose errors these are.
 
     Raises:
-        CorruptFileError: malformed, truncated, or over a resource limit.
+        CorruptFileError: malformed, truncated, or over a resource limit (`weightio.limits`: the
+            current ones unless `limits` is given).
         UnsafePickleError: an opcode that builds objects outside the allowlist's view.
     """
     if end is not None and end != len(data):
         data = memoryview(data)[:end]  # the lexers rely on reads past the end failing
-    stop = _fast_end(data, start)
-    return stop if stop is not None else lex(data, start, path=path, what=what).pos
+    limits = limits or _limits.current()
+    stop = _fast_end(data, start, limits)
+    return stop if stop is not None else lex(data, start, path=path, what=what, limits=limits).pos
 
 
 # The opcodes `_fast_end` knows (what torch's protocol-2 pickler writes) and their net stack
@@ -572,7 +590,7 @@ _FAST_FIXED = {c: -_POPS[c] + 1 for c, n in OPCODE_NAMES.items()
 _FAST_POP = {_OP["BUILD"]: 1, _OP["APPEND"]: 1, _OP["SETITEM"]: 2, _OP["POP"]: 1}
 
 
-def _fast_end(data: Any, pos: int) -> int | None:
+def _fast_end(data: Any, pos: int, limits: _limits.Limits) -> int | None:
     """The end of a pickle of torch's usual opcodes that is certainly fine, else None.
 
     It checks what protects CPython — every argument inside the data (a jump past the end
@@ -582,15 +600,17 @@ def _fast_end(data: Any, pos: int) -> int | None:
     or on any other opcode or doubt, it answers None and the exact lexer decides. Stack
     underflow is left to CPython, which refuses it at the same opcode, before any later insertion.
     """
-    fixed, popping, step, u32, chunk = _FAST_FIXED, _FAST_POP, _STEP, _U32.unpack_from, range(_CHUNK)
+    max_opcodes, max_stack, max_marks = limits.pickle_opcodes, limits.pickle_stack, limits.nesting_depth
+    size = _chunk_size(max_opcodes, max_stack)
+    fixed, popping, step, u32, chunk = _FAST_FIXED, _FAST_POP, _STEP, _U32.unpack_from, range(size)
     first, depth, fence, puts, inserts, marks = pos, 0, 0, 0, 0, []
     try:
         if data[pos] == 0x80:  # PROTO, first
             if data[pos + 1] > 5:
                 return None
             pos += 2
-        for _ in range(MAX_OPCODES // _CHUNK):
-            if depth > MAX_STACK:
+        for _ in range(-(-max_opcodes // size)):
+            if depth > max_stack:
                 return None
             for _ in chunk:
                 op = data[pos]
@@ -611,7 +631,7 @@ def _fast_end(data: Any, pos: int) -> int | None:
                     pos += 5 + n
                     depth += 1
                 elif op == 0x28:  # MARK
-                    if len(marks) >= MAX_MARKS:
+                    if len(marks) >= max_marks:
                         return None
                     marks.append(fence)
                     fence = depth
@@ -637,7 +657,7 @@ def _fast_end(data: Any, pos: int) -> int | None:
                     pos = _fast_argument(data, op, pos)
                     depth += 1
                 elif op == 0x2E:  # STOP
-                    fine = depth == 1 and not marks and inserts <= MAX_WEAK_KEYS and pos - first < MAX_OPCODES
+                    fine = depth == 1 and not marks and inserts <= MAX_WEAK_KEYS and pos - first < max_opcodes
                     return pos + 1 if fine else None
                 else:
                     return None
@@ -660,7 +680,7 @@ def _fast_argument(data: Any, op: int, pos: int) -> int:
 
 
 def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None = None, what: str = "the pickle",
-        collect: bool = False) -> _Lexer:
+        collect: bool = False, limits: _limits.Limits | None = None) -> _Lexer:
     """Run the prepass; return the lexer (``.pos`` is just past STOP, ``.globals`` the GLOBAL and
     INST arguments). With `collect`, refused constructs are gathered in ``.refusals`` instead of
     raised (what `weightio.safety.scan` reports); resource and structure errors still raise."""
@@ -669,7 +689,7 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
 
     if end is not None and end != len(data):
         data = memoryview(data)[:end]  # the lexer relies on reads past the end failing
-    lexer = _Lexer(data, start, len(data), fail)
+    lexer = _Lexer(data, start, len(data), fail, limits or _limits.current())
     if collect:
         lexer.refusals = []
     try:
@@ -715,7 +735,7 @@ _MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, Key
 
 
 def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None = None,
-         what: str = "the pickle", checked: bool = False) -> Any:
+         what: str = "the pickle", checked: bool = False, limits: _limits.Limits | None = None) -> Any:
     """Check `data` with `prepass` (unless `checked`: it already was), then unpickle it with the
     allowlist `Unpickler`. `data` must hold exactly one pickle.
 
@@ -723,7 +743,7 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
         UnsafePickleError: a global outside the allowlist, or a refused construct.
         CorruptFileError: anything malformed (CPython's own errors included).
     """
-    end = len(data) if checked else prepass(data, path=path, what=what)
+    end = len(data) if checked else prepass(data, path=path, what=what, limits=limits)
     if end != len(data):
         raise CorruptFileError(f"{what}: {len(data) - end:,} bytes follow its STOP opcode", path=path)
     try:
@@ -731,5 +751,5 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
     except WeightioError as e:
         raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
     except _MALFORMED as e:
-        lex(data, path=path, what=what)  # the exact lexer names what is wrong, when it can
+        lex(data, path=path, what=what, limits=limits)  # the exact lexer names what is wrong, when it can
         raise CorruptFileError(f"{what} is malformed ({type(e).__name__}: {_printable(str(e))})", path=path) from None

@@ -24,9 +24,11 @@ import numpy as np
 
 from .dtypes import TABLE
 from .errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from .limits import DEFAULTS, exceeded
+from .limits import hint as limits_hint
 
 __all__ = [
-    "ALLOWLIST", "MAX_DEPTH", "MAX_NAME", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
+    "ALLOWLIST", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
     "TensorRef", "Token", "flatten", "is_tensor", "plain_value", "short_repr",
 ]
 
@@ -558,7 +560,8 @@ def is_tensor(obj: Any) -> bool:
     return isinstance(obj, (TensorRef, StorageRef)) or (isinstance(obj, NumpyArray) and obj.array is not None)
 
 
-def flatten(root: Any, *, budget: int, root_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS.nesting_depth,
+            max_name_bytes: int = DEFAULTS.name_bytes) -> tuple[dict[str, Any], dict[str, Any]]:
     """The tensors and metadata leaves of an unpickled checkpoint, by dotted name, in pickle order.
 
     Dicts (and OrderedDicts, Namespaces) contribute their keys, lists and tuples their indices:
@@ -569,13 +572,22 @@ def flatten(root: Any, *, budget: int, root_name: str) -> tuple[dict[str, Any], 
 
     Raises:
         CorruptFileError: more than `budget` nodes visited (shared sub-objects are walked each time
-            they are reached, so a memo DAG could otherwise expand exponentially), or a cycle.
+            they are reached, so a memo DAG could otherwise expand exponentially), a cycle, nesting
+            deeper than `max_depth`, a name over `max_name_bytes` UTF-8 bytes or not valid
+            Unicode (a lone surrogate, which pickles can carry and no output can hold).
         FormatError: two entries flatten to the same name.
     """
     tensors: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
-    for name, leaf in _walk(root, budget):
+    for name, leaf in _walk(root, budget, max_depth, max_name_bytes):
         name = name or root_name
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            message = f"name {short_repr(name)} is not valid Unicode (it holds a lone surrogate)"
+            raise CorruptFileError(message) from None
+        if size > max_name_bytes:
+            raise exceeded("a flattened name of", size, "name_bytes", max_name_bytes, unit=" bytes")
         if name in tensors or name in metadata:
             raise FormatError(f"two entries flatten to the same name {name!r}; weightio cannot list both")
         if is_tensor(leaf):
@@ -604,12 +616,13 @@ def _component(key: Any) -> str:
     return short_repr(key)
 
 
-def _walk(root: Any, budget: int) -> Iterator[tuple[str, Any]]:
+def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tuple[str, Any]]:
     """Depth-first, iterative: (dotted name, leaf) in order; no recursion, bounded work.
 
-    Bounded: at most `budget` entries visited, `MAX_DEPTH` levels, names of `MAX_NAME`
-    characters and ``16 * budget`` characters of names in all (each name is built from its
-    parent's, so deep or long paths would otherwise cost quadratic memory).
+    Bounded: at most `budget` entries visited, `max_depth` levels, names of `max_name`
+    characters (a name's UTF-8 bytes, checked by `flatten`, are at least its characters) and
+    ``16 * budget`` characters of names in all (each name is built from its parent's, so deep or
+    long paths would otherwise cost quadratic memory).
     """
     visited, characters = 0, 0
     stack: list[tuple[str, Iterator[tuple[str, Any]]]] = []
@@ -632,28 +645,26 @@ def _walk(root: Any, budget: int) -> Iterator[tuple[str, Any]]:
         key, child = step
         name = f"{prefix}.{key}" if prefix else key
         characters += len(name)
-        if visited > budget or characters > 16 * budget or len(name) > MAX_NAME:
-            raise _walk_limit(visited, budget, characters, name)
+        if visited > budget or characters > 16 * budget or len(name) > max_name:
+            raise _walk_limit(visited, budget, name, max_name)
         grandkids = _children(child)
         if grandkids is None:
             yield name, child
         elif id(child) in on_path:
             raise CorruptFileError(f"the pickled object contains itself at {short_repr(name)} (a cycle)")
-        elif len(stack) >= MAX_DEPTH:
-            raise CorruptFileError(f"the pickled object nests deeper than {MAX_DEPTH:,} levels")
+        elif len(stack) >= max_depth:
+            raise CorruptFileError(f"the pickled object nests deeper than {max_depth:,} levels "
+                                   f"{limits_hint('nesting_depth')}")
         else:
             stack.append((name, grandkids))
             on_path.add(id(child))
             owners.append(child)
 
 
-MAX_DEPTH = 1_000  # levels of nested containers flattened into one name
-MAX_NAME = 1 << 16  # characters of one flattened name
-
-
-def _walk_limit(visited: int, budget: int, characters: int, name: str) -> CorruptFileError:
-    if len(name) > MAX_NAME:
-        return CorruptFileError(f"a flattened name is longer than {MAX_NAME:,} characters ({short_repr(name)})")
+def _walk_limit(visited: int, budget: int, name: str, max_name: int) -> CorruptFileError:
+    if len(name) > max_name:
+        return CorruptFileError(f"a flattened name is longer than {max_name:,} characters ({short_repr(name)}) "
+                                f"{limits_hint('name_bytes')}")
     if visited > budget:
         return CorruptFileError(f"walking the pickled object visits more than {budget:,} entries (shared "
                                 "sub-objects expand each time they are reached: a memo-sharing bomb?)")

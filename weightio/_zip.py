@@ -46,6 +46,8 @@ import numpy as np
 
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError
+from .limits import Limits, exceeded
+from .limits import current as current_limits
 
 __all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
 
@@ -59,7 +61,6 @@ _EOCD64 = struct.Struct("<IQHHIIQQQQ")
 _SIG_LOCAL, _SIG_CENTRAL, _SIG_EOCD = 0x04034B50, 0x02014B50, 0x06054B50
 _SIG_LOCATOR, _SIG_EOCD64 = 0x07064B50, 0x06064B50
 _FLAG_ENCRYPTED, _FLAG_DESCRIPTOR, _FLAG_UTF8 = 0x1, 0x8, 0x800
-_MAX_MEMBERS = 1_000_000
 _MAX_DEFLATE_RATIO = 1032  # deflate cannot expand more than this (258-byte matches in 2 bits)
 
 
@@ -91,16 +92,24 @@ class ZipMember(NamedTuple):
 _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
 
 
-def read_members(file: MappedFile) -> list[ZipMember]:
+def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
     """Every member of the zip archive `file`, in file order, fully validated (see module doc).
 
-    The result is remembered for the life of `file`: sniffing a file and then reading it walks
-    the archive once.
+    The member count is bounded by ``limits.tensors`` and the central directory's size by
+    ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
+    is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
     """
+    limits = limits or current_limits()
     cached = _CACHE.get(file)
     if cached is not None:
+        if len(cached) > limits.tensors:
+            raise exceeded("member count", len(cached), "tensors", limits.tensors, path=file.path, unit="")
         return list(cached)
     cd_offset, cd_size, count = _find_central_directory(file)
+    if count > limits.tensors:
+        raise exceeded("member count", count, "tensors", limits.tensors, path=file.path, unit="")
+    if cd_size > limits.header_bytes:
+        raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
     members = _read_central_directory(file, cd_offset, cd_size, count)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
     _check_layout(file, located, cd_offset)
@@ -134,7 +143,7 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
         raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
     if cd_offset + cd_size > cd_end:
         raise _fail(file, f"central directory ({cd_size} bytes at {cd_offset}) overruns the end records at {cd_end}")
-    if count > _MAX_MEMBERS or count * _CENTRAL.size > cd_size:
+    if count * _CENTRAL.size > cd_size:  # (the member count's limit is weightio.limits.tensors)
         raise _fail(file, f"{count} entries cannot fit in a {cd_size}-byte central directory")
     return cd_offset, cd_size, count
 
@@ -248,6 +257,9 @@ def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd
         raise _fail(file, f"no local header for {member.name!r} at offset {at}")
     if raw[_LOCAL.size:] != raw_name or nlen != len(raw_name) or (f[2] ^ flags) & _FLAG_UTF8:
         _compare_local_name(file, member, f[2], nlen)
+    if f[3] != member.method or f[2] & _FLAG_ENCRYPTED:  # readers that trust the local header would differ
+        raise _fail(file, f"the local header of {member.name!r} (method {f[3]}, flags {f[2]:#06x}) differs from "
+                          f"the central directory (method {member.method}, not encrypted)")
     data = at + _LOCAL.size + nlen + xlen
     if data + member.compressed_size > cd_offset:
         raise _fail(file, f"member {member.name!r} ({member.compressed_size} bytes at {data}) runs into the "
@@ -294,8 +306,10 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.
             elif pos < len(src):
                 piece = d.decompress(src[pos : pos + chunk], min(chunk, member.size - filled))
                 pos += chunk
-            else:
-                break
+            else:  # all input consumed: zlib may still hold output (the rest of a long match)
+                piece = d.decompress(b"", min(chunk, member.size - filled))
+                if not piece:
+                    break
             out[filled : filled + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
             crc = zlib.crc32(piece, crc)
             filled += len(piece)

@@ -19,6 +19,7 @@ from ._json import parse_json_object
 from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError
 from .formats import open_file
 from .formats.base import Reader, TensorInfo
+from .limits import Limits, using
 from .view import TensorView
 
 __all__ = ["Checkpoint", "open_checkpoint"]
@@ -131,8 +132,16 @@ _LAYOUTS = (
 _SPLIT_PART = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Open a checkpoint file or model directory; see `weightio.open`."""
+def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None) -> Checkpoint:
+    """Open a checkpoint file or model directory; see `weightio.open`.
+
+    Args:
+        limits: the `weightio.limits.Limits` every file is opened (and later read) under;
+            the current ones (`weightio.limits.current`) when None.
+    """
+    if limits is not None:
+        with using(limits):
+            return open_checkpoint(path)
     path = os.fspath(path)
     if path.startswith("hf://"):
         from .hub import resolve  # imports huggingface_hub: only for hf:// paths

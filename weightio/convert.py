@@ -53,12 +53,21 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ._io import atomic_write, check_destination, write_all
+from ._io import (
+    TEMP_SUFFIX,
+    atomic_write,
+    check_destination,
+    fsync_directory,
+    lock_temporary,
+    remove_stale_temporaries,
+    write_all,
+)
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import TABLE, dtype_name, parse_dtype
 from .errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file, save
 from .formats.base import TensorInfo
+from .formats.sources import check_materializable
 from .view import TensorView
 
 __all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "select_names"]
@@ -281,6 +290,7 @@ def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: 
     dtype = view.dtype
     if cast is not None and (dtype in _FLOATS or info.ggml_type is not None):
         dtype = cast
+    check_materializable(view, view.path)  # a broadcast view would be written out element by element
     out = TensorInfo(dtype, info.shape, info.offset, math.prod(info.shape) * dtype.itemsize)
     return _Tensor(view.name, view, out, dtype if dtype != view.dtype else None)
 
@@ -386,17 +396,24 @@ def _check_outputs(outputs: list[str], inputs: list[str], overwrite: bool) -> No
 
 
 def _stage_name(final: str) -> str:
+    """A staged output's name: a weightio temporary of `final` (see `remove_stale_temporaries`)."""
     directory, name = os.path.split(final)
-    return os.path.join(directory, f".{name}.{secrets.token_hex(4)}.weightio-stage")
+    return os.path.join(directory, f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
 
 
 class _Staging:
-    """Temporary output files, renamed into place together at `commit` or removed on failure."""
+    """Temporary output files, renamed into place together at `commit` or removed on failure.
+
+    Each staged file stays locked (``flock``) from when it is complete until it is committed or
+    discarded, as `atomic_write` locks a file being written: a convert killed before committing
+    leaves temporaries whose lock is free, which `remove_stale_temporaries` can prove dead.
+    """
 
     def __init__(self, overwrite: bool) -> None:
         self.overwrite = overwrite
         self.staged: list[tuple[str, str]] = []  # (temporary, final)
         self.created_dirs: list[str] = []
+        self.locks: list[int] = []  # descriptors holding the staged files' locks
 
     def make_dirs(self, directory: str) -> None:
         missing = []
@@ -415,6 +432,18 @@ class _Staging:
         self.staged.append((temporary, final))
         return temporary
 
+    def hold(self, temporary: str) -> None:
+        """Lock a staged file now complete, until commit or discard (`lock_temporary`)."""
+        fd = lock_temporary(temporary)
+        if fd is not None:
+            self.locks.append(fd)
+
+    def _release(self) -> None:
+        for fd in self.locks:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.locks = []
+
     def commit(self) -> list[str]:
         """Rename every staged file into place, in order (the index is staged last)."""
         done: list[str] = []
@@ -429,28 +458,20 @@ class _Staging:
                 with contextlib.suppress(OSError):
                     os.unlink(final)
             raise
+        finally:
+            self._release()
         for directory in {os.path.dirname(os.path.abspath(f)) for f in done}:
-            _fsync_directory(directory)
+            fsync_directory(directory)
         return done
 
     def discard(self) -> None:
         for temporary, _ in self.staged:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        self._release()
         for d in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
-
-
-def _fsync_directory(directory: str) -> None:
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):  # some filesystems refuse directory fsync; the rename is done
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -506,8 +527,13 @@ def convert(
     if limit is not None and layout.fmt != "safetensors":
         raise FormatError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
     cast = _target_dtype(dtype)
+    stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
-        return _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
+        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
+    if stale:
+        result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
+                               + ", ".join(os.path.basename(p) for p in stale))
+    return result
 
 
 def _convert(ckpt: Checkpoint, layout: _Layout, cast: np.dtype | None, dequantize: bool, limit: int | None,
@@ -602,14 +628,17 @@ class _Writer:
             if e.path == staged:  # name the destination, not its temporary file
                 e.path = final
             raise
+        self.staging.hold(staged)
         return staged, names
 
     def _write_index(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any]) -> None:
         total = sum(self.tensors[n].info.nbytes for shard in shards for n in shard)
         weight_map = {n: os.path.basename(out) for shard, out in zip(shards, outputs[:-1], strict=True) for n in shard}
         index = {"metadata": {"total_size": total, **metadata}, "weight_map": weight_map}
-        with atomic_write(self.staging.path_for(outputs[-1])) as f:
+        staged = self.staging.path_for(outputs[-1])
+        with atomic_write(staged) as f:
             write_all(f, json.dumps(index, indent=2).encode("utf-8"))
+        self.staging.hold(staged)
 
     def _verify(self, path: str, names: list[str]) -> None:
         reader = open_file(path)

@@ -31,11 +31,13 @@ way. The pinned ring is allocated once per device and reused by every later tran
 (`release_staging` frees it).
 
 **Writing to zero-copy tensors.** numpy views are read-only. A ``torch:cpu`` tensor shares the
-same pages, which the operating system maps read-only: torch does not know this, so an in-place
-write (``t.add_(1)``, an optimizer step, ``t.copy_(…)``) kills the process with a segmentation
-fault. Clone a tensor you want to modify (``t.clone()``), or copy into your own parameters
-(`weightio.torch.load_into` does). torch's "non-writable NumPy array" warning is silenced for
-this reason: the tensor is documented as read-only.
+same pages, and torch has no read-only tensors. Files are mapped privately (copy-on-write, see
+`weightio._io`): an in-place write (``t.add_(1)``, an optimizer step, ``t.copy_(…)``) copies the
+touched pages for this process — the file never changes and nothing crashes — but every view
+of those bytes in this process sees the new values. Clone a tensor you want to modify
+(``t.clone()``), or copy into your own parameters (`weightio.torch.load_into` does). torch's
+"non-writable NumPy array" warning is silenced for this reason: the tensor is documented as
+read-only.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from . import _pickle, _standins, _zip
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import open_file
+from .limits import current as current_limits
 from .sniff import sniff
 
 __all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION"]
@@ -325,7 +326,7 @@ def _tar_pickles(file: MappedFile, container_class: Any) -> list[tuple[str, byte
 
     container = container_class.__new__(container_class)
     try:
-        container.__init__(file)
+        container.__init__(file, current_limits())
     except WeightioError:
         pass  # the pickles read up to the failure are still listed
     found = list(getattr(container, "pickles", []))

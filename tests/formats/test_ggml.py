@@ -132,6 +132,10 @@ HOSTILE = [
      UnsupportedDTypeError, "ggml type 77 is unknown in ggjt v3 files"),
     ("overflowing dims", b"tjgg" + struct.pack("<I", 3) + HEAD[8:] + _tensor(b"t", (2**32 - 1,) * 3, 0),
      CorruptFileError, "overflow a 64-bit element count"),
+    # found by tests/fuzz in GGUF (same check here): an empty tensor with dims numpy cannot shape
+    ("empty tensor, overflowing dims",
+     b"tjgg" + struct.pack("<I", 3) + HEAD[8:] + _tensor(b"t", (0,) + (2**32 - 1,) * 3, 0), CorruptFileError,
+     "tensor 't': dimensions [0, 4294967295, 4294967295, 4294967295] overflow a 64-bit element count"),
 ]
 
 

@@ -24,6 +24,7 @@ from ..conftest import FIXTURES, manifest
 
 GGUF = FIXTURES / "gguf"
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
+NVFP4, Q8_0 = by_name("NVFP4").id, by_name("Q8_0").id
 
 
 # ----------------------------------------------------------------------------- a GGUF builder
@@ -469,6 +470,12 @@ HOSTILE = [
      "tensor 't': F32 data at 64..96 runs past the end of the file (95 bytes)"),
     ("trailing bytes", gguf_file(infos=[tinfo("t", (8,), 0, 0)], data=bytes(32) + b"PK\x03\x04" + bytes(60)),
      CorruptFileError, "64 bytes after the last tensor's data (which ends at 96, padded) belong to no tensor"),
+    # found by tests/fuzz: an empty tensor whose other dims numpy cannot shape (numpy() raised ValueError)
+    ("empty NVFP4 with a 2.9e18 row", gguf_file(infos=[tinfo("t", (2882303761517117952, 0), NVFP4, 0)]),
+     CorruptFileError, "tensor 't': dimensions [2882303761517117952, 0] overflow a 64-bit element count (numpy "
+     "needs the product of the non-zero dimensions below 2^60)"),
+    ("empty F32 with a 2^61 row", gguf_file(infos=[tinfo("t", (2**61, 0), 0, 0)]), CorruptFileError,
+     "dimensions [2305843009213693952, 0] overflow a 64-bit element count"),
 ]
 
 
@@ -485,6 +492,22 @@ def test_hostile_files_fail_cleanly_without_allocating(write, content, error, me
     assert message in str(caught.value)
     assert str(caught.value).startswith(str(path))
     assert peak < 8 << 20  # nothing sized by a forged count
+
+
+def test_an_empty_quantized_tensor_of_many_rows_slices_without_allocating(write):
+    # found by tests/fuzz: v[::-2] gathered an index of every picked row (MemoryError past 2^30 rows)
+    path = write("empty_rows.gguf", gguf_file(infos=[tinfo("q8", (0, 1342177280), Q8_0, 0)]))
+    tracemalloc.start()
+    try:
+        with wio.open(path) as ckpt:
+            v = ckpt["q8"]
+            assert v.shape == (1342177280, 0) and v.nbytes == 0 and v.ggml_type == "Q8_0"
+            assert v[::-2].shape == (671088640, 0) and v[::-1].dtype == np.float32
+            assert v[1:3].shape == (2, 0) and v[-1].shape == (0,) and v.numpy().shape == (1342177280, 0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
 
 
 def test_bad_magic_is_a_format_error(write):
@@ -526,11 +549,11 @@ def test_closing_keeps_arrays_valid_and_refuses_new_reads():
 
 
 def test_element_count_is_a_python_int(write):
-    # 2^31 * 2^31 elements would wrap in int32 arithmetic; here it is refused against the file size
-    content = gguf_file(infos=[tinfo("t", (2**31, 2**31), 24, 0)], data=bytes(32))
-    with pytest.raises(CorruptFileError, match=f"I8 data at 96..{96 + 2**62} runs past the end"):
+    # 2^31 * 2^28 elements would wrap in int32 arithmetic; here it is refused against the file size
+    content = gguf_file(infos=[tinfo("t", (2**31, 2**28), 24, 0)], data=bytes(32))
+    with pytest.raises(CorruptFileError, match=f"I8 data at 96..{96 + 2**59} runs past the end"):
         _open(write("big.gguf", content))
-    assert math.prod((2**31, 2**31)) == 2**62
+    assert math.prod((2**31, 2**28)) == 2**59
 
 
 def test_every_truncation_is_a_clean_error(tmp_path):

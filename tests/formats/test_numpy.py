@@ -253,6 +253,14 @@ HOSTILE_NPY = [
     ("cut in the preamble", b"\x93NUMPY\x01\x00", CorruptFileError, "ends inside the .npy preamble (8 bytes)"),
     ("v3 header not UTF-8", _npy(b"{'descr': '\xff'}", version=(3, 0)), CorruptFileError,
      "is not a Python literal (UnicodeDecodeError"),
+    # found by tests/fuzz (npy and npz harnesses): numpy 2's DeprecationWarning escaped the reader
+    ("deprecated 'a' code", _npy(_header("<a8", shape=(0, 3))), UnsupportedDTypeError,
+     "dtype '<a8' is not a plain numeric dtype"),
+    ("'a' inside a comma string", _npy(_header("f4,a8")), UnsupportedDTypeError,
+     "dtype 'f4,a8' is not a plain numeric dtype"),
+    # found by tests/fuzz (the GGUF harness; the same hole here): numpy() raised a bare ValueError
+    ("empty array numpy cannot shape", _npy(_header("<f4", shape=(0, 2**62))), CorruptFileError,
+     "shape (0, 4611686018427387904) is too large for numpy"),
 ]
 
 
@@ -310,10 +318,23 @@ def _deflate_raw(data: bytes) -> bytes:
 def _lying_deflate_member(declared_arr: np.ndarray, payload: bytes) -> bytes:
     """A deflated member whose zip entry and npy header declare `declared_arr`'s size but whose
     stream inflates to `payload`."""
+    return _member_with_stream(declared_arr, _deflate_raw(payload))
+
+
+def _bad_deflate_after_the_end(arr: np.ndarray) -> bytes:
+    """A member whose stream inflates to exactly its npy bytes, then goes on (no final block) with
+    a second stream whose first match reaches 1000+ bytes back: invalid only past the declared size."""
+    first = zlib.compressobj(9, zlib.DEFLATED, -15)
+    stream = first.compress(_npy_bytes(arr)) + first.flush(zlib.Z_SYNC_FLUSH)
+    second = zlib.compressobj(9, zlib.DEFLATED, -15, zdict=b"Q" * 64 + b"\x01" * 1000)
+    return _member_with_stream(arr, stream + second.compress(b"Q" * 64) + second.flush())
+
+
+def _member_with_stream(declared_arr: np.ndarray, stream: bytes) -> bytes:
+    """A deflated member 'w.npy' declaring `declared_arr` (size and CRC-32), holding `stream`."""
     real = _zip_bytes([("w.npy", _npy_bytes(declared_arr))], zipfile.ZIP_DEFLATED)
     local_end = 30 + len("w.npy")
     old_csize = struct.unpack_from("<I", real, 18)[0]
-    stream = _deflate_raw(payload)
     body = real[:local_end] + stream
     cd = real[local_end + old_csize:]
     cd_pos = len(body)
@@ -375,6 +396,10 @@ HOSTILE_NPZ = [
     ("size beyond deflate's ratio", lambda t: _patch_central(_zip_bytes([("w.npy", _npy_bytes(np.zeros(8)))],
                                                                         zipfile.ZIP_DEFLATED), 0, "usize", 2**32 - 2),
      CorruptFileError, "claims 4294967294 bytes from"),
+    # found by tests/fuzz (npz harness): zlib.error escaped inflate() from the look past the declared size
+    ("invalid deflate after the declared size", lambda t: _bad_deflate_after_the_end(np.arange(4, dtype="<f4")),
+     CorruptFileError, "member 'w.npy' is not valid deflate data (Error -3 while decompressing data: invalid "
+                       "distance too far back)"),
 ]
 
 

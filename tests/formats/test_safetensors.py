@@ -310,6 +310,13 @@ HOSTILE = [
      "tensor 'a': entry must be an object, found list"),
     ("entry lacks offsets", safetensors_bytes({"a": {"dtype": "F32", "shape": [1]}}), CorruptFileError,
      "tensor 'a': entry lacks data_offsets"),
+    # found by tests/fuzz (the GGUF harness; the same hole here): numpy() raised a bare ValueError
+    ("empty tensor numpy cannot shape", safetensors_bytes({"a": {"dtype": "F32", "shape": [0, 2**62],
+                                                                 "data_offsets": [0, 0]}}),
+     CorruptFileError, "tensor 'a': shape [0, 4611686018427387904] is too large for numpy"),
+    ("empty tensor with a 40-digit dim", safetensors_bytes({"a": {"dtype": "U8", "shape": [10**40, 0],
+                                                                  "data_offsets": [0, 0]}}),
+     CorruptFileError, "the non-zero dimensions times the itemsize reach 2^63 bytes"),
 ]
 
 

@@ -44,9 +44,11 @@ scores; ``GGMLReader(path, hparams=("n_vocab", "n_ctx", "n_embd", "n_head", "n_l
 vocab_count=True)`` reads them (their ``ftype`` carries the era: ``ftype // 1000`` is 0, 1 or 2).
 
 Rules enforced here (`CorruptFileError`): every length and count is checked against the bytes
-left before it is used; names are UTF-8, non-empty and unique; 1 to 4 dims whose product fits in
-63 bits; rows are whole blocks; data ends inside the file. A type id whose size is unknown stops
-the walk with `UnsupportedDTypeError`, since nothing after it can be located.
+left before it is used; `weightio.limits` bound the header (hparams and vocabulary:
+``header_bytes``), the tensor count and the name length; names are UTF-8, non-empty and
+unique; 1 to 4 dims whose non-zero ones multiply to less than 2^60 (numpy's limit, empty
+tensors included); rows are whole blocks; data ends inside the file. A type id whose size is
+unknown stops the walk with `UnsupportedDTypeError`, since nothing after it can be located.
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
+from ..limits import current as current_limits
+from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
-from .gguf import GGUFArray, GGUFValueType
+from .gguf import MAX_ELEMENTS, GGUFArray, GGUFValueType
 
 __all__ = ["GGMLReader", "LLAMA_HPARAMS"]
 
@@ -112,6 +116,7 @@ class GGMLReader(Reader):
     def __init__(self, path: Any, *, hparams: Sequence[str] = LLAMA_HPARAMS, vocab_count: bool = False) -> None:
         super().__init__(path)
         self._old: dict[str, str] = {}
+        self.limits = current_limits()
         try:
             self._read(tuple(hparams), vocab_count)
         except BaseException:
@@ -139,6 +144,9 @@ class GGMLReader(Reader):
             pos += 4
         pos = self._read_vocab(pos, n_vocab)
         while pos < self.file.size:
+            if len(self.tensors) >= self.limits.tensors:  # the format has no count: stop at the limit
+                raise exceeded("tensor count", len(self.tensors) + 1, "tensors", self.limits.tensors,
+                               path=self.path, unit="")
             pos = self._read_tensor(pos)
 
     def _read_magic(self) -> int:
@@ -168,6 +176,10 @@ class GGMLReader(Reader):
         entry = 8 if scored else 4
         if n_vocab * entry > self.file.size - pos:
             raise self._fail(f"a vocabulary of {n_vocab} entries cannot fit in the {self.file.size - pos} bytes left")
+        limit = self.limits.header_bytes  # magic, hparams and vocabulary: everything before the first tensor
+        if pos + n_vocab * entry > limit:
+            raise exceeded(f"the header length (magic, hparams and {n_vocab} vocabulary entries, at least)",
+                           pos + n_vocab * entry, "header_bytes", limit, path=self.path)
         buf, starts, pos = memoryview(self.file.data), array("q"), pos
         gap = entry  # between one token's text and the next one's: [score] + length
         for _ in range(n_vocab):
@@ -178,6 +190,8 @@ class GGMLReader(Reader):
             pos += 4 + n + (entry - 4)
         if pos > self.file.size:
             raise self._fail("the vocabulary runs past the end of the file")
+        if pos > limit:
+            raise exceeded("the header length (through the vocabulary)", pos, "header_bytes", limit, path=self.path)
         self.metadata["ggml.tokens"] = GGUFArray.strings(self.file, starts, pos - (entry - 4), gap)
         if scored:
             self.metadata["ggml.scores"] = self._scores(starts, pos)
@@ -208,6 +222,9 @@ class GGMLReader(Reader):
         return info.offset + info.nbytes
 
     def _name(self, pos: int, length: int) -> str:
+        if length > self.limits.name_bytes and pos + length <= self.file.size:  # past the end: read() says so
+            raise exceeded(f"the length of the tensor name at offset {pos}:", length, "name_bytes",
+                           self.limits.name_bytes, path=self.path)
         raw = self.file.read(pos, length, "a tensor name")
         try:
             name = raw.decode("utf-8")
@@ -221,8 +238,9 @@ class GGMLReader(Reader):
 
     def _info(self, name: str, shape: tuple[int, ...], type_id: int, start: int) -> TensorInfo:
         t = self._type(name, type_id)
-        if math.prod(shape) >= 1 << 63:
-            raise self._fail(f"dimensions {list(shape[::-1])} overflow a 64-bit element count", name)
+        if math.prod(d for d in shape if d) >= MAX_ELEMENTS:
+            raise self._fail(f"dimensions {list(shape[::-1])} overflow a 64-bit element count (numpy needs the "
+                             "product of the non-zero dimensions below 2^60)", name)
         if shape[-1] % t.block_size:
             raise self._fail(f"rows of {shape[-1]} elements are not whole {t.name} blocks of {t.block_size}", name)
         nbytes = math.prod(shape[:-1]) * t.row_bytes(shape[-1])

@@ -44,9 +44,13 @@ Rules enforced here (`CorruptFileError` unless stated; every count and length is
 against the bytes left in the file before anything is allocated or looped over):
 
 * magic, version 1-3 (else `FormatError`); counts that cannot fit in the file;
+* `weightio.limits`: the header (key/values and tensor infos) within ``header_bytes``, at most
+  ``tensors`` tensors, keys and names within ``name_bytes``, arrays nested within
+  ``array_depth`` (the defaults are the spec's and llama.cpp's values below);
 * keys: UTF-8, non-empty, at most 65535 bytes, unique; value types 0-12; BOOL values 0 or 1;
   arrays nested at most 8 deep; ``general.alignment`` a UINT32 power of two up to 1 MiB;
-* tensor names: UTF-8, non-empty, unique; n_dims <= 4; every ne < 2^63 and their product too;
+* tensor names: UTF-8, non-empty, unique; n_dims <= 4; the product of the non-zero ne below
+  2^60 (numpy's limit for 8-byte elements: an empty tensor cannot claim absurd dims either);
   block types: ne[0] a whole number of blocks;
 * offsets: multiples of the alignment, data inside the file, no two tensors overlapping, and
   nothing after the last tensor's padded end (no appended payloads);
@@ -77,6 +81,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
+from ..limits import current as current_limits
+from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
 
@@ -90,6 +96,9 @@ MAX_ALIGNMENT = 1 << 20  # no real file uses more; bounds the padding a file can
 MAX_KEY_LENGTH = 65535  # the spec's limit
 MAX_ARRAY_DEPTH = 8  # nested arrays are legal but rare; llama.cpp rejects them outright
 MAX_DIMS = 4  # GGML_MAX_DIMS
+# numpy refuses a shape whose non-zero dims times the itemsize (8 at most here) reach 2^63 bytes,
+# even when another dim is 0 and the tensor holds nothing: checked at open, not at numpy().
+MAX_ELEMENTS = 1 << 60
 EAGER_ARRAY_ITEMS = 64  # arrays this short are decoded at open (and stay usable after close)
 _SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -303,6 +312,7 @@ class _Cursor:
         self.reader, self.layout, self.pos = reader, layout, pos
         self.buf = memoryview(reader.file.data)
         self.size = reader.file.size
+        self.limit = reader.limits.header_bytes  # no header field may end past this offset
 
     def fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.reader.path, tensor=tensor)
@@ -313,6 +323,9 @@ class _Cursor:
     def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:
             raise self.fail(f"{what} needs {n} bytes at offset {self.pos} but only {self.size - self.pos} remain")
+        if self.pos + n > self.limit:
+            raise exceeded(f"the header length (reading {what})", self.pos + n, "header_bytes", self.limit,
+                           path=self.reader.path)
 
     def take(self, fmt: struct.Struct, what: str) -> int:
         self.need(fmt.size, what)
@@ -334,8 +347,12 @@ class _Cursor:
         return raw
 
     def name(self, what: str, tensor: str | None = None) -> str:
-        """A key or tensor name: strictly UTF-8 and non-empty (v1: trailing NULs dropped)."""
+        """A key or tensor name: strictly UTF-8, non-empty (v1: trailing NULs dropped), within the
+        name length limit."""
         raw = self.string(what)
+        if len(raw) > self.reader.limits.name_bytes:
+            raise exceeded(f"the length of {what} {bytes(raw[:20])!r}…:", len(raw), "name_bytes",
+                           self.reader.limits.name_bytes, path=self.reader.path, tensor=tensor)
         try:
             text = str(raw, "utf-8")
         except UnicodeDecodeError as e:
@@ -364,6 +381,7 @@ class GGUFReader(Reader):
         super().__init__(path)
         self.value_types: dict[str, str] = {}
         self._unreadable: dict[str, str] = {}  # tensor name -> why its data cannot be read
+        self.limits = current_limits()
         try:
             self._read()
         except BaseException:
@@ -403,13 +421,13 @@ class GGUFReader(Reader):
         if n_kv * (width + 6) + n_tensors * (width + 17) > cur.left():
             raise cur.fail(f"claims {n_tensors} tensors and {n_kv} metadata keys, more than the "
                            f"{cur.left()} remaining bytes can hold")
+        if n_tensors > self.limits.tensors:
+            raise exceeded("tensor_count", n_tensors, "tensors", self.limits.tensors, path=self.path, unit="")
         return cur, n_tensors, n_kv
 
     # ------------------------------------------------------------------ metadata
     def _read_kv(self, cur: _Cursor) -> None:
-        key = cur.name("a metadata key")
-        if len(key.encode("utf-8")) > MAX_KEY_LENGTH:
-            raise cur.fail(f"metadata key {key[:40]!r}… is longer than {MAX_KEY_LENGTH} bytes")
+        key = cur.name("a metadata key")  # at most limits.name_bytes (the spec's MAX_KEY_LENGTH by default)
         if key in self.metadata:
             raise cur.fail(f"metadata key {key!r} appears twice")
         vtype = self._value_type(cur, cur.u32(f"the value type of {key!r}"), key)
@@ -436,8 +454,9 @@ class GGUFReader(Reader):
         return value, vtype.name
 
     def _read_array(self, cur: _Cursor, key: str, depth: int) -> tuple[GGUFArray, str]:
-        if depth >= MAX_ARRAY_DEPTH:
-            raise cur.fail(f"metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+        if depth >= self.limits.array_depth:
+            raise cur.fail(f"metadata {key!r} nests arrays more than {self.limits.array_depth} deep "
+                           "(limits.array_depth)")
         etype = self._value_type(cur, cur.u32(f"the element type of {key!r}"), key)
         count = cur.count(f"the length of array {key!r}")
         if etype == GGUFValueType.STRING:
@@ -463,6 +482,7 @@ class GGUFReader(Reader):
         starts, pos = _walk_strings(cur.buf, cur.pos, count, cur.layout.count)
         if pos > cur.size:
             raise cur.fail(f"array {key!r} of {count} strings runs past the end of the file")
+        cur.need(pos - cur.pos, f"array {key!r} of {count} strings")  # the header limit, now the length is known
         arr = GGUFArray.strings(self.file, starts, pos, width, strip_nul=self.version == 1)
         cur.pos = pos
         if count <= EAGER_ARRAY_ITEMS:
@@ -499,8 +519,9 @@ class GGUFReader(Reader):
         ne = tuple(cur.count("a dimension") for _ in range(n_dims))
         type_id = cur.u32("ggml_type")
         offset = cur.take(cur.layout.u64, "the tensor offset")
-        if any(d >= 1 << 63 for d in ne) or math.prod(ne) >= 1 << 63:
-            raise cur.fail(f"dimensions {list(ne)} overflow a 64-bit element count", name)
+        if math.prod(d for d in ne if d) >= MAX_ELEMENTS:
+            raise cur.fail(f"dimensions {list(ne)} overflow a 64-bit element count (numpy needs the "
+                           "product of the non-zero dimensions below 2^60)", name)
         return name, ne[::-1], type_id, offset
 
     def _tensor(self, name: str, shape: tuple[int, ...], type_id: int, offset: int) -> TensorInfo:

@@ -13,9 +13,12 @@
 Rules enforced here (stricter than ``numpy.load``, which evaluates headers up to 10 000
 characters, allocates whatever the shape claims, and accepts trailing bytes):
 
-* the header is at most 10 000 bytes (numpy's own limit for untrusted files) and is parsed by
-  `ast.literal_eval`, never `eval`; it is a dict with exactly the three keys;
-* ``fortran_order`` is a bool; ``shape`` a tuple of at most 64 non-negative ints (not bools);
+* the header is at most 10 000 bytes (numpy's own limit for untrusted files;
+  ``weightio.limits`` ``npy_header_bytes``) and is parsed by `ast.literal_eval`, never `eval`;
+  it is a dict with exactly the three keys, none repeated;
+* ``fortran_order`` is a bool; ``shape`` a tuple of at most 64 non-negative ints (not bools)
+  that numpy can hold: the non-zero ones times the itemsize below 2^63 bytes (which matters
+  for empty arrays: numpy refuses ``(0, 2**62)`` of float32, and so does this reader);
 * ``descr`` is a plain numeric dtype (bool, int, uint, float, complex, any byte order); object
   dtypes raise `UnsafePickleError` (their data is a pickle, never loaded); structured, string,
   void and datetime dtypes raise `UnsupportedDTypeError`;
@@ -37,6 +40,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import re
 import struct
 import threading
 import zlib
@@ -50,6 +54,8 @@ from .. import _zip
 from .._io import atomic_write, write_all
 from ..dtypes import dtype_name
 from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from ..limits import Limits, exceeded
+from ..limits import current as current_limits
 from .base import MAX_NDIM, Reader, TensorInfo
 from .sources import TensorSource, tensor_sources
 
@@ -62,6 +68,10 @@ _PREAMBLE = {(1, 0): (struct.Struct("<H"), "latin1"), (2, 0): (struct.Struct("<I
              (3, 0): (struct.Struct("<I"), "utf8")}
 _KEYS = {"descr", "fortran_order", "shape"}
 _GROWTH_AXIS_MAX_DIGITS = 21  # numpy pads headers so the leading axis can grow in place
+# One type code with an optional byte order and unit ('<f4', '|O', '<M8[s]'): what numpy writes.
+# Comma and sub-array strings are never plain, and numpy 2 warns on the 'a' (bytes) code, so
+# neither reaches np.dtype (a DeprecationWarning must not escape a reader).
+_DESCR = re.compile(r"[<>|=]?(?!a)[A-Za-z?][A-Za-z0-9_]*(\[\w+\])?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +95,14 @@ class NpyHeader:
         return TensorInfo(self.dtype, self.shape, base_offset + self.data_offset, self.nbytes, strides)
 
 
-def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = None) -> NpyHeader:
+def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = None,
+                 limits: Limits | None = None) -> NpyHeader:
     """Parse and validate an npy header.
 
     Args:
         prefix: the first bytes of the npy data (at least the whole header, when it exists).
         total: the npy data's full length (file or member size), to check the data size against.
+        limits: the header length limit (``limits.npy_header``); the current limits when None.
     """
     def fail(message: str) -> CorruptFileError:
         return CorruptFileError(message, path=path, tensor=tensor)
@@ -108,12 +120,17 @@ def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = N
     if len(prefix) < start:
         raise fail(f"ends inside the .npy preamble ({len(prefix)} bytes)")
     (hlen,) = length_field.unpack_from(prefix, 8)
-    if hlen > MAX_HEADER_SIZE:
-        raise fail(f".npy header length {hlen} exceeds the {MAX_HEADER_SIZE}-byte limit")
+    limits = limits or current_limits()
+    if hlen > limits.npy_header:
+        field = "npy_header_bytes" if limits.npy_header == limits.npy_header_bytes else "header_bytes"
+        raise exceeded(".npy header length", hlen, field, limits.npy_header, path=path, tensor=tensor)
     if start + hlen > min(total, len(prefix)):
         raise fail(f".npy header ({hlen} bytes) runs past the end of the data ({total} bytes)")
     fields = _literal_header(prefix[start : start + hlen], encoding, fail)
     dtype = _header_dtype(fields["descr"], path, tensor)
+    if math.prod(d for d in fields["shape"] if d) * dtype.itemsize >= 1 << 63:  # numpy's limit, even for 0 elements
+        raise fail(f"shape {fields['shape']!r} is too large for numpy (the non-zero dimensions times the "
+                   f"itemsize reach 2^63 bytes)")
     header = NpyHeader(dtype, fields["shape"], fields["fortran_order"], start + hlen)
     available = total - header.data_offset
     if header.nbytes != available:
@@ -125,9 +142,13 @@ def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = N
 
 def _literal_header(raw: bytes, encoding: str, fail: Any) -> dict[str, Any]:
     try:
-        fields = ast.literal_eval(raw.decode(encoding))
+        tree = ast.parse(raw.decode(encoding).lstrip(" \t"), mode="eval")  # parsed once, evaluated as a literal
+        fields = ast.literal_eval(tree)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError) as e:
         raise fail(f".npy header is not a Python literal ({type(e).__name__}: {e})") from None
+    if isinstance(tree.body, ast.Dict) and isinstance(fields, dict) and len(tree.body.keys) != len(fields):
+        # literal_eval keeps the last of repeated keys; a reader that keeps the first sees another array
+        raise fail(".npy header repeats a key (readers disagree on which value wins)")
     if not isinstance(fields, dict) or set(fields) != _KEYS:
         keys = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
         raise fail(f".npy header must be a dict with keys descr, fortran_order, shape; found {keys}")
@@ -144,6 +165,8 @@ def _header_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
     if not isinstance(descr, str):
         raise UnsupportedDTypeError(f"structured dtype {descr!r} is not supported (plain numeric dtypes are)",
                                     path=path, tensor=tensor)
+    if not _DESCR.fullmatch(descr):
+        raise UnsupportedDTypeError(f"dtype {descr!r} is not a plain numeric dtype", path=path, tensor=tensor)
     try:
         dtype = np.dtype(descr)
     except (TypeError, ValueError, SyntaxError):
@@ -163,9 +186,10 @@ class NpyReader(Reader):
 
     def __init__(self, path: Any) -> None:
         super().__init__(path)
+        self.limits = current_limits()
         try:
-            prefix = self.file.read(0, min(self.file.size, 12 + MAX_HEADER_SIZE), "the .npy header")
-            header = parse_header(prefix, self.file.size, path=self.path)
+            prefix = self.file.read(0, min(self.file.size, 12 + self.limits.npy_header), "the .npy header")
+            header = parse_header(prefix, self.file.size, path=self.path, limits=self.limits)
         except BaseException:
             self.close()
             raise
@@ -183,8 +207,12 @@ class NpzReader(Reader):
         self._deflated: dict[str, _zip.ZipMember] = {}
         self._inflated: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
+        self.limits = current_limits()
         try:
-            for member in _zip.read_members(self.file):
+            members = _zip.read_members(self.file)
+            if len(members) > self.limits.tensors:
+                raise exceeded("member count", len(members), "tensors", self.limits.tensors, path=self.path, unit="")
+            for member in members:
                 self._add(member)
         except BaseException:
             self.close()
@@ -192,8 +220,11 @@ class NpzReader(Reader):
 
     def _add(self, member: _zip.ZipMember) -> None:
         name = _tensor_name(member.name, self.path)
-        prefix = _zip.inflate_prefix(self.file, member, 12 + MAX_HEADER_SIZE)
-        header = parse_header(prefix, member.size, path=self.path, tensor=name)
+        if len(name.encode("utf-8")) > self.limits.name_bytes:
+            raise exceeded(f"the length of member name {name[:20]!r}…:", len(name.encode("utf-8")), "name_bytes",
+                           self.limits.name_bytes, path=self.path)
+        prefix = _zip.inflate_prefix(self.file, member, 12 + self.limits.npy_header)
+        header = parse_header(prefix, member.size, path=self.path, tensor=name, limits=self.limits)
         if member.method == _zip.METHOD_STORED:
             self.tensors[name] = header.info(member.data_offset)
         else:
@@ -205,6 +236,10 @@ class NpzReader(Reader):
         member = self._deflated.get(name)
         if member is None:
             return self.file.data
+        limit = self.limits.inflated_bytes
+        if limit is not None and member.size > limit:
+            raise exceeded("the deflated member inflates to", member.size, "inflated_bytes", limit, path=self.path,
+                           tensor=name)
         with self._lock:
             data = self._inflated.get(name)
             if data is None:

@@ -67,6 +67,8 @@ from .. import _pickle, _standins, _tar, _zip
 from .._io import MappedFile
 from ..dtypes import TABLE
 from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
+from ..limits import Limits, exceeded
+from ..limits import current as current_limits
 from .base import MAX_NDIM, Reader, TensorInfo
 
 __all__ = ["PyTorchReader", "MAGIC_NUMBER", "PROTOCOL_VERSION", "open_container"]
@@ -78,6 +80,7 @@ _NODE_BUDGET = 4  # flattening visits at most this many entries per byte of pick
 _NODE_FLOOR = 100_000
 _MAX_KEY = 256  # characters of a storage key or location (torch writes a few)
 _I64 = struct.Struct("<q")
+_MAX_VIEW_BYTES = (1 << 63) - 1  # numpy's (and torch's) bound on one array's size
 _TENSOR_HEADER = struct.Struct("<ii")  # ndim, padding (the legacy tar's int64 ndim, read as two int32)
 
 
@@ -134,9 +137,10 @@ class Container:
 
     kind = "pickle"
 
-    def __init__(self, file: MappedFile) -> None:
+    def __init__(self, file: MappedFile, limits: Limits) -> None:
         self.file = file
         self.path = file.path
+        self.limits = limits
         self.root: Any = None
         self.byteorder = "little"
         self.pickle_bytes = 0
@@ -171,9 +175,17 @@ class Container:
                              f"{numel:,} x {dtype}")
         return known
 
+    def _count_pickle_bytes(self, n: int, what: str) -> None:
+        """Pickles are the header of a PyTorch file: their total size is bounded by limits.header_bytes."""
+        self.pickle_bytes += n
+        if self.pickle_bytes > self.limits.header_bytes:
+            raise exceeded(f"{what}: pickled bytes", self.pickle_bytes, "header_bytes", self.limits.header_bytes,
+                           path=self.path)
+
     def _unpickle(self, data: bytes, what: str, *, checked: bool = False) -> Any:
-        self.pickle_bytes += len(data)
-        return _pickle.load(data, self._persistent_load, path=self.path, what=what, checked=checked)
+        self._count_pickle_bytes(len(data), what)
+        return _pickle.load(data, self._persistent_load, path=self.path, what=what, checked=checked,
+                            limits=self.limits)
 
     def _persistent_load(self, pid: Any) -> Any:
         raise self._fail("the pickle refers to a persistent object (a torch storage?), but this is not a torch "
@@ -185,13 +197,16 @@ class ZipContainer(Container):
 
     kind = "zip"
 
-    def __init__(self, file: MappedFile, members: list[_zip.ZipMember]) -> None:
-        super().__init__(file)
+    def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
+        super().__init__(file, limits)
         self.records = {m.name: m for m in members}
         self.prefix = _archive_prefix(file, members)
         self.byteorder = self._byteorder()
         self._check_version()
         pickle_record = self.records[self.prefix + "data.pkl"]
+        if pickle_record.size > limits.header_bytes:  # refused before it is read (or inflated)
+            raise exceeded(f"record {pickle_record.name!r} size", pickle_record.size, "header_bytes",
+                           limits.header_bytes, path=self.path)
         self.pickles = [(pickle_record.name, self._read_record(pickle_record))]
         self.root = self._unpickle(self.pickles[0][1], pickle_record.name)
 
@@ -271,8 +286,8 @@ class LegacyContainer(Container):
 
     kind = "legacy"
 
-    def __init__(self, file: MappedFile, data: memoryview, first_end: int) -> None:
-        super().__init__(file)
+    def __init__(self, file: MappedFile, data: memoryview, first_end: int, limits: Limits) -> None:
+        super().__init__(file, limits)
         self._views: dict[str, tuple[str, int, int]] = {}
         self.pickles = [("pickle 1 (magic number)", bytes(data[:first_end]))]
         pos = first_end
@@ -285,7 +300,7 @@ class LegacyContainer(Container):
         self._spans = self._layout(keys, pos)
 
     def _next(self, data: memoryview, pos: int, label: str) -> tuple[Any, int]:
-        end = _pickle.prepass(data, pos, path=self.path, what=label)
+        end = _pickle.prepass(data, pos, path=self.path, what=label, limits=self.limits)
         raw = bytes(data[pos:end])
         self.pickles.append((label, raw))
         return self._unpickle(raw, label, checked=True), end
@@ -355,8 +370,8 @@ class TarContainer(Container):
     kind = "tar"
     _MEMBERS = ("sys_info", "pickle", "tensors", "storages")
 
-    def __init__(self, file: MappedFile) -> None:
-        super().__init__(file)
+    def __init__(self, file: MappedFile, limits: Limits) -> None:
+        super().__init__(file, limits)
         members = {m.name: m for m in _tar.read_members(file)}
         if sorted(members) != sorted(self._MEMBERS):
             raise self._fail(f"a legacy torch tar checkpoint has members {', '.join(self._MEMBERS)}; found "
@@ -372,18 +387,19 @@ class TarContainer(Container):
     def _stream(self, member: _tar.TarMember, pos: int, label: str) -> tuple[Any, int]:
         """The pickle at `pos` inside `member` (which interleaves pickles and raw data)."""
         data = memoryview(self.file.data)[: member.data_offset + member.size]
-        end = _pickle.prepass(data, pos, path=self.path, what=label)
+        end = _pickle.prepass(data, pos, path=self.path, what=label, limits=self.limits)
         raw = bytes(data[pos:end])
         self.pickles.append((label, raw))
-        self.pickle_bytes += len(raw)
-        return _pickle.load(raw, self._no_persistent, path=self.path, what=label, checked=True), end
+        self._count_pickle_bytes(len(raw), label)
+        return _pickle.load(raw, self._no_persistent, path=self.path, what=label, checked=True,
+                            limits=self.limits), end
 
     def _member_pickle(self, member: _tar.TarMember, persistent: Any = None) -> Any:
         label = f"member {member.name!r}"
+        self._count_pickle_bytes(member.size, label)
         raw = self.file.read(member.data_offset, member.size, label)
         self.pickles.append((label, raw))
-        self.pickle_bytes += len(raw)
-        return _pickle.load(raw, persistent or self._no_persistent, path=self.path, what=label)
+        return _pickle.load(raw, persistent or self._no_persistent, path=self.path, what=label, limits=self.limits)
 
     def _no_persistent(self, pid: Any) -> Any:
         raise self._fail(f"unexpected persistent id {_standins.short_repr(pid)} in a tar member's pickle")
@@ -473,20 +489,21 @@ class TarContainer(Container):
         return span
 
 
-def open_container(file: MappedFile) -> Container:
+def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     """Parse the structure of a PyTorch checkpoint file (any of the three formats, or a plain
-    pickle) and unpickle its object."""
+    pickle) and unpickle its object, within `limits` (the current `weightio.limits` by default)."""
+    limits = limits or current_limits()
     head = file.read(0, min(file.size, 512), "the first bytes")
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        return ZipContainer(file, _zip.read_members(file))
+        return ZipContainer(file, _zip.read_members(file, limits), limits)
     if _tar.looks_like_tar(head):
-        return TarContainer(file)
+        return TarContainer(file, limits)
     data = memoryview(file.data)
-    end = _pickle.prepass(data, 0, path=file.path, what="pickle 1")
-    container = Container(file)
+    end = _pickle.prepass(data, 0, path=file.path, what="pickle 1", limits=limits)
+    container = Container(file, limits)
     first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True)
     if type(first) is int and first == MAGIC_NUMBER:
-        return LegacyContainer(file, data, end)
+        return LegacyContainer(file, data, end, limits)
     if end != file.size:
         raise CorruptFileError(f"{file.size - end:,} bytes follow the pickle's STOP opcode (stacked pickles or a "
                                "polyglot file; a plain pickle holds one object)", path=file.path)
@@ -518,6 +535,7 @@ class PyTorchReader(Reader):
         self._deflated: dict[str, _zip.ZipMember] = {}  # name -> the deflated record holding it
         self._inflated: dict[str, np.ndarray] = {}  # record name -> inflated bytes
         self._lock = threading.Lock()
+        self.limits = current_limits()  # kept: they also bound what buffer() inflates later
         try:
             self._read()
         except BaseException:
@@ -525,14 +543,19 @@ class PyTorchReader(Reader):
             raise
 
     def _read(self) -> None:
-        container = open_container(self.file)
+        limits = self.limits
+        container = open_container(self.file, limits)
         self.container = container.kind
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
         try:
-            tensors, self.metadata = _standins.flatten(container.root, budget=budget, root_name=stem)
+            tensors, self.metadata = _standins.flatten(container.root, budget=budget, root_name=stem,
+                                                       max_depth=limits.nesting_depth,
+                                                       max_name_bytes=limits.name_bytes)
         except WeightioError as e:
             raise type(e)(e.message, path=self.path) from None
+        if len(tensors) > limits.tensors:
+            raise exceeded("tensor count", len(tensors), "tensors", limits.tensors, path=self.path, unit="")
         builder = _Builder(container)
         for name, leaf in tensors.items():
             info, why, record = builder.build(name, leaf)
@@ -559,6 +582,10 @@ class PyTorchReader(Reader):
         record = self._deflated.get(name)
         if record is None:
             return self.file.data
+        limit = self.limits.inflated_bytes
+        if limit is not None and record.size > limit:
+            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
+                           path=self.path, tensor=name)
         with self._lock:
             data = self._inflated.get(record.name)
             if data is None:
@@ -631,6 +658,9 @@ class _Builder:
             raise self.fail(name, f"view (offset {offset:,}, size {size}, stride {stride}) reaches element {last:,} "
                                   f"of a {storage.view_numel * storage_size // size_of:,}-element storage "
                                   f"{storage.key!r}")
+        if numel * size_of > _MAX_VIEW_BYTES:  # inside its storage, yet (stride 0: broadcast) of any size
+            raise self.fail(name, f"view of {numel:,} elements (size {size}, stride {stride}) is too large for an "
+                                  f"array ({_MAX_VIEW_BYTES:,} bytes at most)")
         if torch_dtype in _PLAIN and not ref.metadata and not self.big:  # the common case
             dtype = NUMPY_DTYPES[torch_dtype]
             strides = None if contiguous else tuple(s * size_of for s in stride)

@@ -12,7 +12,9 @@ The format (https://github.com/huggingface/safetensors, ``safetensors/src/tensor
 
 Rules enforced here, each a `CorruptFileError` (unknown dtype codes: `UnsupportedDTypeError`):
 
-* the header length is at most 100 MB and lies inside the file;
+* the header length is at most 100 MB (``weightio.limits`` ``header_bytes``) and lies inside
+  the file; at most ``tensors`` tensors, names and keys within ``name_bytes``;
+* names and metadata are Unicode text (a ``\\ud800`` escape spells a lone surrogate: refused);
 * the header is UTF-8, one JSON object, no duplicate keys at any level, no NaN/Infinity
   literals (the reference parser accepts duplicates, last wins: a parser differential);
 * ``__metadata__`` maps str to str;
@@ -20,6 +22,8 @@ Rules enforced here, each a `CorruptFileError` (unknown dtype codes: `Unsupporte
   non-negative integers (JSON booleans and floats are not integers); ``data_offsets`` is two
   non-negative integers with ``end >= begin``;
 * ``end - begin == prod(shape) * bits / 8``, and packed sub-byte types end on a whole byte;
+* a shape numpy can hold: its non-zero dimensions times the itemsize below 2^63 bytes (which
+  only an empty tensor, one dimension 0, can break: the others are bounded by the file);
 * sorted by offset, the tensors cover the data section exactly: the first starts at 0, each
   starts where the previous ended (no holes, no overlaps), the last ends at the end of the file
   (no trailing bytes, so no polyglot files).
@@ -46,6 +50,8 @@ from .._io import atomic_write, write_all
 from .._json import IntegersOnly, decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioWarning
+from ..limits import current as current_limits
+from ..limits import exceeded
 from .base import MAX_NDIM, Reader, TensorInfo
 from .sources import TensorSource, tensor_sources
 
@@ -76,6 +82,7 @@ class SafetensorsReader(Reader):
 
     def __init__(self, path: Any) -> None:
         super().__init__(path)
+        self.limits = current_limits()
         try:
             self._read_header()
         except BaseException:
@@ -90,8 +97,8 @@ class SafetensorsReader(Reader):
         if size < 8:
             raise self._fail(f"file is {size} bytes; a safetensors file starts with an 8-byte header length")
         (n,) = self.file.unpack(_LENGTH, 0, "the header length")
-        if n > MAX_HEADER_SIZE:
-            raise self._fail(f"header length {n} exceeds the {MAX_HEADER_SIZE}-byte limit")
+        if n > self.limits.header_bytes:
+            raise exceeded("header length", n, "header_bytes", self.limits.header_bytes, path=self.path)
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
         text = decode_utf8(self.file.read(8, n, "the header"), path=self.path, what="header")
@@ -117,13 +124,30 @@ class SafetensorsReader(Reader):
                 fast = False
         if fast:
             keys = list(header)
+            self._check_limits(header)
             self.metadata = self._read_metadata(header.pop("__metadata__", None))
             entries = _plain_entries(header, data_start)
             if entries is not None and _no_duplicate_keys(text, keys, self.metadata):
                 return entries
         header = parse_json_object(text, path=self.path, what="header")
+        self._check_limits(header)
+        _check_unicode(header, self._fail)
         self.metadata = self._read_metadata(header.pop("__metadata__", None))
         return [self._slow_entry(name, entry, data_start) for name, entry in header.items()]
+
+    def _check_limits(self, header: dict[str, Any]) -> None:
+        """Tensor count and name length against `limits` (names only exactly when one may be long)."""
+        count = len(header) - ("__metadata__" in header)
+        if count > self.limits.tensors:
+            raise exceeded("tensor count", count, "tensors", self.limits.tensors, path=self.path, unit="")
+        limit, metadata = self.limits.name_bytes, header.get("__metadata__")
+        keys = metadata if isinstance(metadata, dict) else {}
+        if max(max(map(len, header), default=0), max(map(len, keys), default=0)) * 4 <= limit:
+            return  # UTF-8 takes at most 4 bytes a character: no name can be too long
+        for name in (*header, *keys):
+            size = len(name.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                raise exceeded(f"the length of name {name[:20]!r}…:", size, "name_bytes", limit, path=self.path)
 
     def _slow_entry(self, name: str, entry: Any, data_start: int) -> tuple[int, int, str, TensorInfo]:
         begin, end, row, shape = self._read_entry(name, entry)
@@ -166,6 +190,9 @@ class SafetensorsReader(Reader):
         if end < begin:
             raise self._fail(f"data_offsets end {end} is before begin {begin}", name)
         bits = math.prod(shape) * row.bits
+        if not bits and not _numpy_can_hold(shape, row.numpy.itemsize):
+            raise self._fail(f"shape {shape} is too large for numpy (the non-zero dimensions times the itemsize "
+                             "reach 2^63 bytes), though it holds no elements", name)
         if bits % 8:
             raise self._fail(f"{code} shape {shape} is {bits} bits, not a whole number of bytes", name)
         if end - begin != bits // 8:
@@ -208,7 +235,8 @@ def _plain_entries(header: dict[str, Any], data_start: int) -> list[tuple[int, i
                     and len(shape) <= MAX_NDIM and (not shape or min(shape) >= 0)
                     and not ((1 in shape or 0 in shape) and bool in map(type, shape))
                     and type(begin) is int and type(end) is int and 0 <= begin <= end
-                    and not (bits := prod(shape) * row.bits) % 8 and end - begin == bits >> 3):
+                    and not (bits := prod(shape) * row.bits) % 8 and end - begin == bits >> 3
+                    and (bits or _numpy_can_hold(shape, dtype.itemsize))):
                 return None
             append((begin, end, name, _new_info((dtype, tuple(shape), data_start + begin, end - begin, None, None))))
     except (KeyError, TypeError, ValueError):
@@ -232,6 +260,27 @@ def _no_duplicate_keys(text: str, keys: list[str], metadata: dict[str, str]) -> 
     members = len(keys) + 3 * (len(keys) - ("__metadata__" in keys)) + len(metadata)
     in_strings = "".join(keys).count(":") + sum(k.count(":") + v.count(":") for k, v in metadata.items())
     return text.count(":") == members + in_strings
+
+
+def _numpy_can_hold(shape: list[int], itemsize: int) -> bool:
+    """numpy refuses a shape whose non-zero dimensions times the itemsize reach 2^63 bytes, even when
+    another dimension is 0. Only empty tensors need the check: the others are bounded by the file."""
+    return math.prod(d for d in shape if d) * itemsize < 1 << 63
+
+
+def _check_unicode(header: dict[str, Any], fail: Any) -> None:
+    """Names and metadata must be Unicode text: a JSON ``\\ud800`` escape spells a lone surrogate,
+    which no UTF-8 output (a converted file, a terminal) can hold."""
+    metadata = header.get("__metadata__")
+    strings = [*header, *(x for kv in metadata.items() for x in kv if isinstance(x, str))] \
+        if isinstance(metadata, dict) else list(header)
+    for text in strings:
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise fail(f"{text[:40]!r} holds a lone surrogate ({text[e.start]!r}, from a \\u escape); names "
+                           "and metadata must be Unicode text") from None
 
 
 def _is_count(x: Any) -> bool:

@@ -19,7 +19,7 @@ from ..dtypes import TABLE, dtype_name
 from ..errors import FormatError, UnsupportedDTypeError
 from ..view import TensorView
 
-__all__ = ["TensorSource", "tensor_sources"]
+__all__ = ["TensorSource", "check_materializable", "tensor_sources"]
 
 _PACKED = {row.numpy: row for row in TABLE if row.packed}
 _ML_DTYPES = frozenset(row.numpy for row in TABLE if row.numpy.kind == "V")  # bfloat16, float8_*, …
@@ -103,6 +103,34 @@ def _view_source(name: str, view: TensorView, path: str, packed_ok: bool) -> Ten
             raise UnsupportedDTypeError(f"{row.safetensors} (packed sub-byte) cannot be stored in this format",
                                         path=path, tensor=name)
         return TensorSource(name, view.dtype, info.shape, info.nbytes, row.safetensors, view.raw)
-    nbytes = math.prod(info.shape) * view.dtype.itemsize
+    nbytes = check_materializable(view, path)
     return TensorSource(name, view.dtype, info.shape, nbytes, None, view.numpy)
+
+
+# A strided view may repeat its stored bytes (stride 0: torch's expand): writing it out stores
+# every element. Up to this much beyond its stored extent is fine; more is refused, so that a
+# 1 kB file cannot make a writer allocate terabytes.
+MAX_EXPANSION, EXPANSION_ALLOWANCE = 16, 256 << 20
+
+
+def check_materializable(view: TensorView, path: str) -> int:
+    """The bytes `view` occupies once written out in C order (its logical size).
+
+    Raises:
+        FormatError: a broadcast view whose logical size exceeds `MAX_EXPANSION` times the bytes
+            it is stored in, plus `EXPANSION_ALLOWANCE`.
+    """
+    from .base import byte_extent
+
+    info = view.info
+    nbytes = math.prod(info.shape) * view.dtype.itemsize
+    if info.strides is None or info.ggml_type is not None:
+        return nbytes
+    lo, hi = byte_extent(info.shape, info.strides, info.dtype.itemsize)
+    if nbytes > MAX_EXPANSION * (hi - lo) + EXPANSION_ALLOWANCE:
+        raise FormatError(
+            f"is a broadcast view (strides {info.strides}) of {nbytes:,} bytes over {hi - lo:,} stored bytes; "
+            "writing it stores every element. Save it materialized (.contiguous()) if that is really meant",
+            path=path, tensor=view.name)
+    return nbytes
 

@@ -217,7 +217,7 @@ def _select(raw: np.ndarray, t: GGMLType, shape: tuple[int, ...], key: Any) -> A
     if isinstance(first, slice):
         start, stop, step = first.indices(shape[0])
         picked = range(start, stop, step)
-        if step == 1:
+        if step == 1 or not stride:  # rows of no bytes (an empty tensor): nothing to gather, however many
             part = raw[start * stride:max(start, stop) * stride]
         else:  # copy just the picked rows' bytes (stop of a negative-step slice.indices is not a slice bound)
             part = raw.reshape(shape[0], stride)[np.asarray(picked, dtype=np.intp)].reshape(-1)
