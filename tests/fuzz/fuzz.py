@@ -1,0 +1,436 @@
+"""Coverage-guided fuzzing of weightio's readers with atheris (libFuzzer). See README.md.
+
+    python tests/fuzz/fuzz.py HARNESS [--skip-known] [libFuzzer flags] [CORPUS_DIR | INPUT_FILE ...]
+    python tests/fuzz/fuzz.py HARNESS --replay [--skip-known] CORPUS_DIR_OR_FILE ...
+    python tests/fuzz/fuzz.py --list
+
+Each harness writes the fuzzer's bytes to one scratch file on tmpfs, sniffs it, opens it with
+its format's reader, and then does what a user would: lists the tensors, reads every metadata
+value (as ``weightio inspect`` prints it), and calls ``numpy()``, ``raw()`` and a few slices on
+every tensor, checking what comes back (shape, dtype, read-only, slices equal to the same
+slice of the whole). The only exception allowed out is a `WeightioError` with a non-empty
+message; anything else, a hang (``-timeout``), or an allocation past the address-space cap
+(a `MemoryError`) is a finding, and libFuzzer saves the input under ``crashes/``.
+
+With no CORPUS_DIR the corpus is ``tests/fuzz/corpus/HARNESS`` (``$WEIGHTIO_FUZZ_CORPUS/HARNESS``
+when that is set). The first corpus directory is seeded from ``fixtures/``: every fixture file
+whose sniffed format is the harness's is copied in (once; libFuzzer adds what it finds).
+Files instead of directories replay those inputs once (a crash, say) and seed nothing.
+
+``--replay`` runs every input of the given files and directories through the harness once,
+without libFuzzer or instrumentation (atheris need not be installed), and prints each finding:
+a corpus as a regression run, or under coverage.py to see which lines a corpus reaches::
+
+    coverage run --source=weightio tests/fuzz/fuzz.py gguf --replay tests/fuzz/corpus/gguf
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+try:
+    import atheris
+except ImportError:  # --replay and tests/test_fuzz.py's unit tests need no atheris
+    atheris = None
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent.parent / "fixtures"
+ADDRESS_SPACE_HEADROOM = 2 << 30  # bytes of address space an input may use beyond what start-up mapped
+MATERIALIZE_LIMIT = 1 << 24  # bytes of a view the checks copy out (zero strides make views of any size)
+
+# Every module the harnesses reach, imported under instrumentation (weightio imports some
+# lazily; a module first imported later would run uninstrumented and give libFuzzer no coverage).
+# Imported as a module (by tests/test_fuzz.py), or replaying, nothing is instrumented.
+_INSTRUMENT = __name__ == "__main__" and atheris is not None and "--replay" not in sys.argv
+with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contextlib.nullcontext():
+    import numpy as np
+    import weightio.cli._format
+
+    import weightio
+    import weightio._json
+    import weightio._pickle
+    import weightio._standins
+    import weightio._tar
+    import weightio._zip
+    import weightio.checkpoint
+    import weightio.formats.ggml
+    import weightio.formats.gguf
+    import weightio.formats.numpy
+    import weightio.formats.pytorch
+    import weightio.formats.safetensors
+    import weightio.quant
+    import weightio.quant.kernels
+    import weightio.sniff
+    import weightio.view
+    from weightio._io import MappedFile
+    from weightio.errors import WeightioError, WeightioWarning
+
+
+class Harness(NamedTuple):
+    """One fuzz target.
+
+    Attributes:
+        open: builds the reader from a mapped file (the reader closes it if it fails).
+        seeds: which fixtures seed it: a predicate on (sniffed format, first bytes).
+        max_len: libFuzzer's -max_len (the largest input it generates).
+        suffix: the scratch file's name (the npy reader names its tensor after the file; a
+            split-GGUF name makes the GGUF reader work out its siblings).
+    """
+
+    open: Callable[[MappedFile], Any]
+    seeds: Callable[[str, bytes], bool]
+    max_len: int
+    suffix: str
+
+
+def _ggml(file: MappedFile) -> Any:
+    """llama layout first; the ggml examples' layout (gpt-2) when the file is not that."""
+    try:
+        return weightio.formats.ggml.GGMLReader(file)
+    except WeightioError:
+        again = MappedFile(file.path)  # the failed reader closed `file`
+        names = ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer", "ftype")
+        return weightio.formats.ggml.GGMLReader(again, hparams=names, vocab_count=True)
+
+
+def _pytorch_kind(head: bytes) -> str:
+    if head.startswith(b"PK"):
+        return "zip"
+    return "tar" if head[257:262] == b"ustar" else "pickle"
+
+
+_PT = weightio.formats.pytorch.PyTorchReader
+HARNESSES: dict[str, Harness] = {
+    "safetensors": Harness(weightio.formats.safetensors.SafetensorsReader, lambda f, h: f == "safetensors",
+                           16384, "input.safetensors"),
+    "npy": Harness(weightio.formats.numpy.NpyReader, lambda f, h: f == "npy", 4096, "input.npy"),
+    "npz": Harness(weightio.formats.numpy.NpzReader, lambda f, h: f == "npz", 16384, "input.npz"),
+    "pytorch_zip": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "zip", 16384, "input.pt"),
+    "pytorch_legacy": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "pickle", 16384, "input.pt"),
+    "pytorch_tar": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "tar", 16384, "input.pt"),
+    "gguf": Harness(weightio.formats.gguf.GGUFReader, lambda f, h: f == "gguf", 16384, "input-00001-of-00002.gguf"),
+    "ggml": Harness(_ggml, lambda f, h: f == "ggml", 8192, "input.bin"),
+}
+
+
+# ----------------------------------------------------------------------------- one input
+
+
+# Findings reported in findings/ (code this project's fuzz work does not own) and not fixed yet:
+# (exception type, file, function) where it escapes. `--skip-known` lets a long run go on past
+# them; without it (the default, and in tests/test_fuzz.py) they are findings like any other.
+KNOWN: set[tuple[str, str, str]] = set()
+skip_known = False
+
+
+def run_one(harness: Harness, path: str) -> None:
+    """Open `path` with `harness` and use everything it exposes; only a `WeightioError` may escape."""
+    try:
+        _exercise(harness, path)
+    except WeightioError as e:
+        _check_error(e)
+    except Exception as e:
+        if not (skip_known and _signature(e) in KNOWN):
+            raise
+
+
+def _signature(e: BaseException) -> tuple[str, str, str]:
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    return type(e).__name__, os.path.basename(where.filename), where.name
+
+
+def _check_error(e: WeightioError) -> None:
+    if not e.message or not str(e).strip():
+        raise AssertionError(f"{type(e).__name__} with an empty message") from e
+
+
+def _exercise(harness: Harness, path: str) -> None:
+    file = MappedFile(path)
+    try:
+        weightio.sniff.sniff(file)  # its verdict may differ from the harness's format: only errors matter
+    except WeightioError as e:
+        _check_error(e)
+    except BaseException:
+        file.close()
+        raise
+    reader = harness.open(file)
+    ckpt = weightio.checkpoint.Checkpoint([reader], path=path)
+    try:
+        reader.siblings()
+        kept = _read_everything(ckpt)
+    finally:
+        ckpt.close()
+    for arr in kept:  # arrays handed out before close() stay readable (the mapping outlives them)
+        if arr.size:
+            arr.flat[0], arr.flat[arr.size - 1]  # noqa: B018 - touching the first and last element is the check
+    if kept and ckpt.readers[0].file.closed:
+        _expect_closed_error(ckpt)
+
+
+def _read_everything(ckpt: Any) -> list[np.ndarray]:
+    """Metadata as the CLI shows it, then every tensor; returns one array per tensor read."""
+    assert len(list(ckpt)) == len(ckpt)
+    for key, value in ckpt.metadata.items():
+        _read_metadata(key, value)
+    kept = []
+    for name in ckpt:
+        try:
+            kept.append(_read_tensor(ckpt[name]))
+        except WeightioError as e:  # one unreadable tensor (an unknown type, say) must not hide the rest
+            _check_error(e)
+    return kept
+
+
+def _read_metadata(key: str, value: Any) -> None:
+    weightio.cli._format.elide(value)
+    weightio.cli._format.json_value(value)
+    if isinstance(value, weightio.formats.gguf.GGUFArray):
+        assert value.tolist() == list(value) and len(value.tolist()) == len(value), key
+        if value.type not in ("STRING", "ARRAY"):
+            assert value.numpy().shape == (len(value),), key
+
+
+def _read_tensor(view: Any) -> np.ndarray:
+    repr(view)
+    whole = view.numpy()
+    assert isinstance(whole, np.ndarray) and whole.shape == view.shape, (view.name, whole.shape, view.shape)
+    assert whole.dtype == view.dtype and not whole.flags.writeable, (view.name, whole.dtype, view.dtype)
+    raw = view.raw()
+    assert raw.dtype == np.uint8 and raw.ndim == 1 and not raw.flags.writeable, view.name
+    if view.info.strides is None:
+        assert raw.size == view.nbytes, (view.name, raw.size, view.nbytes)
+    if view.shape and view.shape[0]:
+        for key in (slice(1, 3), slice(None, None, -2), -1, (0, Ellipsis)):
+            assert _same(view[key], whole[key]), (view.name, key)
+    return whole
+
+
+def _same(part: Any, whole: Any) -> bool:
+    """Equal values (NaN equal to NaN: a NaN's payload may depend on how many blocks were
+    decoded at once). Views whose elements a zero stride repeats are compared by shape only:
+    materializing one (a 1 KiB torch file can describe 2^40 elements) is the caller's choice."""
+    part, whole = np.asarray(part), np.asarray(whole)
+    if part.shape != whole.shape or part.dtype != whole.dtype:
+        return False
+    if part.nbytes > MATERIALIZE_LIMIT:
+        return True
+    if part.tobytes() == whole.tobytes():
+        return True
+    return part.dtype.kind in "fc" and np.array_equal(part, whole, equal_nan=True)
+
+
+def _expect_closed_error(ckpt: Any) -> None:
+    name = next(iter(ckpt))
+    try:
+        ckpt[name].numpy()
+    except WeightioError as e:
+        _check_error(e)
+    else:
+        raise AssertionError("a view read after close() returned data")
+
+
+# ----------------------------------------------------------------------------- scratch file and seeds
+
+
+class Scratch:
+    """The one file each input is written to: on tmpfs when there is one, replaced (new inode)
+    per input so that no mapping of an earlier input ever sees its file shrink."""
+
+    def __init__(self, suffix: str) -> None:
+        root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.dir = tempfile.mkdtemp(prefix="weightio-fuzz-", dir=root)
+        self.path = os.path.join(self.dir, suffix)
+
+    def write(self, data: bytes) -> str:
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return self.path
+
+
+def seed_files(harness: Harness) -> list[Path]:
+    """The fixtures whose sniffed format is `harness`'s."""
+    found = []
+    for path in sorted(FIXTURES.rglob("*")):
+        if not path.is_file() or path.suffix in (".py", ".json"):
+            continue
+        try:
+            with open(path, "rb") as f:
+                head = f.read(512)
+            file = MappedFile(path)
+            try:
+                fmt = weightio.sniff.sniff(file)
+            finally:
+                file.close()
+        except WeightioError:
+            continue
+        if harness.seeds(fmt, head):
+            found.append(path)
+    return found
+
+
+def seed(harness: Harness, corpus: Path) -> int:
+    """Copy the harness's fixtures into `corpus` (kept as they are when already there), and the
+    ZIP64 form of each zip archive among them (no fixture is big enough to need ZIP64 records)."""
+    corpus.mkdir(parents=True, exist_ok=True)
+    files = seed_files(harness)
+    for path in files:
+        name = "seed-" + re.sub(r"[^A-Za-z0-9._-]", "_", str(path.relative_to(FIXTURES)))
+        data = path.read_bytes()
+        variants = {name: data, "zip64-" + name: zip64_variant(data) if data.startswith(b"PK") else None}
+        for target, content in variants.items():
+            if content is not None and not (corpus / target).exists():
+                (corpus / target).write_bytes(content)
+    return len(files)
+
+
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # a zip central directory entry (see weightio._zip)
+_EOCD = struct.Struct("<IHHHHIIH")
+
+
+def zip64_variant(data: bytes) -> bytes:
+    """The same archive with every central entry's sizes and offset in a ZIP64 extra field
+    and ZIP64 end records: the 32-bit fields all 0xFFFFFFFF (0xFFFF for counts)."""
+    *_, count, cd_size, cd_offset, _ = _EOCD.unpack_from(data, len(data) - _EOCD.size)
+    entries, pos = [], cd_offset
+    for _ in range(count):
+        f = list(_CENTRAL.unpack_from(data, pos))
+        nlen, xlen, clen = f[10], f[11], f[12]
+        name = data[pos + _CENTRAL.size: pos + _CENTRAL.size + nlen]
+        rest = data[pos + _CENTRAL.size + nlen: pos + _CENTRAL.size + nlen + xlen + clen]
+        extra = struct.pack("<HHQQQ", 1, 24, f[9], f[8], f[16])
+        f[8] = f[9] = f[16] = 0xFFFFFFFF
+        f[11] = xlen + len(extra)
+        entries.append(_CENTRAL.pack(*f) + name + extra + rest)
+        pos += _CENTRAL.size + nlen + xlen + clen
+    directory = b"".join(entries)
+    record = cd_offset + len(directory)
+    end64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, count, count, len(directory), cd_offset)
+    locator = struct.pack("<IIQI", 0x07064B50, 0, record, 1)
+    eocd = _EOCD.pack(0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return data[:cd_offset] + directory + end64 + locator + eocd
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _cap_address_space() -> None:
+    """Make an allocation sized by a forged number fail fast (`MemoryError`, a finding) instead
+    of swapping: the address space may grow by `ADDRESS_SPACE_HEADROOM` beyond start-up."""
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    limit = vm + ADDRESS_SPACE_HEADROOM
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _libfuzzer_args(name: str, harness: Harness, args: list[str]) -> list[str]:
+    flags = [a for a in args if a.startswith("-")]
+    paths = [a for a in args if not a.startswith("-")]
+    given = {a.split("=", 1)[0] for a in flags}
+    defaults = {
+        "-max_len": str(harness.max_len),
+        "-timeout": "10",
+        "-rss_limit_mb": "2560",
+        "-dict": str(HERE / "dicts" / f"{name}.dict"),
+        "-artifact_prefix": str(HERE / "crashes" / f"{name}-"),
+        "-print_final_stats": "1",
+    }
+    for flag, value in defaults.items():
+        if flag not in given:
+            flags.append(f"{flag}={value}")
+    os.makedirs(HERE / "crashes", exist_ok=True)
+    replay = paths and all(os.path.isfile(p) for p in paths)
+    if not paths:
+        root = Path(os.environ.get("WEIGHTIO_FUZZ_CORPUS", HERE / "corpus"))
+        paths = [str(root / name)]
+    if not replay and "-merge=1" not in flags:
+        count = seed(harness, Path(paths[0]))
+        print(f"INFO: weightio: {count} fixture seeds in {paths[0]}", file=sys.stderr)
+    return flags + paths
+
+
+def replay_inputs(harness: Harness, paths: list[str], timeout: float = 10) -> int:
+    """Run every file under `paths` through `harness` once; print each finding (an input taking
+    more than `timeout` seconds is one); 1 if any."""
+    files = sorted(f for p in map(Path, paths) for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    scratch, failed = Scratch(harness.suffix), 0
+    previous = signal.signal(signal.SIGALRM, _hung)
+    try:
+        for file in files:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+                run_one(harness, scratch.write(file.read_bytes()))
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except Exception:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                failed += 1
+                print(f"FINDING {file}:\n{traceback.format_exc()}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        shutil.rmtree(scratch.dir, ignore_errors=True)
+    print(f"replayed {len(files)} inputs: {failed} findings", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _hung(signum: int, frame: Any) -> None:
+    raise TimeoutError("the input took longer than the replay timeout (a hang?)")
+
+
+def main(argv: list[str]) -> None:
+    global skip_known
+    if len(argv) < 2 or argv[1] not in HARNESSES:
+        print(__doc__.split("\n\n")[1] + "\nharnesses: " + ", ".join(HARNESSES), file=sys.stderr)
+        raise SystemExit(0 if argv[1:2] == ["--list"] else 2)
+    name, harness = argv[1], HARNESSES[argv[1]]
+    skip_known = "--skip-known" in argv
+    replay = "--replay" in argv
+    argv = [a for a in argv if a not in ("--skip-known", "--replay")]
+    warnings.simplefilter("error")  # as in the test suite: a stray warning is a finding
+    warnings.simplefilter("ignore", WeightioWarning)  # documented, deliberate warnings
+    if replay:
+        _cap_address_space()
+        raise SystemExit(replay_inputs(harness, argv[2:]))
+    if atheris is None:
+        raise SystemExit("atheris is not installed (pip install atheris; Linux x86-64); --replay works without it")
+    scratch = Scratch(harness.suffix)
+
+    def one_input(data: bytes) -> None:
+        run_one(harness, scratch.write(data))
+
+    args = _libfuzzer_args(name, harness, argv[2:])
+    _cap_address_space()
+    # libFuzzer runs argv[0] through the shell for -minimize_crash and -fork: make it the whole
+    # command that reaches this harness again.
+    program = " ".join(shlex.quote(part) for part in (sys.executable, os.path.abspath(argv[0]), name))
+    atheris.Setup([program, *args], one_input)
+    try:
+        atheris.Fuzz()
+    finally:
+        shutil.rmtree(scratch.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
