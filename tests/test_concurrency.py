@@ -65,49 +65,45 @@ def _reference(source: str) -> tuple[list[str], dict[str, str]]:
         return names, _digests(ckpt, names)
 
 
+def _in_threads(read) -> list:
+    """``read(k)`` in THREADS threads started together; what they returned, after any exception is raised."""
+    barrier, results, errors = threading.Barrier(THREADS), [], []
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            results.append(read(k))
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 @pytest.mark.parametrize("source", SOURCES)
 def test_eight_threads_sharing_one_checkpoint_read_identical_bytes(source):
     names, expected = _reference(source)
     assert names
-    barrier, results, errors = threading.Barrier(THREADS), [], []
     with wio.open(FIXTURES / source) as ckpt:
-
-        def read(seed: int) -> None:
-            try:
-                barrier.wait()
-                for r in range(ROUNDS):
-                    results.append(_digests(ckpt, names, order_seed=seed * 100 + r))
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=read, args=(k,)) for k in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert errors == []
-    assert len(results) == THREADS * ROUNDS and all(r == expected for r in results)
+        results = _in_threads(lambda k: [_digests(ckpt, names, order_seed=k * 100 + r) for r in range(ROUNDS)])
+    assert results == [[expected] * ROUNDS] * THREADS
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_eight_threads_each_opening_the_file_read_identical_bytes(source):
     names, expected = _reference(source)
-    barrier, results, errors = threading.Barrier(THREADS), [], []
 
-    def read(seed: int) -> None:
-        try:
-            barrier.wait()
-            with wio.open(FIXTURES / source) as ckpt:
-                results.append(_digests(ckpt, names, order_seed=seed))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def read(k: int) -> dict[str, str]:
+        with wio.open(FIXTURES / source) as ckpt:
+            return _digests(ckpt, names, order_seed=k)
 
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and results == [expected] * THREADS
+    assert _in_threads(read) == [expected] * THREADS
 
 
 def _process_reader(source: str, names: list[str], seed: int, barrier) -> dict[str, str]:

@@ -121,21 +121,18 @@ def _instrument(events: _Events) -> None:
         setattr(module, name, counted)
 
 
-def _run_child(kill_at: int, args: list[str]) -> tuple[int, int]:
-    """Fork a child that runs ``weightio convert ARGS`` killing itself at event `kill_at` (0: never).
+def _forked(job: Callable[[], str]) -> tuple[int, str]:
+    """Run `job` in a forked child that never returns into pytest; (signal that ended it or 0, what it returned).
 
-    Returns (signal that ended it or 0, events it counted when it finished).
+    The child's exit status must be 0 unless a signal ended it (a traceback is printed otherwise).
     """
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
+    if pid == 0:
         code = 3
         try:
             os.close(read)
-            events = _Events(kill_at)
-            _instrument(events)
-            main(["convert", *args, "-q"], prog_name="weightio", standalone_mode=False)
-            os.write(write, str(events.count).encode())
+            os.write(write, job().encode())
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -146,9 +143,25 @@ def _run_child(kill_at: int, args: list[str]) -> tuple[int, int]:
         out = pipe.read()
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        return os.WTERMSIG(status), 0
-    assert os.WEXITSTATUS(status) == 0, f"the conversion failed (exit {os.WEXITSTATUS(status)})"
-    return 0, int(out)
+        return os.WTERMSIG(status), ""
+    assert os.WEXITSTATUS(status) == 0, f"the child failed (exit {os.WEXITSTATUS(status)})"
+    return 0, out
+
+
+def _run_child(kill_at: int, args: list[str]) -> tuple[int, int]:
+    """Fork a child that runs ``weightio convert ARGS`` killing itself at event `kill_at` (0: never).
+
+    Returns (signal that ended it or 0, events it counted when it finished).
+    """
+
+    def convert() -> str:
+        events = _Events(kill_at)
+        _instrument(events)
+        main(["convert", *args, "-q"], prog_name="weightio", standalone_mode=False)
+        return str(events.count)
+
+    signum, out = _forked(convert)
+    return signum, int(out) if not signum else 0
 
 
 # ----------------------------------------------------------------------------- scenarios
@@ -288,31 +301,18 @@ def _in_child(job: Callable[[], object], *, fsize: int | None = None) -> dict:
     """Run `job` in a forked child (optionally under RLIMIT_FSIZE); its WriteError or result as a dict."""
     import resource
 
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 3
+    def limited() -> str:
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then the kernel fails the write with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         try:
-            os.close(read)
-            if fsize is not None:
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then the kernel fails the write with EFBIG
-                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-            try:
-                job()
-                report = {"ok": True}
-            except WriteError as e:
-                report = {"errno": e.errno, "message": str(e)}
-            os.write(write, json.dumps(report).encode())
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        out = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+            job()
+            return json.dumps({"ok": True})
+        except WriteError as e:
+            return json.dumps({"errno": e.errno, "message": str(e)})
+
+    signum, out = _forked(limited)
+    assert signum == 0, f"the child was killed by signal {signum}"
     return json.loads(out)
 
 
