@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from .._io import MappedFile
 from ..errors import CorruptFileError
+from ..limits import Limits
+from ..limits import current as current_limits
 
 __all__ = ["Reader", "TensorInfo", "check_extent", "byte_extent"]
 
@@ -79,8 +82,8 @@ def check_extent(info: TensorInfo, size: int, *, path: str, name: str, what: str
 class Reader:
     """Base class of the per-format readers: one file, one mapping.
 
-    Subclasses parse and validate the header in ``__init__`` and fill ``tensors`` and
-    ``metadata``; nothing is exposed before validation is complete.
+    Subclasses parse and validate the header in ``__init__`` (through `_validate`) and fill
+    ``tensors`` and ``metadata``; nothing is exposed before validation is complete.
     """
 
     format: ClassVar[str]
@@ -90,6 +93,15 @@ class Reader:
         self.path = self.file.path
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
+        self.limits: Limits = current_limits()  # read once: they also bound what buffer() inflates later
+
+    def _validate(self, parse: Callable[..., None], *args: Any) -> None:
+        """Run the header parser `parse(*args)`; if it fails, the file is released before the error leaves."""
+        try:
+            parse(*args)
+        except BaseException:
+            self.close()
+            raise
 
     def buffer(self, name: str) -> np.ndarray:
         """The read-only ``uint8`` array that tensor `name`'s offset indexes.

@@ -62,7 +62,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
-from ..limits import current as current_limits
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
@@ -116,12 +115,7 @@ class GGMLReader(Reader):
     def __init__(self, path: Any, *, hparams: Sequence[str] = LLAMA_HPARAMS, vocab_count: bool = False) -> None:
         super().__init__(path)
         self._old: dict[str, str] = {}
-        self.limits = current_limits()
-        try:
-            self._read(tuple(hparams), vocab_count)
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read, tuple(hparams), vocab_count)
 
     def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.path, tensor=tensor)

@@ -81,7 +81,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
-from ..limits import current as current_limits
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
@@ -381,12 +380,7 @@ class GGUFReader(Reader):
         super().__init__(path)
         self.value_types: dict[str, str] = {}
         self._unreadable: dict[str, str] = {}  # tensor name -> why its data cannot be read
-        self.limits = current_limits()
-        try:
-            self._read()
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read)
 
     def _read(self) -> None:
         cur, n_tensors, n_kv = self._read_header()

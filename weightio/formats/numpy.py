@@ -186,13 +186,11 @@ class NpyReader(Reader):
 
     def __init__(self, path: Any) -> None:
         super().__init__(path)
-        self.limits = current_limits()
-        try:
-            prefix = self.file.read(0, min(self.file.size, 12 + self.limits.npy_header), "the .npy header")
-            header = parse_header(prefix, self.file.size, path=self.path, limits=self.limits)
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read_header)
+
+    def _read_header(self) -> None:
+        prefix = self.file.read(0, min(self.file.size, 12 + self.limits.npy_header), "the .npy header")
+        header = parse_header(prefix, self.file.size, path=self.path, limits=self.limits)
         name = os.path.basename(self.path)
         self.tensors[name[:-4] if name.endswith(".npy") else name] = header.info(0)
 
@@ -207,16 +205,11 @@ class NpzReader(Reader):
         self._deflated: dict[str, _zip.ZipMember] = {}
         self._inflated: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
-        self.limits = current_limits()
-        try:
-            members = _zip.read_members(self.file)
-            if len(members) > self.limits.tensors:
-                raise exceeded("member count", len(members), "tensors", self.limits.tensors, path=self.path, unit="")
-            for member in members:
-                self._add(member)
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read_members)
+
+    def _read_members(self) -> None:
+        for member in _zip.read_members(self.file, self.limits):  # the member count is bounded there
+            self._add(member)
 
     def _add(self, member: _zip.ZipMember) -> None:
         name = _tensor_name(member.name, self.path)

@@ -535,12 +535,7 @@ class PyTorchReader(Reader):
         self._deflated: dict[str, _zip.ZipMember] = {}  # name -> the deflated record holding it
         self._inflated: dict[str, np.ndarray] = {}  # record name -> inflated bytes
         self._lock = threading.Lock()
-        self.limits = current_limits()  # kept: they also bound what buffer() inflates later
-        try:
-            self._read()
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read)
 
     def _read(self) -> None:
         limits = self.limits

@@ -50,7 +50,6 @@ from .._io import atomic_write, write_all
 from .._json import IntegersOnly, decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioWarning
-from ..limits import current as current_limits
 from ..limits import exceeded
 from .base import MAX_NDIM, Reader, TensorInfo
 from .sources import TensorSource, tensor_sources
@@ -82,12 +81,7 @@ class SafetensorsReader(Reader):
 
     def __init__(self, path: Any) -> None:
         super().__init__(path)
-        self.limits = current_limits()
-        try:
-            self._read_header()
-        except BaseException:
-            self.close()
-            raise
+        self._validate(self._read_header)
 
     def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.path, tensor=tensor)
