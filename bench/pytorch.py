@@ -99,18 +99,20 @@ def _phases(path: str) -> dict:
     from weightio import _pickle, _standins, _zip
     from weightio._io import MappedFile
     from weightio.formats import pytorch
+    from weightio.limits import current
 
+    limits = current()
     marks = [("start", time.perf_counter())]
     file = MappedFile(path)
-    members = _zip.read_members(file)
+    members = _zip.read_members(file, limits)
     marks.append(("zip walk", time.perf_counter()))
     container = pytorch.ZipContainer.__new__(pytorch.ZipContainer)
-    pytorch.Container.__init__(container, file)
+    pytorch.Container.__init__(container, file, limits)
     container.records = {m.name: m for m in members}
     container.prefix = pytorch._archive_prefix(file, members)
     data = container._read_record(container.records[container.prefix + "data.pkl"])
     marks.append(("data.pkl read", time.perf_counter()))
-    _pickle.prepass(data)
+    _pickle.prepass(data, limits=limits)
     marks.append(("prepass", time.perf_counter()))
     container.root = _pickle.Unpickler(data, container._persistent_load).load()
     marks.append(("unpickling", time.perf_counter()))

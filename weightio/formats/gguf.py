@@ -284,8 +284,14 @@ class GGUFArray(Sequence):
         if self._items is None:
             if self._dtype is not None:
                 self._items = tuple(self.numpy().tolist())
+            elif self._count:  # one read of the mapping (each is checked against the file), then slices of it
+                starts, gap, base = self._starts, self._gap, self._starts[0]
+                blob = self._file.data[base:self._end].tobytes()
+                stops = [*(s - gap - base for s in starts[1:]), self._end - base]
+                text = (blob[a - base:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, stops, strict=True))
+                self._items = tuple(t.rstrip("\x00") for t in text) if self._strip_nul else tuple(text)
             else:
-                self._items = tuple(self._string(i) for i in range(self._count))
+                self._items = ()
         return self._items
 
     def _stop(self, i: int) -> int:
