@@ -1,0 +1,65 @@
+"""Every benchmark suite in bench/ still runs: tiny files, one repetition, nothing written.
+
+The suites reach into weightio's internals (bench/pytorch.py times the open step by step) and
+are run by hand, so an API change can break one unnoticed; this runs each end to end on files
+of a few MB (all five at once, each in its own process and scratch directory) and checks that
+it prints its side-by-side table and its target checklist. The figures mean nothing at this
+size and are not looked at. Needs the peers the suites compare against (torch, safetensors, gguf).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = {  # suite -> its own options, kept small
+    "foundation": [],
+    "pytorch": [],
+    "varbuilder": [],
+    "cli": [],
+    "gguf": ["--elements", "4096", "--types", "Q4_0,IQ2_XXS,Q8_K"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """suite -> (exit status, output): every suite started at once, then awaited."""
+    for module in ("torch", "safetensors", "gguf"):
+        pytest.importorskip(module)
+    root = tmp_path_factory.mktemp("bench")
+    started = {}
+    for suite, options in SUITES.items():
+        log = open(root / f"{suite}.log", "w")  # a file, not a pipe: no child blocks on a full pipe
+        env = dict(os.environ, WEIGHTIO_BENCH_DIR=str(root / suite))
+        command = [sys.executable, str(ROOT / "bench" / f"{suite}.py"), *options, "--gib", "0.005", "--reps", "1",
+                   "--no-write"]
+        started[suite] = (subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+    results = {}
+    for suite, (process, log) in started.items():
+        process.wait(timeout=600)
+        log.close()
+        results[suite] = (process.returncode, (root / f"{suite}.log").read_text(errors="replace"))
+    return results
+
+
+@pytest.fixture(scope="module")
+def published():
+    """docs/benchmarks.md as it was before the suites ran."""
+    return (ROOT / "docs" / "benchmarks.md").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_the_suite_runs_and_reports_side_by_side(published, runs, suite):
+    status, output = runs[suite]
+    assert status == 0, output[-6000:]
+    table = [line for line in output.splitlines() if line.startswith("| ")]
+    assert any("weightio" in line for line in table) and len(table) >= 5, output[-3000:]
+    checks = output.split("Targets (from the issue):", 1)
+    assert len(checks) == 2 and "- [" in checks[1], output[-3000:]
+    assert (ROOT / "docs" / "benchmarks.md").read_bytes() == published  # --no-write: the docs are left alone
