@@ -53,6 +53,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import limits as _limits
 from ._io import (
     TEMP_SUFFIX,
     atomic_write,
@@ -81,9 +82,6 @@ _SATURATING = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes
 _SHARES_STORAGE = frozenset({"pytorch"})  # formats whose tensors may share one storage (tied weights)
 _INDEX_KEYS = frozenset({"total_size", "total_parameters"})  # describe the source's index, not the tensors
 _VERIFY_CHUNK = 16 << 20
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 @dataclass
@@ -119,10 +117,11 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         value = text
     else:
-        match = _SIZE.fullmatch(text)
-        if match is None:
-            raise FormatError(f"size {text!r} is not a number with an optional unit (B, kB, MB, GB, TB, KiB … TiB)")
-        value = int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+        try:
+            value = _limits.parse_size(text, fractions=True)
+        except ValueError:
+            raise FormatError(f"size {text!r} is not a number with an optional unit (B, kB, MB, GB, TB, KiB … TiB)"
+                              ) from None
     if value <= 0:
         raise FormatError(f"size {text!r} must be positive")
     return value

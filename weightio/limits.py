@@ -101,22 +101,24 @@ DEFAULTS = Limits()
 ENVIRONMENT = {field.name: "WEIGHTIO_MAX_" + field.name.upper() for field in dataclasses.fields(Limits)}
 
 _override: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("weightio_limits", default=None)
-_SIZE = re.compile(r"\s*(\d[\d_]*)\s*([kmgt]i?b?|b)?\s*", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d[\d_]*(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
-def parse_size(text: str) -> int:
-    """A count from ``"1000000"``, ``"1_000_000"``, ``"100MB"`` (10^6) or ``"1GiB"`` (2^30).
+def parse_size(text: str, *, fractions: bool = False) -> int:
+    """A count from ``"1000000"``, ``"1_000_000"``, ``"100MB"`` (10^6) or ``"1GiB"`` (2^30); with
+    `fractions`, also ``"1.5GB"`` (rounded down to a whole number). The one size parser of
+    weightio: limits, the CLI's ``--max-header-bytes`` and ``convert --max-shard-size``.
 
     Raises:
-        ValueError: the text is not a whole number with an optional unit.
+        ValueError: the text is not a (whole, unless `fractions`) number with an optional unit.
     """
     match = _SIZE.fullmatch(text)
-    if match is None:
+    if match is None or ("." in match.group(1) and not fractions):
         raise ValueError(f"{text!r} is not a whole number with an optional unit (KB, MB, GB, KiB, MiB, GiB)")
-    unit = (match.group(2) or "").lower().removesuffix("b")
-    return int(match.group(1).replace("_", "")) * _UNITS[unit]
+    number, scale = match.group(1).replace("_", ""), _UNITS[(match.group(2) or "").lower().removesuffix("b")]
+    return int(float(number) * scale) if "." in number else int(number) * scale
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Limits:
