@@ -22,6 +22,7 @@ from weightio.errors import CorruptFileError, FormatError, ShapeMismatchError, T
 from weightio.varbuilder import LEGACY_SUFFIXES, LoadReport, renamer
 
 from .conftest import FIXTURES, digest, manifest
+from .memory import resident_bytes
 
 BERT = FIXTURES / "tiny-bert"
 SHARDED = FIXTURES / "tiny-bert-sharded"
@@ -112,26 +113,13 @@ def test_nothing_is_read_until_a_get(tmp_path):
     big = {"a.weight": np.arange(1 << 20, dtype=np.float32), "b.weight": np.ones((512, 512), np.float32)}
     path = _save(tmp_path, "big.safetensors", big)
     vb = wio.VarBuilder.from_path(path)
-    assert vb.pp("a").contains("weight") and _resident(path) == 0
+    assert vb.pp("a").contains("weight") and resident_bytes(path) == 0
     view = vb.pp("a").get(1 << 20, "weight")
-    assert _resident(path) == 0
+    assert resident_bytes(path) == 0
     assert float(view.sum(dtype=np.float64)) == float(big["a.weight"].sum(dtype=np.float64))
-    assert _resident(path) >= 4 << 20
+    assert resident_bytes(path) >= 4 << 20
     del view
     vb.close()
-
-
-def _resident(path) -> int:
-    """Bytes of `path` mapped into this process and resident (Rss of its mappings in smaps)."""
-    total, current = 0, None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if fields and "-" in fields[0] and len(fields) >= 5:
-                current = fields[5] if len(fields) > 5 else None
-            elif fields and fields[0] == "Rss:" and current == str(path):
-                total += int(fields[1]) * 1024
-    return total
 
 
 # ----------------------------------------------------------------------------- dtypes and devices

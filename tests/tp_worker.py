@@ -22,18 +22,7 @@ import torch.distributed as dist
 
 import weightio as wio
 
-
-def resident_bytes(path: str) -> int:
-    """Bytes of `path` mapped into this process and resident (the Rss of its mappings)."""
-    total, current = 0, None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if fields and "-" in fields[0] and len(fields) >= 5:
-                current = fields[5] if len(fields) > 5 else None
-            elif fields and fields[0] == "Rss:" and current == path:
-                total += int(fields[1]) * 1024
-    return total
+from .memory import resident_bytes
 
 
 def init(args: argparse.Namespace) -> tuple[int, int]:
