@@ -140,9 +140,11 @@ def arguments(doc: str | None, reps: int, extra: Callable[[argparse.ArgumentPars
     return parser.parse_args()
 
 
-def publish(suite: str, report: str, checks: list[str], write: bool) -> None:
-    """Print a suite's report and its target checks, and write them into docs/benchmarks.md."""
-    text = report + "\n\nTargets (from the issue):\n\n" + "\n".join(checks) + "\n"
+def publish(suite: str, report: str, checks: list[tuple[str, bool]], write: bool) -> None:
+    """Print a suite's report and its target checks (name, met) as a checklist, and write them
+    into docs/benchmarks.md."""
+    listed = "\n".join(f"- [{'x' if met else ' '}] {name}" for name, met in checks)
+    text = report + "\n\nTargets (from the issue):\n\n" + listed + "\n"
     print(text)
     if write:
         write_section(suite, text)

@@ -271,7 +271,7 @@ def report(results: dict, p: dict[str, Path], gib: float, reps: int) -> str:
     return "\n".join(lines)
 
 
-def targets(results: dict, gib: float) -> list[str]:
+def targets(results: dict, gib: float) -> list[tuple[str, bool]]:
     def t(case, peer):
         return results[case][peer]["seconds"]
 
@@ -292,7 +292,7 @@ def targets(results: dict, gib: float) -> list[str]:
         ]
     else:
         checks.append(("CUDA targets (>= 0.8x pinned H2D, >= 3x safetensors): not measured here (no GPU)", False))
-    return [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks]
+    return checks
 
 
 def main() -> None:
