@@ -155,7 +155,8 @@ def test_safetensors_output_matches_the_reference_writer(tmp_path):
 @pytest.mark.parametrize("text,expected", [("5GB", 5 * 10**9), ("5gb", 5 * 10**9), ("500MB", 500 * 10**6),
                                            ("1.5GB", 1_500_000_000), ("2KiB", 2048), ("3MiB", 3 << 20),
                                            ("1GiB", 1 << 30), ("1TB", 10**12), ("100", 100), (" 42 B ", 42), (7, 7),
-                                           ("2.01kB", 2010), ("8.03kB", 8030), ("9" * 400 + ".5GB", int("9" * 400 + "5") * 10**8)])
+                                           ("2.01kB", 2010), ("8.03kB", 8030),
+                                           ("9" * 400 + ".5GB", int("9" * 400 + "5") * 10**8)])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 

@@ -118,11 +118,8 @@ def parse_size(text: str, *, fractions: bool = False) -> int:
     if match is None or ("." in match.group(1) and not fractions):
         raise ValueError(f"{text!r} is not a whole number with an optional unit (KB, MB, GB, KiB, MiB, GiB)")
     number, scale = match.group(1).replace("_", ""), _UNITS[(match.group(2) or "").lower().removesuffix("b")]
-    if "." not in number:
-        return int(number) * scale
-    from decimal import Decimal  # exact ("2.01kB" is 2010) and never overflows, unlike a float
-
-    return int(Decimal(number) * scale)
+    whole, _, fraction = number.partition(".")  # integers only: exact ("2.01kB" is 2010), unlike a float
+    return int(whole) * scale + int(fraction or "0") * scale // 10 ** len(fraction)
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Limits:
