@@ -3,34 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import click
 
-from weightio.convert import ConvertResult, convert, parse_size
-from weightio.dtypes import parse_dtype
-from weightio.errors import FormatError, UnsupportedDTypeError
+from weightio.convert import ConvertResult, convert, parse_size, target_dtype
+from weightio.errors import FormatError, WeightioError
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 
 from ._format import human_bytes, plural
 from ._options import common_options, echo, limit_options, progress_bar
 
 
-def _check_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None:
-        try:
-            parse_dtype(value)
-        except UnsupportedDTypeError as e:
-            raise click.BadParameter(e.message) from None
-    return value
+def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """An option callback: a value `parse` refuses is a usage error (exit 2), found before any work."""
 
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse(value)
+            except WeightioError as e:
+                raise click.BadParameter(e.message) from None
+        return value
 
-def _check_size(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None:
-        try:
-            parse_size(value)
-        except FormatError as e:
-            raise click.BadParameter(e.message) from None
-    return value
+    return check
 
 
 def _check_destination(dst: str, fmt: str | None) -> None:
@@ -65,10 +61,10 @@ def _report(result: ConvertResult) -> None:
 @click.command("convert")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--dtype", callback=_check_dtype, metavar="TYPE",
+@click.option("--dtype", callback=_validated(target_dtype), metavar="TYPE",
               help="Cast floating-point tensors: bf16, fp16, fp32, fp64, fp8 (= float8_e4m3fn), fp8_e5m2, …")
 @click.option("--dequantize", is_flag=True, help="Write block-quantized GGUF/ggml tensors as float32 (or --dtype).")
-@click.option("--max-shard-size", callback=_check_size, metavar="SIZE",
+@click.option("--max-shard-size", callback=_validated(parse_size), metavar="SIZE",
               help="Split a safetensors output into shards of at most SIZE (5GB, 500MiB) with an index, "
                    "as huggingface_hub writes them.")
 @click.option("--format", "fmt", type=click.Choice(sorted(WRITERS)), default=None,

@@ -242,6 +242,7 @@ def test_convert_prints_aliases_of_tied_weights(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["x.bin"], "Invalid value for DST: cannot tell the output format from suffix .bin"),
     (["x.safetensors", "--dtype", "bf17"], "Invalid value for '--dtype': unknown dtype 'bf17'"),
+    (["x.safetensors", "--dtype", "int8"], "Invalid value for '--dtype': --dtype must be a floating-point type"),
     (["x.safetensors", "--max-shard-size", "5 parsecs"], "Invalid value for '--max-shard-size': size '5 parsecs'"),
     (["hf://org/model"], "writing to the Hub is not supported"),
     (["x.safetensors", "--format", "pickle"], "Invalid value for '--format'"),

@@ -266,7 +266,12 @@ def drop_array_pages(data: np.ndarray) -> None:
         mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
-def _target_dtype(dtype: Any) -> np.dtype | None:
+def target_dtype(dtype: Any) -> np.dtype | None:
+    """The dtype `convert(dtype=...)` casts floating-point tensors to (None: no cast).
+
+    Raises:
+        UnsupportedDTypeError: not a dtype weightio knows, or not a floating-point one.
+    """
     if dtype is None:
         return None
     target = parse_dtype(dtype)
@@ -525,7 +530,7 @@ def convert(
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
         raise FormatError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
-    cast = _target_dtype(dtype)
+    cast = target_dtype(dtype)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
         result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
