@@ -511,3 +511,11 @@ def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
     assert set(state.values()) == {"record"}
     loader.release()
     assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
+
+
+def test_a_torch_device_torch_does_not_have_is_a_format_error():
+    pytest.importorskip("torch")
+    from weightio.devices import place
+
+    with pytest.raises(FormatError, match="torch has no device 'foo': "):
+        place(np.zeros(3), "torch:foo")

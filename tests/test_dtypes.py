@@ -34,7 +34,7 @@ def test_parse_dtype_spellings(spelling, expected):
     assert parse_dtype(spelling) == np.dtype(expected)
 
 
-@pytest.mark.parametrize("bad", ["float128x", "object", "U5", "notatype"])
+@pytest.mark.parametrize("bad", ["float128x", "object", "U5", "notatype", ",", "f4,,", "(1,", "(-1,)f4", "\udcff"])
 def test_parse_dtype_rejects_non_numeric(bad):
     with pytest.raises(UnsupportedDTypeError, match="unknown dtype"):
         parse_dtype(bad)

@@ -155,7 +155,11 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None) 
 
 
 def _open_directory(path: str) -> Checkpoint:
-    files = sorted(f for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise InputError(f"cannot list the directory: {e.strerror}", path=path, errno=e.errno) from None
+    files = sorted(f for f in names if os.path.isfile(os.path.join(path, f)))
     for index_suffix, preferred, suffixes in _LAYOUTS:
         index = _pick(path, [f for f in files if f.endswith(index_suffix)], preferred + ".index.json") \
             if index_suffix else None

@@ -383,6 +383,10 @@ class TorchBackend:
         self.target = device.target or "cpu"
         self.loader: StagedLoader | None = None
         if self.target != "cpu":
+            try:  # an unknown or absent device fails here, by name, not at the first copy
+                self.torch.empty(0, device=self.torch.device(self.target))
+            except (RuntimeError, NotImplementedError, AssertionError) as e:
+                raise FormatError(f"torch has no device {self.target!r}: {e}") from None
             cuda = self.target.startswith("cuda")
             self.loader = StagedLoader(_TorchEngine(self.torch, self.target, staged=cuda, pin=cuda))
 

@@ -154,7 +154,7 @@ def parse_dtype(dtype: object) -> np.dtype:
         return row.numpy
     try:
         found = np.dtype(text)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError, UnicodeError):  # numpy's parser lets all of these out
         found = None
     if found is None or (found.kind not in "biufc" and found not in _BY_NUMPY):
         raise UnsupportedDTypeError(f"unknown dtype {dtype!r}")

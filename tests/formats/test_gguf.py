@@ -596,3 +596,10 @@ def test_corrupted_bytes_give_weightio_errors_or_a_valid_file(tmp_path, flips):
         pass
     finally:
         reader.close()
+
+
+def test_metadata_a_gguf_value_cannot_hold_is_a_format_error(tmp_path):
+    # a FLOAT64 read from a file is written back as FLOAT32 unless told otherwise: 1e300 overflows
+    with pytest.raises(FormatError, match="metadata 'k': float too large to pack"):
+        wio.save({"x": np.zeros(2, np.float32)}, tmp_path / "o.gguf", {"k": 1e300})
+    assert list(tmp_path.iterdir()) == []

@@ -778,7 +778,7 @@ def _metadata_bytes(metadata: Mapping[str, Any], value_types: Mapping[str, str],
             if key == "general.alignment":
                 vtype, sub = GGUFValueType.UINT32, None
             encoded.append(_string_bytes(key) + _LE.u32.pack(vtype) + _encode_value(value, vtype, sub))
-        except TypeError as e:
+        except (TypeError, OverflowError) as e:  # OverflowError: a float or int FLOAT32/64 cannot hold
             raise FormatError(f"metadata {key!r}: {e}", path=path) from None
     return encoded
 
