@@ -86,7 +86,7 @@ class TensorRef:
         raise UnsafePickleError("BUILD on a tensor is not allowed (tensor state goes through _rebuild_from_type_v2)")
 
     def __repr__(self) -> str:
-        return f"<tensor {self.kind} size={self.size!r}>"
+        return f"<tensor {self.kind} size={short_repr(self.size)}>"
 
 
 class Token:

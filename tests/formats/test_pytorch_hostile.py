@@ -77,6 +77,12 @@ ZIP_CASES = [
     ("absurd size", lambda: one(tensor(W, 0, (10**20, 10**20), (1, 1))), CorruptFileError,
      "tensor 'w': view (offset 0, size (100000000000000000000, 100000000000000000000), stride (1, 1)) reaches "
      "element 199,999,999,999,999,999,998"),
+    # review findings: numbers Python refuses to print (over 4300 digits) and a dtype torch lacks
+    ("a size of 2^16000 elements", lambda: one(tensor(W, 0, (2**2000,) * 8, (0,) * 8)), CorruptFileError,
+     "tensor 'w': offset, size or stride beyond 256 bits (offset 0, size (<int of 2,001 bits>,"),
+    ("meta tensor of an unknown dtype",
+     lambda: one(call("torch._utils", "_rebuild_meta_tensor_no_storage", s("foo"), ints((2,)), ints((1,)), NEWFALSE)),
+     CorruptFileError, "tensor 'w': dtype 'foo' is not a torch dtype"),
     ("absurd stride", lambda: one(tensor(W, 0, (2,), (2**62,))), CorruptFileError,
      "reaches element 4,611,686,018,427,387,904 of a 12-element storage"),
     ("negative stride", lambda: one(tensor(W, 0, (3, 4), (-4, 1))), CorruptFileError,
@@ -301,11 +307,13 @@ TAR_CASES = [
      "tar tensor 1000: ndim 100 is out of range or runs past member 'tensors'"),
     ("storage data past its member", lambda: _tar({**_tar_members(), "storages": _short_storages()}), CorruptFileError,
      "tar storage 2000 (48 bytes) runs past the end of its member"),
+    ("a storage key Python cannot print", lambda: _tar({**_tar_members(), "storages": _short_storages(2**16000)}),
+     CorruptFileError, "tar storage key <int of 16,001 bits> is not a small int or a short string"),
 ]
 
 
-def _short_storages() -> bytes:
-    entry = P2 + tup(i(2000), s("cpu"), g("torch", "FloatStorage")) + STOP
+def _short_storages(key: int = 2000) -> bytes:
+    entry = P2 + tup(pickle.dumps(key, 2)[2:-1], s("cpu"), g("torch", "FloatStorage")) + STOP
     return pickle.dumps(1, 2) + entry + struct.pack("<q", 12) + b"\0" * 8
 
 

@@ -81,6 +81,7 @@ _NODE_FLOOR = 100_000
 _MAX_KEY = 256  # characters of a storage key or location (torch writes a few)
 _I64 = struct.Struct("<q")
 _MAX_VIEW_BYTES = (1 << 63) - 1  # numpy's (and torch's) bound on one array's size
+_HUGE = 1 << 256  # past any real offset, size or stride (torch's are int64); such ints may not even print
 _TENSOR_HEADER = struct.Struct("<ii")  # ndim, padding (the legacy tar's int64 ndim, read as two int32)
 
 
@@ -420,18 +421,24 @@ class TarContainer(Container):
             entry, pos = self._stream(member, pos, f"member 'storages' (storage {i})")
             if not isinstance(entry, tuple) or len(entry) != 3:
                 raise self._fail(f"tar storage entry {_standins.short_repr(entry)} is not (key, location, class)")
-            key, location, storage_class = entry
+            key, location, storage_class = self._key(entry[0], "tar storage key"), entry[1], entry[2]
             (numel,) = self.file.unpack(_I64, pos, "a storage's element count") if pos + 8 <= end else (-1,)
-            storage = self._storage(str(key), storage_class, numel, location)
+            storage = self._storage(key, storage_class, numel, location)
             nbytes = numel * itemsize(storage.dtype)
             if pos + 8 + nbytes > end:
-                raise self._fail(f"tar storage {key!r} ({nbytes:,} bytes) runs past the end of its member")
-            self._spans[str(key)] = Span(pos + 8, nbytes)
+                raise self._fail(f"tar storage {entry[0]!r} ({nbytes:,} bytes) runs past the end of its member")
+            self._spans[key] = Span(pos + 8, nbytes)
             pos += 8 + nbytes
         views, pos = self._stream(member, pos, "member 'storages' (views)")
         self._read_views(views)
         if pos != end:
             raise self._fail(f"{end - pos:,} bytes follow the storages in member 'storages'")
+
+    def _key(self, value: Any, what: str) -> str:
+        """A storage or tensor key of the tar format, as a string: torch writes small ints."""
+        if (type(value) is int and value.bit_length() < 64) or (type(value) is str and 0 < len(value) <= _MAX_KEY):
+            return str(value)
+        raise self._fail(f"{what} {_standins.short_repr(value)} is not a small int or a short string")
 
     def _read_views(self, views: Any) -> None:
         if not isinstance(views, list):
@@ -439,11 +446,12 @@ class TarContainer(Container):
         for view in views:
             if not isinstance(view, tuple) or len(view) != 4 or not all(type(v) is int for v in view):
                 raise self._fail(f"tar storage view {_standins.short_repr(view)} is not (key, root, offset, numel)")
-            key, root_key, offset, numel = view
-            root = self.storages.get(str(root_key))
+            key, root_key = self._key(view[0], "tar storage view key"), self._key(view[1], "tar storage view root")
+            offset, numel = view[2], view[3]
+            root = self.storages.get(root_key)
             if root is None or offset < 0 or numel < 0 or offset + numel > root.numel:
                 raise self._fail(f"tar storage view {key} of {root_key} lies outside its root storage")
-            self.storages[str(key)] = _standins.StorageRef(root.key, root.dtype, root.numel, offset, numel)
+            self.storages[key] = _standins.StorageRef(root.key, root.dtype, root.numel, offset, numel)
 
     def _read_tensors(self, member: _tar.TarMember) -> None:
         end = member.data_offset + member.size
@@ -452,6 +460,7 @@ class TarContainer(Container):
             entry, pos = self._stream(member, pos, f"member 'tensors' (tensor {i})")
             if not isinstance(entry, tuple) or len(entry) != 3 or type(entry[0]) is not int:
                 raise self._fail(f"tar tensor entry {_standins.short_repr(entry)} is not (key, storage key, class)")
+            self._key(entry[0], "tar tensor key")
             ref, pos = self._tensor_header(entry, pos, end)
             self._tensors[entry[0]] = ref
         if pos != end:
@@ -465,7 +474,7 @@ class TarContainer(Container):
         if not 0 <= ndim <= MAX_NDIM or pos + 8 + 16 * ndim + 8 > end:
             raise self._fail(f"tar tensor {key}: ndim {ndim} is out of range or runs past member 'tensors'")
         fields = struct.unpack(f"<{2 * ndim + 1}q", self.file.read(pos + 8, 16 * ndim + 8, "a tensor header"))
-        storage = self.storages.get(str(storage_key))
+        storage = self.storages.get(self._key(storage_key, f"tar tensor {key}: storage key"))
         ref = _standins.TensorRef(storage if storage is not None else f"<missing storage {storage_key}>",
                                 fields[-1], fields[:ndim], fields[ndim:2 * ndim])
         return ref, pos + 8 + 16 * ndim + 8
@@ -645,7 +654,8 @@ class _Builder:
         numel, last, contiguous = _extent(size, stride, offset)
         if numel < 0:  # a dimension that is not a non-negative int: say which
             self._geometry(name, ref)
-            raise self.fail(name, f"malformed view (offset {offset!r}, size {size!r}, stride {stride!r})")
+            raise self.fail(name, f"malformed view (offset {_standins.short_repr(offset)}, size "
+                                  f"{_standins.short_repr(size)}, stride {_standins.short_repr(stride)})")
         span = self._spans.get(id(storage)) or self._span(name, storage)
         size_of, storage_size = ITEMSIZES[torch_dtype], ITEMSIZES[storage.dtype]
         start = span.offset + storage.view_offset * storage_size
@@ -697,7 +707,11 @@ class _Builder:
             raise self.fail(name, f"offset {_standins.short_repr(offset)}, size {_standins.short_repr(ref.size)} and "
                                   f"stride {_standins.short_repr(ref.stride)} must be an int and tuples of ints")
         if len(size) != len(stride) or len(size) > MAX_NDIM:
-            raise self.fail(name, f"size {size} and stride {stride} must have the same length, at most {MAX_NDIM}")
+            raise self.fail(name, f"size {_standins.short_repr(size)} and stride {_standins.short_repr(stride)} must "
+                                  f"have the same length, at most {MAX_NDIM}")
+        if max(map(abs, (offset, *size, *stride))) >= _HUGE:  # not a tensor's; such a number may not print
+            raise self.fail(name, f"offset, size or stride beyond 256 bits (offset {_standins.short_repr(offset)}, "
+                                  f"size {_standins.short_repr(size)}, stride {_standins.short_repr(stride)})")
         if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
             raise self.fail(name, f"negative offset, size or stride (offset {offset}, size {size}, stride {stride})")
         return offset, size, stride
@@ -718,8 +732,10 @@ class _Builder:
         size = _ints(ref.size)
         if size is None or len(size) > MAX_NDIM or min(size, default=0) < 0:
             raise self.fail(name, f"size {_standins.short_repr(ref.size)} is not a tuple of non-negative ints")
-        torch_dtype = ref.dtype.value if isinstance(ref.dtype, _standins.Token) else (
+        torch_dtype = ref.dtype.value if isinstance(ref.dtype, _standins.Token) and ref.dtype.kind == "dtype" else (
             ref.dtype if isinstance(ref.dtype, str) else "uint8")
+        if torch_dtype not in ITEMSIZES:
+            raise self.fail(name, f"dtype {_standins.short_repr(ref.dtype)} is not a torch dtype")
         dtype = NUMPY_DTYPES.get(torch_dtype) or np.dtype(f"V{itemsize(torch_dtype)}")
         return TensorInfo(dtype, size, 0, 0)
 
@@ -750,12 +766,12 @@ def _contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 def _extent(size: tuple, stride: tuple, offset: int) -> tuple[int, int, bool]:
     """(numel, index of the last element, C-contiguous) of a view — or numel -1 when a size or
-    stride is not a non-negative int, or their lengths differ (the caller reports it)."""
-    if len(size) != len(stride) or len(size) > MAX_NDIM or offset < 0:
+    stride is not a non-negative int below `_HUGE`, or their lengths differ (the caller reports it)."""
+    if len(size) != len(stride) or len(size) > MAX_NDIM or not 0 <= offset < _HUGE:
         return -1, 0, False
     numel, last, expected, contiguous = 1, offset, 1, True
     for d, s in zip(reversed(size), reversed(stride), strict=False):
-        if type(d) is not int or type(s) is not int or d < 0 or s < 0:
+        if type(d) is not int or type(s) is not int or not (0 <= d < _HUGE and 0 <= s < _HUGE):
             return -1, 0, False
         if d != 1 and s != expected:
             contiguous = False
