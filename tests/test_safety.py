@@ -105,6 +105,19 @@ def test_a_pickle_prefix_before_a_zip_is_flagged(tmp_path):
     assert not report.safe and f.pickles[0].refused == ("posix.system",)
 
 
+def test_scan_inflates_no_pickle_past_the_header_limit(tmp_path):
+    # review finding: scan inflated any *.pkl member whole (200 MB from 200 kB), ignoring the limits
+    import zipfile
+
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.pkl", P2 + b"N" * (4 << 20) + STOP)
+    with wio.limits.using(header_bytes=1 << 20):
+        (f,) = wio.scan(path).files
+    assert f.pickles[0].location.startswith("x.pkl (member 'x.pkl' size 4194307 exceeds the 1048576-byte limit "
+                                            "(limits.header_bytes;")
+
+
 def test_a_crc_mismatch_on_data_pkl_is_reported(tmp_path):
     data = bytearray(torch_zip(P2 + call("collections", "OrderedDict") + STOP, {}))
     pos = data.index(b"PK\x01\x02")

@@ -326,6 +326,20 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.
     return out
 
 
+def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = "member") -> bytes:
+    """A whole member's bytes, for members parsed in memory (pickles): at most `limit` of them,
+    checked before anything is read or inflated; stored ones CRC-checked here, deflated ones by
+    `inflate`."""
+    if member.size > limit:
+        raise exceeded(f"{what} {member.name!r} size", member.size, "header_bytes", limit, path=file.path)
+    if member.method != METHOD_STORED:
+        return inflate(file, member).tobytes()
+    data = file.read(member.data_offset, member.size, f"{what} {member.name!r}")
+    if zlib.crc32(data) != member.crc32:
+        raise _fail(file, f"{what} {member.name!r} fails its CRC-32 check")
+    return data
+
+
 def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
     """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
     if member.method == METHOD_STORED:

@@ -58,7 +58,6 @@ import functools
 import os
 import struct
 import threading
-import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -205,19 +204,11 @@ class ZipContainer(Container):
         self.byteorder = self._byteorder()
         self._check_version()
         pickle_record = self.records[self.prefix + "data.pkl"]
-        if pickle_record.size > limits.header_bytes:  # refused before it is read (or inflated)
-            raise exceeded(f"record {pickle_record.name!r} size", pickle_record.size, "header_bytes",
-                           limits.header_bytes, path=self.path)
-        self.pickles = [(pickle_record.name, self._read_record(pickle_record))]
+        self.pickles = [(pickle_record.name, self._read_record(pickle_record, limits.header_bytes))]
         self.root = self._unpickle(self.pickles[0][1], pickle_record.name)
 
-    def _read_record(self, record: _zip.ZipMember) -> bytes:
-        if record.method == _zip.METHOD_STORED:
-            data = self.file.read(record.data_offset, record.size, f"record {record.name!r}")
-            if zlib.crc32(data) != record.crc32:
-                raise self._fail(f"zip archive: record {record.name!r} fails its CRC-32 check")
-            return data
-        return _zip.inflate(self.file, record).tobytes()  # bounded by the record's size; CRC checked
+    def _read_record(self, record: _zip.ZipMember, limit: int) -> bytes:
+        return _zip.read_member(self.file, record, limit, what="record")
 
     def _small_record(self, name: str) -> bytes | None:
         record = self.records.get(self.prefix + name)
@@ -225,7 +216,7 @@ class ZipContainer(Container):
             return None
         if record.size > 64:
             raise self._fail(f"record {record.name!r} is {record.size:,} bytes; torch writes a few")
-        return self._read_record(record)
+        return self._read_record(record, 64)
 
     def _byteorder(self) -> str:
         raw = self._small_record("byteorder")
