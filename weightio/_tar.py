@@ -62,16 +62,16 @@ def read_members(file: MappedFile) -> list[TarMember]:
         data = pos + BLOCK
         if data + size > file.size:
             raise _fail(file, f"member {name!r} ({size:,} bytes at {data}) runs past the end of the file")
-        pos = data + -(-size // BLOCK) * BLOCK
-        if kind == "x":
-            pax = _parse_pax(file, file.read(data, min(size, _MAX_PAX), "a PAX header"))
+        if kind in "xg":
+            if kind == "x":
+                pax = _parse_pax(file, file.read(data, min(size, _MAX_PAX), "a PAX header"))
+            pos = data + -(-size // BLOCK) * BLOCK
             continue
-        if kind == "g":
-            continue
-        name, size = pax.get("path", name), pax.get("size", size)
+        name, size = pax.get("path", name), pax.get("size", size)  # a PAX size replaces the header's (>= 8 GiB)
         pax = {}
         if data + size > file.size:
             raise _fail(file, f"member {name!r} ({size:,} bytes at {data}) runs past the end of the file")
+        pos = data + -(-size // BLOCK) * BLOCK  # the next header follows the data the PAX size says
         if name in names:
             raise _fail(file, f"member {name!r} appears twice")
         if len(members) >= _MAX_MEMBERS:

@@ -337,3 +337,30 @@ def test_hostile_edits_of_a_torch_written_archive(write):
     truncated_pickle = rezip(PT / "views.pt", {"views/data.pkl": data_pkl[:-20]})
     _fails(write, truncated_pickle, CorruptFileError, "views/data.pkl: BINUNICODE at offset 1808 claims 14 bytes "
                                                       "but only 5 remain")
+
+
+def test_a_pax_size_moves_the_walk_to_the_next_header(tmp_path):
+    # review finding: the next header was found from the ustar size field (0 for members of 8 GiB
+    # or more, which tarfile puts in a PAX record), not from the PAX size, unlike tarfile
+    from weightio import _tar
+    from weightio._io import MappedFile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("a", b"x" * 1024), ("b", b"abc")):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), {"size": str(len(data))} if name == "a" else {}
+            tar.addfile(info, io.BytesIO(data))
+    data = bytearray(buf.getvalue())
+    header = data.index(b"a\0", 1024)  # member a's own header, after its PAX header
+    data[header + 124: header + 136] = b"%011o\0" % 0
+    data[header + 148: header + 156] = b" " * 8
+    data[header + 148: header + 156] = b"%06o\0 " % sum(data[header: header + 512])
+    (tmp_path / "pax.tar").write_bytes(bytes(data))
+    with tarfile.open(tmp_path / "pax.tar") as reference:
+        assert [(m.name, m.size) for m in reference.getmembers()] == [("a", 1024), ("b", 3)]
+    file = MappedFile(tmp_path / "pax.tar")
+    try:
+        assert [(m.name, m.size) for m in _tar.read_members(file)] == [("a", 1024), ("b", 3)]
+    finally:
+        file.close()
