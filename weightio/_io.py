@@ -265,7 +265,9 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
     try:
         os.fchmod(fd, 0o666 & ~_umask()) if hasattr(os, "fchmod") else None  # mkstemp makes 0600
         _hold(fd, tmp, path)
-        with os.fdopen(fd, "wb", buffering=0) as raw:
+        # buffered: its write() writes everything or raises, where a raw file's may write part (a
+        # full disk) and return the count, which every writer would have to check
+        with os.fdopen(fd, "wb") as raw:
             yield raw  # type: ignore[misc]
             raw.flush()
             os.fsync(raw.fileno())

@@ -455,7 +455,11 @@ class _Staging:
             for temporary, final in self.staged:
                 if not self.overwrite and os.path.lexists(final):
                     raise WriteError("appeared while converting; not replaced", path=final, errno=errno.EEXIST)
-                os.replace(temporary, final)
+                try:
+                    os.replace(temporary, final)
+                except OSError as e:  # named by the destination, like every other write failure
+                    raise WriteError(f"cannot put the output in place: {e.strerror}", path=final,
+                                     errno=e.errno) from None
                 done.append(final)
         except BaseException:
             for final in done:  # a half-committed set is worse than none
@@ -465,7 +469,11 @@ class _Staging:
         finally:
             self._release()
         for directory in {os.path.dirname(os.path.abspath(f)) for f in done}:
-            fsync_directory(directory)
+            try:
+                fsync_directory(directory)
+            except OSError as e:  # the files are in place; only their durability is in doubt
+                raise WriteError(f"the output is in place, but its directory could not be synced: {e.strerror}",
+                                 path=directory, errno=e.errno) from None
         return done
 
     def discard(self) -> None:
