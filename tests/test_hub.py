@@ -101,6 +101,8 @@ def test_parse(uri, expected):
     ("hf://org/mo del", "expected hf://namespace/name"),
     ("hf://org/..", "expected hf://namespace/name"),
     ("hf://org/model@", "empty revision"),
+    ("hf://org/model@..%2F..%2Ftmp%2Fx", "revision '../../tmp/x' is not a branch, tag or commit name"),
+    ("hf://org/model@%2Fetc%2Fx", "revision '/etc/x' is not a branch, tag or commit name"),
     ("hf://org/model/a/../../etc/passwd", "not a plain relative path"),
     ("hf://org/model/a//b", "not a plain relative path"),
     ("org/model", "is not an hf:// path"),

@@ -32,6 +32,7 @@ does not load it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable
@@ -113,7 +114,14 @@ def parse(uri: str) -> HubPath:
     path = path.strip("/")
     if "//" in path or ".." in path.split("/"):
         raise InputError(f"path {path!r} inside the repo is not a plain relative path", path=uri)
-    return HubPath(f"{namespace}/{name}", repo_type, unquote(revision) if at else None, path)
+    return HubPath(f"{namespace}/{name}", repo_type, _check_revision(unquote(revision), uri) if at else None, path)
+
+
+def _check_revision(revision: str, uri: str) -> str:
+    """A revision names a file under the cache's ``refs/``: no absolute path, no ``..``."""
+    if revision.startswith(("/", "\\")) or ".." in revision.replace("\\", "/").split("/"):
+        raise InputError(f"revision {revision!r} is not a branch, tag or commit name", path=uri)
+    return revision
 
 
 def _split_revision(revision: str, path: str) -> tuple[str, str]:
@@ -285,11 +293,15 @@ class _Repo:
         ref = os.path.join(self._storage(), "refs", revision)
         if _read_text(ref) == self.commit:
             return
-        os.makedirs(os.path.dirname(ref), exist_ok=True)
         tmp = f"{ref}.{os.getpid()}.weightio-tmp"
-        with open(tmp, "w") as f:
-            f.write(self.commit)
-        os.replace(tmp, ref)
+        try:  # best effort, as a cache may be read-only or shared: the files are already here
+            os.makedirs(os.path.dirname(ref), exist_ok=True)
+            with open(tmp, "w") as f:
+                f.write(self.commit)
+            os.replace(tmp, ref)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _read_text(path: str) -> str | None:
@@ -392,7 +404,7 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
     uri = repo_or_uri if is_hub_path(repo_or_uri) else SCHEME + repo_or_uri
     hub = parse(uri)
     if revision is not None:
-        hub = HubPath(hub.repo_id, hub.repo_type, revision, hub.path)
+        hub = HubPath(hub.repo_id, hub.repo_type, _check_revision(revision, uri), hub.path)
     repo = _Repo(hub, str(hub), local_dir)
     plan = _plan(repo)
     files = plan.files if plan.named else [*plan.files, *_configs(repo.files, plan.folder, plan.files)]
