@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weightio.convert import drop_array_pages
+from weightio.convert import bytes_equal, drop_array_pages
 from weightio.dtypes import TABLE
 from weightio.errors import UnsupportedDTypeError
 from weightio.view import TensorView
@@ -21,7 +21,6 @@ from weightio.view import TensorView
 __all__ = ["CHUNK", "Stats", "TensorDiff", "chunks", "first_values", "tensor_stats", "compare"]
 
 CHUNK = 1 << 22  # elements per slice
-_RAW_CHUNK = 16 << 20  # bytes per slice when comparing stored bytes
 _PACKED = frozenset(row.numpy for row in TABLE if row.packed)
 
 
@@ -185,10 +184,8 @@ def _raw_equal(a: TensorView, b: TensorView) -> bool:
     if a.info.strides is not None or b.info.strides is not None:  # same values may be laid out differently
         return False
     x, y = a.raw(), b.raw()
-    if x.nbytes != y.nbytes:
-        return False
     try:
-        return all(np.array_equal(x[i:i + _RAW_CHUNK], y[i:i + _RAW_CHUNK]) for i in range(0, x.nbytes, _RAW_CHUNK))
+        return bytes_equal(x, y)
     finally:
         drop_array_pages(x)
         drop_array_pages(y)

@@ -41,7 +41,7 @@ def pair_names(a: Checkpoint, b: Checkpoint, names_a: list[str], names_b: list[s
             pairs[alias_a[name]] = name
             covered.add(name)
     only_a = [n for n in names_a if n not in pairs]
-    only_b = [n for n in names_b if n not in covered and n not in set(pairs)]
+    only_b = [n for n in names_b if n not in covered]  # every paired name of B is in covered
     return pairs, only_a, only_b
 
 

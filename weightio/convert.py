@@ -68,7 +68,7 @@ from .dtypes import TABLE, dtype_name, parse_dtype
 from .errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file, save
 from .formats.base import TensorInfo
-from .formats.sources import check_materializable
+from .formats.sources import check_materializable, little_endian
 from .view import TensorView
 
 __all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "select_names"]
@@ -315,15 +315,6 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
             ordered = sorted(group)
             tied[ordered[0]] = ordered[1:]
     return tied
-
-
-def _value_types(ckpt: Checkpoint) -> dict[str, str]:
-    """The GGUF type of each metadata key of GGUF sources (`GGUFReader.value_types`)."""
-    types: dict[str, str] = {}
-    for reader in ckpt.readers:
-        for key, value_type in getattr(reader, "value_types", {}).items():
-            types.setdefault(key, value_type)
-    return types
 
 
 def _carried_metadata(metadata: Mapping[str, Any], source: str, fmt: str, notes: list[str]) -> dict[str, Any]:
@@ -631,8 +622,9 @@ class _Writer:
         try:
             if self.layout.fmt == "gguf":  # keep each key's GGUF type (UINT64 stays UINT64)
                 from .formats import gguf
+                from .formats.gguf import value_types
 
-                types = {k: t for k, t in _value_types(self.ckpt).items() if k in (metadata or {})}
+                types = {k: t for k, t in value_types(self.ckpt).items() if k in (metadata or {})}
                 gguf.write(views, staged, metadata, value_types=types)
             else:
                 save(views, staged, metadata, self.layout.fmt)
@@ -671,8 +663,8 @@ class _Writer:
             raise CorruptFileError(f"verification failed: written as {out.ggml_type or dtype_name(out.dtype)} "
                                    f"{list(out.shape)}, expected {expected_kind} {list(tensor.info.shape)}",
                                    path=out.path, tensor=tensor.name)
-        written, wanted = out.raw(), _little_endian_bytes(tensor.make())
-        equal = _bytes_equal(written, wanted)
+        written, wanted = out.raw(), little_endian(tensor.make()).reshape(-1).view(np.uint8)
+        equal = bytes_equal(written, wanted)
         release_pages(tensor.source)
         drop_array_pages(written)
         if not equal:
@@ -692,14 +684,7 @@ class _Writer:
                     os.unlink(stale)
 
 
-def _little_endian_bytes(arr: np.ndarray) -> np.ndarray:
-    """An array's elements as C-ordered little-endian bytes (a view when already so)."""
-    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-
-
-def _bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
+def bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
     """Byte-for-byte equality, compared in bounded chunks (no temporary the size of the tensor)."""
     if a.nbytes != b.nbytes:
         return False

@@ -52,10 +52,15 @@ class TensorSource:
 
     def little_endian_bytes(self) -> np.ndarray:
         """The data as C-ordered little-endian elements (what safetensors, GGUF and npz store)."""
-        arr = self.array()
-        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        return arr
+        return little_endian(self.fetch())
+
+
+def little_endian(arr: np.ndarray) -> np.ndarray:
+    """`arr` as a C-contiguous array of little-endian elements (itself when it already is one)."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return arr
 
 
 def tensor_sources(tensors: Mapping[str, Any], *, path: str, packed_ok: bool = False) -> list[TensorSource]:
