@@ -229,8 +229,9 @@ def place(source: TensorView | np.ndarray | Any, device: str | Device = "numpy",
 
     numpy: the zero-copy read-only view when no cast is needed, else a new array.
     torch CPU: a tensor sharing the view's memory (no copy) when no cast is needed; the memory is
-    the file mapping, mapped read-only: an in-place write to that tensor crashes the process
-    (see the module docstring) — clone first.
+    the file's private copy-on-write mapping: an in-place write to that tensor changes what this
+    process reads (every view of those pages), never the file (see the module docstring) — clone
+    first to keep the checkpoint's values.
     """
     b = backend(device)
     adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)

@@ -82,7 +82,7 @@ import numpy as np
 
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import exceeded
-from ..quant.types import GGMLType, by_id
+from ..quant.types import GGMLType, by_id, by_name
 from .base import Reader, TensorInfo
 
 __all__ = ["GGUFReader", "GGUFArray", "GGUFValueType", "write", "value_types", "DEFAULT_ALIGNMENT"]
@@ -148,11 +148,6 @@ class _Layout(NamedTuple):
 def _layout(order: str, version: int) -> _Layout:
     return _Layout(order, struct.Struct(order + "I"), struct.Struct(order + ("I" if version == 1 else "Q")),
                    struct.Struct(order + "Q"), {t: struct.Struct(order + c) for t, c in _STRUCT_CODES.items()})
-
-
-def _type_name(vtype: int, sub: str | None = None) -> str:
-    name = GGUFValueType(vtype).name
-    return f"{name}[{sub}]" if sub is not None else name
 
 
 # ----------------------------------------------------------------------------- metadata arrays
@@ -809,8 +804,6 @@ def _target(name: str, shape: tuple[int, ...], floating: bool, types: Any) -> st
 
 
 def _convertible(name: str) -> GGMLType:
-    from ..quant.types import by_name
-
     t = by_name(name)
     if t is None or t.name not in _REQUANTIZABLE:
         raise UnsupportedDTypeError(f"the GGUF writer converts tensors to {', '.join(_REQUANTIZABLE)}, not {name!r}")
@@ -823,7 +816,7 @@ def _plan(name: str, value: Any, types: Any, path: str) -> _Plan:
     from .sources import tensor_sources
 
     if isinstance(value, QuantizedTensor):
-        t = _type(value.ggml_type)
+        t = by_name(value.ggml_type)
         return _Plan(name, t, value.shape, _stored_size(t, value.shape), lambda: value.blocks)
     copied = _copied_blocks(name, value, types)
     if copied is not None:
@@ -836,14 +829,8 @@ def _plan(name: str, value: Any, types: Any, path: str) -> _Plan:
         if plain is None:
             raise UnsupportedDTypeError(f"GGUF stores F32, F16, BF16, F64 and I8-I64 tensors (and ggml blocks), not "
                                         f"{src.dtype.name}; convert it first", path=path, tensor=name)
-        return _Plan(name, _type(plain), src.shape, src.nbytes, src.little_endian_bytes)
-    return _converted(src, _type(wanted), path)
-
-
-def _type(name: str) -> GGMLType:
-    from ..quant.types import by_name
-
-    return by_name(name)
+        return _Plan(name, by_name(plain), src.shape, src.nbytes, src.little_endian_bytes)
+    return _converted(src, by_name(wanted), path)
 
 
 def _copied_blocks(name: str, value: Any, types: Any) -> _Plan | None:
@@ -852,7 +839,7 @@ def _copied_blocks(name: str, value: Any, types: Any) -> _Plan | None:
 
     if not isinstance(value, TensorView) or value.ggml_type is None or value.info.dtype.byteorder == ">":
         return None  # big-endian blocks are ambiguous: decoding them raises, with the reason
-    t = _type(value.ggml_type)
+    t = by_name(value.ggml_type)
     if t is None or not t.quantized or t.removed is not None:
         return None
     if _target(name, value.shape, True, types) not in (None, t.name):

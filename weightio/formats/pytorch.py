@@ -187,6 +187,10 @@ class Container:
         return _pickle.load(data, self._persistent_load, path=self.path, what=what, checked=checked,
                             limits=self.limits)
 
+    def _check_sys_info(self, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise self._fail(f"legacy sys_info is {_standins.short_repr(value)}, not a dict")
+
     def _persistent_load(self, pid: Any) -> Any:
         raise self._fail("the pickle refers to a persistent object (a torch storage?), but this is not a torch "
                          "checkpoint that stores any")
@@ -302,10 +306,6 @@ class LegacyContainer(Container):
             raise FormatError(f"legacy torch.save protocol version {_standins.short_repr(value)} is not supported "
                               f"({PROTOCOL_VERSION} is)", path=self.path)
 
-    def _check_sys_info(self, value: Any) -> None:
-        if not isinstance(value, dict):
-            raise self._fail(f"legacy sys_info is {_standins.short_repr(value)}, not a dict")
-
     def _persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and pid and pid[0] == "module":
             raise UnsafePickleError("the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is "
@@ -395,10 +395,6 @@ class TarContainer(Container):
 
     def _no_persistent(self, pid: Any) -> Any:
         raise self._fail(f"unexpected persistent id {_standins.short_repr(pid)} in a tar member's pickle")
-
-    def _check_sys_info(self, value: Any) -> None:
-        if not isinstance(value, dict):
-            raise self._fail(f"legacy sys_info is {_standins.short_repr(value)}, not a dict")
 
     def _count(self, value: Any, what: str, limit: int) -> int:
         if type(value) is not int or not 0 <= value <= limit:
