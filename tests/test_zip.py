@@ -50,3 +50,25 @@ def test_a_stream_that_ends_exactly_at_the_declared_size_is_fine(write):
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
     path = write("ok.npz", _npz_with_stream(npy, c.compress(npy) + c.flush()))
     assert wio.load(path)["w"].tolist() == list(range(6))
+
+
+def test_the_look_past_the_declared_size_never_copies_the_rest_of_the_stream(write):
+    # review finding: the bytes after the declared size were copied whole (up to the file's size)
+    # just to see whether one more byte inflates; now they are fed in bounded chunks
+    import tracemalloc
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(4.0))
+    npy = buf.getvalue()
+    c = zlib.compressobj(0, zlib.DEFLATED, -15)  # stored blocks: 16 MB of data is 16 MB of stream
+    stream = c.compress(npy) + c.flush(zlib.Z_FULL_FLUSH) + c.compress(bytes(16 << 20)) + c.flush()
+    path = write("long.npz", _npz_with_stream(npy, stream))
+    with wio.open(path) as ckpt:
+        tracemalloc.start()
+        try:
+            with pytest.raises(CorruptFileError, match="member 'w.npy' inflates to more than the 160 bytes declared"):
+                ckpt["w"].numpy()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 << 20

@@ -315,9 +315,16 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.
             filled += len(piece)
         if filled != member.size:
             raise _fail(file, f"member {member.name!r} inflates to {filled} bytes, not the {member.size} declared")
-        rest = d.unconsumed_tail + (bytes(src[pos:]) if pos < len(src) else b"")
-        if rest and not d.eof and d.decompress(rest, 1):  # past the declared size: one byte tells
-            raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
+        while not d.eof:  # past the declared size one byte of output tells; fed in chunks, never copied whole
+            if d.unconsumed_tail:
+                extra = d.decompress(d.unconsumed_tail, 1)
+            elif pos < len(src):
+                extra = d.decompress(src[pos : pos + chunk], 1)
+                pos += chunk
+            else:
+                break
+            if extra:
+                raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
     except zlib.error as e:  # corrupt data before or after the declared size
         raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
     if crc != member.crc32:
