@@ -257,7 +257,10 @@ class GGUFArray(Sequence):
             raise TypeError(f"a GGUF array of {self.type} has no numpy view; use tolist()")
         if self._array is not None:
             return self._array
-        view = np.frombuffer(self._file.data, self._dtype, self._count, self._offset)
+        return self._numbers(self._file.data)
+
+    def _numbers(self, data: Any) -> np.ndarray:
+        view = np.frombuffer(data, self._dtype, self._count, self._offset)
         if not view.dtype.isnative:
             view = view.astype(view.dtype.newbyteorder("="))
             view.flags.writeable = False
@@ -275,13 +278,15 @@ class GGUFArray(Sequence):
         for i, start in enumerate(self._starts):
             yield data[start:self._stop(i)].tobytes()
 
-    def _decoded(self) -> tuple:
+    def _decoded(self, data: Any = None) -> tuple:
+        """Every item, decoded once. `data`: the file's bytes when the caller already holds them
+        (the reader at open), else one checked access to the mapping."""
         if self._items is None:
             if self._dtype is not None:
-                self._items = tuple(self.numpy().tolist())
-            elif self._count:  # one read of the mapping (each is checked against the file), then slices of it
+                self._items = tuple(self.numpy().tolist() if data is None else self._numbers(data).tolist())
+            elif self._count:  # one read of the mapping, then slices of it
                 starts, gap, base = self._starts, self._gap, self._starts[0]
-                blob = self._file.data[base:self._end].tobytes()
+                blob = bytes((self._file.data if data is None else data)[base:self._end])
                 stops = [*(s - gap - base for s in starts[1:]), self._end - base]
                 text = (blob[a - base:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, stops, strict=True))
                 self._items = tuple(t.rstrip("\x00") for t in text) if self._strip_nul else tuple(text)
@@ -468,7 +473,7 @@ class GGUFReader(Reader):
         arr = GGUFArray.numbers(etype, self.file, count, dtype, cur.pos)
         cur.pos += count * dtype.itemsize
         if count <= EAGER_ARRAY_ITEMS:
-            arr._decoded()
+            arr._decoded(cur.buf)
         return arr, f"ARRAY[{etype.name}]"
 
     def _string_array(self, cur: _Cursor, key: str, count: int) -> GGUFArray:
@@ -481,7 +486,7 @@ class GGUFReader(Reader):
         arr = GGUFArray.strings(self.file, starts, pos, width, strip_nul=self.version == 1)
         cur.pos = pos
         if count <= EAGER_ARRAY_ITEMS:
-            arr._decoded()
+            arr._decoded(cur.buf)
         return arr
 
     def _nested_array(self, cur: _Cursor, key: str, count: int, depth: int) -> tuple[GGUFArray, str]:
