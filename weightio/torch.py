@@ -74,11 +74,14 @@ def load_into(
     """
     vb, owned = _builder(source, module, base_model_prefix, renames, device)
     try:
-        loaded, missing, mismatched = _fetch(vb, module, assign)
+        targets = module.state_dict(keep_vars=True)
+        loaded, missing, refused = _fetch(vb, targets, assign)
+        report = vb.report()  # once: it walks every name used and stored
+        mismatched = [m for m in report.mismatched if m[0] in refused]
         if mismatched:
             raise _mismatch_error(module, mismatched, vb)
-        _store(module, loaded, assign)
-        unexpected = list(vb.report().unused)
+        _store(module, targets, loaded, assign)
+        unexpected = list(report.unused)
     finally:
         if owned:
             vb.close()
@@ -102,10 +105,9 @@ def _builder(source: Any, module: torch.nn.Module, prefix: str | None, renames: 
     return VarBuilder.from_path(source, None, device, base_model_prefix=hint, renames=renames), True
 
 
-def _fetch(vb: VarBuilder, module: torch.nn.Module, assign: bool) -> tuple[dict, list[str], list]:
-    """Resolve every state_dict name: loaded {name: tensor}, missing names, shape mismatches
-    (``(name, module shape, stored shape)``)."""
-    targets = module.state_dict(keep_vars=True)
+def _fetch(vb: VarBuilder, targets: dict[str, Any], assign: bool) -> tuple[dict, list[str], set[str]]:
+    """Resolve every state_dict name: loaded {name: tensor}, missing names, and the stored names
+    refused for their shape (the load report says module and stored shapes)."""
     groups: dict[int, list[str]] = {}
     for name, tensor in targets.items():  # tied parameters: one object under several names
         groups.setdefault(id(tensor), []).append(name)
@@ -128,15 +130,13 @@ def _fetch(vb: VarBuilder, module: torch.nn.Module, assign: bool) -> tuple[dict,
                 value = value.to(target.device)
             for tied in names:
                 loaded.setdefault(tied, value)
-    mismatched = [m for m in vb.report().mismatched if m[0] in refused]
-    return loaded, missing, mismatched
+    return loaded, missing, refused
 
 
-def _store(module: torch.nn.Module, loaded: dict[str, Any], assign: bool) -> None:
+def _store(module: torch.nn.Module, targets: dict[str, Any], loaded: dict[str, Any], assign: bool) -> None:
     if assign:
         module.load_state_dict(loaded, strict=False, assign=True)
         return
-    targets = module.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, value in loaded.items():
             target = targets[name]
