@@ -47,10 +47,11 @@ from .errors import CorruptFileError, UnsafePickleError, WeightioError
 
 __all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "Unpickler", "lex", "load", "prepass"]
 
-# The defaults of weightio.limits (pickle_opcodes, pickle_stack, nesting_depth):
-MAX_OPCODES = 1 << 24  # per pickle; a state dict needs ~30 per tensor
-MAX_STACK = 100_000  # items on the stack at once; picklers batch 1000 items per APPENDS/SETITEMS
-MAX_MARKS = 1_000  # nested MARKs; one per level of nesting of the pickled object
+# The defaults of weightio.limits (pickle_opcodes, pickle_stack, nesting_depth), under the names
+# the lexer's documentation uses:
+MAX_OPCODES = _limits.DEFAULTS.pickle_opcodes  # per pickle; a state dict needs ~30 per tensor
+MAX_STACK = _limits.DEFAULTS.pickle_stack  # items on the stack at once; picklers batch 1000 per APPENDS/SETITEMS
+MAX_MARKS = _limits.DEFAULTS.nesting_depth  # nested MARKs; one per level of nesting of the pickled object
 MAX_WEAK_KEYS = 10_000  # colliding keys cost ~0.4 s at 10 000, 40 s at 100 000
 MEMO_SLACK = 256  # BINPUT indices (0-255) are always allowed
 _WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide

@@ -112,8 +112,8 @@ def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMemb
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
     members = _read_central_directory(file, cd_offset, cd_size, count)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
-    _check_layout(file, located, cd_offset)
     located.sort(key=lambda m: m.header_offset)
+    _check_layout(file, located)
     _CACHE[file] = tuple(located)
     return located
 
@@ -213,14 +213,12 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
 def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:
     if flags & _FLAG_ENCRYPTED:
         raise FormatError(f"member {name!r} is encrypted", path=file.path)
-    if method not in (METHOD_STORED, METHOD_DEFLATED):
+    if method not in _METHODS:
         raise FormatError(f"member {name!r} uses compression method {method}; only stored (0) and "
                           "deflate (8) are supported", path=file.path)
 
 
 def _apply_zip64(file: MappedFile, extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
-    if 0xFFFFFFFF not in (usize, csize, offset):
-        return usize, csize, offset
     pos = 0
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
@@ -277,8 +275,8 @@ def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: i
         raise _fail(file, f"local header name {local!r} differs from the central directory's {member.name!r}")
 
 
-def _check_layout(file: MappedFile, members: list[ZipMember], cd_offset: int) -> None:
-    ordered = sorted(members, key=lambda m: m.header_offset)
+def _check_layout(file: MappedFile, ordered: list[ZipMember]) -> None:
+    """`ordered` (by header offset) starts at offset 0 and no member overlaps the next."""
     if ordered and ordered[0].header_offset != 0:
         raise _fail(file, f"{ordered[0].header_offset} bytes precede the first member (a polyglot file?)")
     for before, after in zip(ordered, ordered[1:], strict=False):
