@@ -159,3 +159,10 @@ def test_directories_without_a_clear_weight_file(tmp_path):
     shutil.copy(FIXTURES / "numpy.safetensors", two / "model.safetensors")
     with wio.open(two) as ckpt:  # the conventional name wins
         assert ckpt.files == [str(two / "model.safetensors")]
+
+
+def test_a_sharded_set_opens_by_its_index_file_too():
+    # review finding: only VarBuilder.from_path accepted an index file's path; wio.open refused it
+    with wio.open(SHARDED / "model.safetensors.index.json") as by_index, wio.open(SHARDED) as by_dir:
+        assert list(by_index) == list(by_dir) and by_index.files == by_dir.files
+        assert all(by_index[n].numpy().tobytes() == by_dir[n].numpy().tobytes() for n in by_dir)

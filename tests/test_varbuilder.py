@@ -221,19 +221,19 @@ def test_a_name_in_two_sources_is_corrupt(tmp_path):
 def test_from_path_closes_what_it_opened_when_it_fails(tmp_path):
     a = _save(tmp_path, "a.safetensors", {"x": np.zeros(2, np.float32)})
     opened = []
-    real = wio.varbuilder._open_path
+    real = wio.varbuilder.open_checkpoint
 
     def spy(p):
         ckpt = real(p)
         opened.append(ckpt)
         return ckpt
 
-    wio.varbuilder._open_path = spy
+    wio.varbuilder.open_checkpoint = spy
     try:
         with pytest.raises(CorruptFileError):
             wio.VarBuilder.from_path([a, a])
     finally:
-        wio.varbuilder._open_path = real
+        wio.varbuilder.open_checkpoint = real
     assert len(opened) == 2 and all(c.closed for c in opened)
 
 

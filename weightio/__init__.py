@@ -66,9 +66,9 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Check
     tensors are read when asked for. The format is sniffed from the file's bytes, never from its
     name. A directory may hold a sharded index (``model.safetensors.index.json``,
     ``pytorch_model.bin.index.json``), a single weight file (``model.safetensors``,
-    ``pytorch_model.bin``, one ``.gguf``) or the parts of one split GGUF model.
-    ``hf://org/repo[@revision][/file]`` is fetched through huggingface_hub (its cache,
-    ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` apply).
+    ``pytorch_model.bin``, one ``.gguf``) or the parts of one split GGUF model; a sharded
+    index file may also be opened by its own path. ``hf://org/repo[@revision][/file]`` is
+    fetched through huggingface_hub (its cache, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` apply).
 
     `limits` (a `weightio.Limits`) bounds what the files may make weightio spend: header
     bytes, tensor count, name length, nesting, inflated bytes; by default the current limits

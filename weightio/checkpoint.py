@@ -149,6 +149,8 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None) 
         path = resolve(path)
     if os.path.isdir(path):
         return _open_directory(path)
+    if path.endswith(".index.json") and os.path.isfile(path):  # a sharded set, named by its index
+        return _open_sharded(os.path.dirname(os.path.abspath(path)), path)
     if not os.path.exists(path):
         raise InputError("no such file or directory", path=path, errno=2)
     return _open_with_siblings(path, path)

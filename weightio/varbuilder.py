@@ -202,16 +202,6 @@ class _Store:
         return self._names
 
 
-def _open_path(path: str | os.PathLike[str]) -> Checkpoint:
-    """A checkpoint file or directory, or a sharded index file (``*.index.json``) by its own path."""
-    text = os.fspath(path)
-    if text.endswith(".index.json") and os.path.isfile(text):
-        from .checkpoint import _open_sharded
-
-        return _open_sharded(os.path.dirname(os.path.abspath(text)) or ".", text)
-    return open_checkpoint(text)
-
-
 # ----------------------------------------------------------------------------- resolution
 
 
@@ -448,7 +438,7 @@ class VarBuilder:
         opened: list[Checkpoint] = []
         try:
             for p in paths:
-                opened.append(_open_path(p))
+                opened.append(open_checkpoint(p))
             return cls._build(opened, [c.path for c in opened], opened, dtype, device,
                               base_model_prefix, auto_prefix, renames)
         except BaseException:
