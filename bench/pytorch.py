@@ -110,7 +110,7 @@ def _phases(path: str) -> dict:
     pytorch.Container.__init__(container, file, limits)
     container.records = {m.name: m for m in members}
     container.prefix = pytorch._archive_prefix(file, members)
-    data = container._read_record(container.records[container.prefix + "data.pkl"])
+    data = container._read_record(container.records[container.prefix + "data.pkl"], limits.header_bytes)
     marks.append(("data.pkl read", time.perf_counter()))
     _pickle.prepass(data, limits=limits)
     marks.append(("prepass", time.perf_counter()))
