@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weightio.convert import bytes_equal, drop_array_pages
+from weightio._io import bytes_equal, drop_array_pages
 from weightio.dtypes import TABLE
 from weightio.errors import UnsupportedDTypeError
 from weightio.view import TensorView

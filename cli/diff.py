@@ -9,7 +9,6 @@ import click
 
 import weightio
 from weightio.checkpoint import Checkpoint
-from weightio.convert import select_names
 
 from ._format import number, plural, shape_text, table
 from ._options import common_options, echo, limit_options, style
@@ -108,7 +107,7 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
       weightio diff a.npz b.npz --filter 'encoder.*' -q && echo same
     """
     with weightio.open(a) as ca, weightio.open(b) as cb:
-        names_a, names_b = select_names(ca, patterns), select_names(cb, patterns)
+        names_a, names_b = ca.select(*patterns), cb.select(*patterns)
         pairs, only_a, only_b = pair_names(ca, cb, names_a, names_b)
         diffs = [compare(x, ca[x], cb[y], atol, rtol) for x, y in pairs.items()]
         _report(a, b, ca, cb, pairs, only_a, only_b, diffs, ignore_dtype)

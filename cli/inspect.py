@@ -11,7 +11,6 @@ import click
 
 import weightio
 from weightio.checkpoint import Checkpoint
-from weightio.convert import select_names
 
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_value, kind, plural, shape_text, table
@@ -124,7 +123,7 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
       weightio inspect hf://google-bert/bert-base-uncased --json | jq .parameter_count
     """
     with weightio.open(path) as ckpt:
-        names = select_names(ckpt, patterns)
+        names = ckpt.select(*patterns)
         if as_json:
             doc = inspect_json(path, ckpt, names, patterns, tree, depth)
             echo(json.dumps(doc, indent=2, ensure_ascii=False), essential=True)

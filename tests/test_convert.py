@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import weightio as wio
 import weightio.convert as convert_module
-from weightio.convert import convert, parse_size, plan_shards, select_names
+from weightio.convert import convert, parse_size, plan_shards
 from weightio.dtypes import TABLE
 from weightio.errors import CorruptFileError, FormatError, UnsupportedDTypeError, WriteError
 
@@ -398,11 +398,13 @@ def test_gguf_metadata_to_safetensors_keeps_scalars_as_strings(tmp_path):
 # ----------------------------------------------------------------------------- selection, formats, notes
 
 
-def test_select_names():
+def test_select_names(tmp_path):
     names = ["a.weight", "a.bias", "b.weight"]
-    assert select_names(names, None) == names
-    assert select_names(names, ["*.weight"]) == ["a.weight", "b.weight"]
-    assert select_names(names, ["b.*", "a.bias"]) == ["a.bias", "b.weight"]
+    wio.save({n: np.zeros(1, np.float32) for n in names}, tmp_path / "m.npz")
+    with wio.open(tmp_path / "m.npz") as ckpt:
+        assert ckpt.select() == names
+        assert ckpt.select("*.weight") == ["a.weight", "b.weight"]
+        assert ckpt.select("b.*", "a.bias") == ["a.bias", "b.weight"]
 
 
 def test_npy_output_needs_exactly_one_tensor(tmp_path):

@@ -395,3 +395,36 @@ def write_all(out: IO[bytes], data: np.ndarray | bytes | memoryview, chunk: int 
             raise OSError(errno.EIO, "short write")
         pos += n
     return total
+
+
+def drop_array_pages(data: np.ndarray) -> None:
+    """Tell the kernel this process no longer needs the mapped pages under `data` (a no-op unless
+    `data` is a view of an ``mmap.mmap``).
+
+    The pages stay in the page cache (a later read is a cheap minor fault) but leave this
+    process's resident set: what keeps a streaming conversion's peak RSS at one tensor.
+    """
+    root = data
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    mapping = root.base.obj if isinstance(root.base, memoryview) else root.base  # np.frombuffer keeps a memoryview
+    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise") or data.nbytes == 0:
+        return
+    start = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    lo = start - start % mmap.PAGESIZE
+    hi = min(start + data.nbytes + (-(start + data.nbytes)) % mmap.PAGESIZE, len(mapping))
+    with contextlib.suppress(ValueError, OSError):  # a closed mapping; madvise refused: only a hint
+        mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+_COMPARE_CHUNK = 16 << 20
+
+
+def bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Byte-for-byte equality, compared in bounded chunks (no temporary the size of the tensor)."""
+    if a.nbytes != b.nbytes:
+        return False
+    for start in range(0, a.nbytes, _COMPARE_CHUNK):
+        if not np.array_equal(a[start:start + _COMPARE_CHUNK], b[start:start + _COMPARE_CHUNK]):
+            return False
+    return True

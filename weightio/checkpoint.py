@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._io import MappedFile
-from ._json import parse_json_object
+from . import layout
 from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError
 from .formats import open_file
 from .formats.base import Reader, TensorInfo
@@ -77,6 +75,22 @@ class Checkpoint(Mapping[str, TensorView]):
     def __contains__(self, name: object) -> bool:
         return name in self._index
 
+    def select(self, *patterns: str) -> list[str]:
+        """The tensor names matching any of the glob `patterns`, in file order; every name when none.
+
+        Patterns are `fnmatch` globs matched case-sensitively against the whole name
+        (``"*.weight"``, ``"encoder.layer.[0-3].*"``).
+
+        Example:
+            >>> ckpt.select("*.weight", "lm_head.*")        # doctest: +SKIP
+            ['encoder.weight', 'lm_head.weight', 'lm_head.bias']
+        """
+        if not patterns:
+            return list(self._index)
+        from fnmatch import fnmatchcase  # (imports re, posixpath): only when filtering
+
+        return [n for n in self._index if any(fnmatchcase(n, p) for p in patterns)]
+
     # ------------------------------------------------------------------ facts
     @property
     def readers(self) -> tuple[Reader, ...]:
@@ -122,16 +136,6 @@ class Checkpoint(Mapping[str, TensorView]):
 
 # ----------------------------------------------------------------------------- opening
 
-# Directory layouts, most preferred first: (index suffix or None, preferred file, other weight suffixes).
-# GGUF has no index file: a directory holds one .gguf, or the parts of one split set.
-_LAYOUTS = (
-    (".safetensors.index.json", "model.safetensors", (".safetensors",)),
-    (".bin.index.json", "pytorch_model.bin", (".bin", ".pt", ".pth", ".ckpt")),
-    (None, "model.gguf", (".gguf",)),
-)
-_SPLIT_PART = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
 def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None) -> Checkpoint:
     """Open a checkpoint file or model directory; see `weightio.open`.
 
@@ -162,16 +166,16 @@ def _open_directory(path: str) -> Checkpoint:
     except OSError as e:
         raise InputError(f"cannot list the directory: {e.strerror}", path=path, errno=e.errno) from None
     files = sorted(f for f in names if os.path.isfile(os.path.join(path, f)))
-    for index_suffix, preferred, suffixes in _LAYOUTS:
-        index = _pick(path, [f for f in files if f.endswith(index_suffix)], preferred + ".index.json") \
-            if index_suffix else None
-        if index is not None:
-            return _open_sharded(path, os.path.join(path, index))
-        single = _pick(path, [f for f in files if f.endswith(suffixes)], preferred)
-        if single is not None:
-            return _open_with_siblings(path, os.path.join(path, single))
-    shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
-    raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
+    try:
+        chosen = layout.choose(files)
+    except layout.Ambiguous as e:
+        raise FormatError(f"holds several candidate files ({e}); open one of them by path", path=path) from None
+    if chosen is None:
+        shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
+        raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
+    if chosen.endswith(".index.json"):
+        return _open_sharded(path, os.path.join(path, chosen))
+    return _open_with_siblings(path, os.path.join(path, chosen))
 
 
 def _open_with_siblings(path: str, file: str) -> Checkpoint:
@@ -185,21 +189,9 @@ def _open_with_siblings(path: str, file: str) -> Checkpoint:
     return _open_readers(path, siblings, opened=[first])
 
 
-def _pick(directory: str, candidates: list[str], preferred: str) -> str | None:
-    if preferred in candidates:
-        return preferred
-    parts = [_SPLIT_PART.match(c) for c in candidates]
-    if len(candidates) > 1 and all(parts) and len({(m["stem"], m["count"]) for m in parts}) == 1:
-        return min(candidates)  # the parts of one split GGUF set: part 1 brings the others
-    if len(candidates) > 1:
-        raise FormatError(f"holds several candidate files ({', '.join(candidates)}); open one of them by path",
-                          path=directory)
-    return candidates[0] if candidates else None
-
-
 def _open_sharded(directory: str, index_path: str) -> Checkpoint:
-    weight_map, index_metadata = _read_index(index_path)
-    shard_names = list(dict.fromkeys(weight_map.values()))
+    weight_map, index_metadata = layout.read_index(index_path)
+    shard_names = layout.shards(weight_map)
     for shard in shard_names:
         if not os.path.isfile(os.path.join(directory, shard)):
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
@@ -213,23 +205,6 @@ def _open_sharded(directory: str, index_path: str) -> Checkpoint:
             raise CorruptFileError(f"maps tensor {name!r} to {shard!r}, which does not hold it{found}",
                                    path=index_path)
     return checkpoint
-
-
-def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
-    file = MappedFile(index_path)
-    try:
-        index = parse_json_object(file.read(0, file.size, "the index"), path=index_path, what="index")
-    finally:
-        file.close()
-    weight_map, metadata = index.get("weight_map"), index.get("metadata") or {}
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CorruptFileError("weight_map must be an object mapping tensor names to file names", path=index_path)
-    if not isinstance(metadata, dict):
-        raise CorruptFileError("metadata must be an object", path=index_path)
-    for shard in set(weight_map.values()):
-        if not shard or os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
-            raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
-    return weight_map, metadata
 
 
 def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None = None, *,

@@ -41,13 +41,11 @@ import contextlib
 import errno
 import json
 import math
-import mmap
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 import ml_dtypes
@@ -57,7 +55,9 @@ from . import limits as _limits
 from ._io import (
     TEMP_SUFFIX,
     atomic_write,
+    bytes_equal,
     check_destination,
+    drop_array_pages,
     fsync_directory,
     lock_temporary,
     remove_stale_temporaries,
@@ -67,11 +67,11 @@ from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import TABLE, dtype_name, parse_dtype
 from .errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file, save
-from .formats.base import TensorInfo
-from .formats.sources import check_materializable, little_endian
+from .formats.sources import check_materializable
+from .records import TensorInfo, little_endian
 from .view import TensorView
 
-__all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "select_names"]
+__all__ = ["convert", "ConvertResult", "parse_size", "plan_shards"]
 
 Progress = Callable[[int, int], None]  # progress(advance_bytes, total_bytes)
 
@@ -81,7 +81,6 @@ _FLOATS = frozenset(row.numpy for row in TABLE if not row.packed and row.safeten
 _SATURATING = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz))
 _SHARES_STORAGE = frozenset({"pytorch"})  # formats whose tensors may share one storage (tied weights)
 _INDEX_KEYS = frozenset({"total_size", "total_parameters"})  # describe the source's index, not the tensors
-_VERIFY_CHUNK = 16 << 20
 
 
 @dataclass
@@ -125,14 +124,6 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise FormatError(f"size {text!r} must be positive")
     return value
-
-
-def select_names(names: Iterable[str], patterns: Sequence[str] | None) -> list[str]:
-    """The names matching any of the glob `patterns` (all names when there are none), in order."""
-    names = list(names)
-    if not patterns:
-        return names
-    return [n for n in names if any(fnmatchcase(n, p) for p in patterns)]
 
 
 def plan_shards(sizes: Mapping[str, int], max_shard_size: int) -> list[list[str]]:
@@ -249,21 +240,6 @@ def release_pages(view: TensorView) -> None:
     except (WeightioError, ValueError):  # tensors with no readable bytes (meta tensors), closed files
         return
     drop_array_pages(data)
-
-
-def drop_array_pages(data: np.ndarray) -> None:
-    """`release_pages` for any array that may be a view of an ``mmap.mmap`` (no-op otherwise)."""
-    root = data
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    mapping = root.base.obj if isinstance(root.base, memoryview) else root.base  # np.frombuffer keeps a memoryview
-    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise") or data.nbytes == 0:
-        return
-    start = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    lo = start - start % mmap.PAGESIZE
-    hi = min(start + data.nbytes + (-(start + data.nbytes)) % mmap.PAGESIZE, len(mapping))
-    with contextlib.suppress(ValueError, OSError):  # a closed mapping; madvise refused: only a hint
-        mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def target_dtype(dtype: Any) -> np.dtype | None:
@@ -541,7 +517,7 @@ def convert(
 
 def _convert(ckpt: Checkpoint, layout: _Layout, cast: np.dtype | None, dequantize: bool, limit: int | None,
              select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None) -> ConvertResult:
-    names = select_names(ckpt, select)
+    names = ckpt.select(*(select or ()))
     if not names:
         raise FormatError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
     notes: list[str] = []
@@ -682,13 +658,3 @@ class _Writer:
             if os.path.abspath(stale) not in keep:
                 with contextlib.suppress(OSError):
                     os.unlink(stale)
-
-
-def bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Byte-for-byte equality, compared in bounded chunks (no temporary the size of the tensor)."""
-    if a.nbytes != b.nbytes:
-        return False
-    for start in range(0, a.nbytes, _VERIFY_CHUNK):
-        if not np.array_equal(a[start:start + _VERIFY_CHUNK], b[start:start + _VERIFY_CHUNK]):
-            return False
-    return True

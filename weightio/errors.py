@@ -9,8 +9,13 @@ WeightioError
 ├── ShapeMismatchError     VarBuilder.get with the wrong shape; says expected vs found
 ├── UnsupportedDTypeError  a dtype weightio (or the target format) cannot represent
 ├── InputError             also an OSError: a path that cannot be opened (missing, no permission, a FIFO)
-└── WriteError             also an OSError: an output could not be written (exists, is an input, disk full)
+├── WriteError             also an OSError: an output could not be written (exists, is an input, disk full)
+├── UsageError             also a ValueError: a caller's mistake (bad argument, conflicting options)
+└── MissingDependencyError also an ImportError: an optional extra is needed; names the extra to install
 ```
+
+`FormatError` and `CorruptFileError` are about a file; `UsageError` and `MissingDependencyError`
+are about the call: ``except FormatError`` never catches "install torch".
 
 Every error carries the file (`path`) and the tensor (`tensor`) it is about when there is one,
 and renders them in its message: ``model.safetensors: tensor 'w': data_offsets …``.
@@ -29,6 +34,8 @@ __all__ = [
     "UnsafePickleError",
     "UnsupportedDTypeError",
     "InputError",
+    "MissingDependencyError",
+    "UsageError",
     "WeightioError",
     "WeightioWarning",
     "WriteError",
@@ -119,6 +126,39 @@ class WriteError(WeightioError, OSError):
     def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
         super().__init__(message, path=path, tensor=tensor)
         self.errno = errno
+
+
+class UsageError(WeightioError, ValueError):
+    """A caller's mistake: a bad argument, an unknown device or option, conflicting options.
+
+    Also a `ValueError`. The command line exits 2 for it, as for a bad option.
+    """
+
+
+class MissingDependencyError(WeightioError, ImportError):
+    """An optional dependency is needed for what was asked and is not installed. Also an `ImportError`.
+
+    Attributes:
+        extra: the pip extra that installs it (``"torch"`` for ``pip install 'weightio[torch]'``),
+            or None when the package is not one of weightio's extras.
+    """
+
+    def __init__(self, package: str, *, extra: str | None = None, purpose: str = "") -> None:
+        how = f"pip install 'weightio[{extra}]'" if extra else f"pip install {package}"
+        purpose = f" to {purpose}" if purpose else ""
+        super().__init__(f"{package} is not installed; install it ({how}){purpose}")
+        self.extra = extra
+        self.name = package  # ImportError's attribute: the module that could not be imported
+
+    def __reduce__(self):
+        return (_rebuild_missing, (self.name, self.extra, self.message))
+
+
+def _rebuild_missing(package: str, extra: str | None, message: str) -> MissingDependencyError:
+    err = MissingDependencyError(package, extra=extra)
+    err.message = message
+    err.args = (message,)
+    return err
 
 
 class TensorNotFoundError(WeightioError, KeyError):

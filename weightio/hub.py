@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from .checkpoint import _LAYOUTS, _read_index
+from . import layout
 from .errors import FormatError, InputError, WeightioError
 
 __all__ = ["HubPath", "parse", "resolve", "download", "pick_weights", "CONFIG_PATTERNS"]
@@ -50,7 +50,6 @@ _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 _SPECIAL_REFS = re.compile(r"refs/(?:pr/\d+|convert/[\w.-]+)")  # revisions that may hold "/"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # one part of a repo id
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_GGUF_PART = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf")  # llama.cpp's split sets
 # Besides the weights, `download` fetches what loading a model needs: configs and tokenizers.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.yaml", "*.yml")
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment variable
@@ -179,43 +178,34 @@ def pick_weights(files: Iterable[str], *, where: str, read_index: Any = None) ->
         FormatError: no weights, or several candidates where `weightio.open` would not choose.
     """
     top = sorted(f for f in files if "/" not in f)
-    for index_suffix, preferred, suffixes in _LAYOUTS:
-        if index_suffix:
-            index = _choose([f for f in top if f.endswith(index_suffix)], preferred + ".index.json", where)
-            if index is not None:
-                return [index, *(read_index(index) if read_index else [])]
-        single = _choose([f for f in top if f.endswith(suffixes)], preferred, where)
-        if single is not None:
-            return [single, *_gguf_parts(single, top)]
-    shown = ", ".join(top[:8]) + (" …" if len(top) > 8 else "") if top else "no files"
-    raise FormatError(f"holds no weight files weightio reads (found: {shown})", path=where)
+    try:
+        chosen = layout.choose(top)
+    except layout.Ambiguous as e:
+        raise _ambiguous(e.candidates, where) from None
+    if chosen is None:
+        shown = ", ".join(top[:8]) + (" …" if len(top) > 8 else "") if top else "no files"
+        raise FormatError(f"holds no weight files weightio reads (found: {shown})", path=where)
+    if chosen.endswith(".index.json"):
+        return [chosen, *(read_index(chosen) if read_index else [])]
+    return [chosen, *_gguf_parts(chosen, top)]
 
 
-def _choose(candidates: list[str], preferred: str, where: str) -> str | None:
-    """The preferred name, the only candidate, or the first part of the one split GGUF set."""
-    if preferred in candidates:
-        return preferred
-    parts = [_GGUF_PART.fullmatch(c) for c in candidates]
-    if candidates and all(parts) and len({(m.group(1), m.group(3)) for m in parts}) == 1:
-        return min(candidates)
-    if len(candidates) > 1:
-        if all(c.endswith(".gguf") for c in candidates):
-            firsts = [c for c, m in zip(candidates, parts, strict=True) if m is None or m.group(2) == "00001"]
-            shown = ", ".join(f"{where.rstrip('/')}/{f}" for f in firsts[:6]) + (" …" if len(firsts) > 6 else "")
-            raise FormatError(f"holds {len(firsts)} GGUF files; name one: {shown}", path=where)
-        raise FormatError(f"holds several candidate files ({', '.join(candidates)}); name one of them "
-                          f"({where.rstrip('/')}/{candidates[0]})", path=where)
-    return candidates[0] if candidates else None
+def _ambiguous(candidates: list[str], where: str) -> FormatError:
+    if all(c.endswith(".gguf") for c in candidates):
+        firsts = [c for c in candidates if (layout.split_part(c) or (c, 1, 1))[1] == 1]
+        shown = ", ".join(f"{where.rstrip('/')}/{f}" for f in firsts[:6]) + (" …" if len(firsts) > 6 else "")
+        return FormatError(f"holds {len(firsts)} GGUF files; name one: {shown}", path=where)
+    return FormatError(f"holds several candidate files ({', '.join(candidates)}); name one of them "
+                       f"({where.rstrip('/')}/{candidates[0]})", path=where)
 
 
 def _gguf_parts(first: str, files: Iterable[str]) -> list[str]:
     """The other parts of a split GGUF set whose first part is `first`."""
-    match = _GGUF_PART.fullmatch(first)
-    if match is None:
+    part = layout.split_part(first)
+    if part is None:
         return []
-    stem, count = match.group(1), int(match.group(3))
-    return [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)
-            if f"{stem}-{i:05d}-of-{count:05d}.gguf" in set(files)]
+    present = set(files)
+    return [f for f in layout.split_parts(part[0], part[2]) if f != first and f in present]
 
 
 # ----------------------------------------------------------------------------- the repo
@@ -346,8 +336,8 @@ def _plan(repo: _Repo) -> _Plan:
         raise InputError(f"has no {what} at commit {repo.commit[:12]}", path=repo.uri)
 
     def shards(index: str) -> list[str]:
-        weight_map, _ = _read_index(repo.fetch(_join(path, index)))
-        return list(dict.fromkeys(weight_map.values()))
+        weight_map, _ = layout.read_index(repo.fetch(_join(path, index)))
+        return layout.shards(weight_map)
 
     chosen = [_join(path, f) for f in pick_weights(_files_under(repo.files, path), where=repo.uri, read_index=shards)]
     sharded = chosen[0].endswith(".index.json")

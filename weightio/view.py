@@ -16,7 +16,8 @@ from .dtypes import TABLE, dtype_name, parse_dtype
 from .errors import UnsupportedDTypeError
 
 if TYPE_CHECKING:
-    from .formats.base import Reader, TensorInfo
+    from .formats.base import Reader
+    from .records import TensorInfo
 
 __all__ = ["TensorView"]
 
@@ -112,15 +113,7 @@ class TensorView:
 
         For strided tensors, the bytes from the first to one past the last element.
         """
-        info = self.info
-        start = info.offset
-        if info.strides is not None:
-            from .formats.base import byte_extent
-
-            lo, hi = byte_extent(info.shape, info.strides, info.dtype.itemsize)
-            start, stop = info.offset + lo, info.offset + hi
-        else:
-            stop = start + info.nbytes
+        start, stop = self.info.stored_range()
         return self._reader.buffer(self.name)[start:stop]
 
     def __getitem__(self, key: Any) -> np.ndarray:

@@ -13,70 +13,18 @@ Readers know nothing of `Checkpoint`, the VarBuilder, devices, the hub or the CL
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .._io import MappedFile
-from ..errors import CorruptFileError
 from ..limits import Limits
 from ..limits import current as current_limits
+from ..records import MAX_NDIM, TensorInfo
 
-__all__ = ["Reader", "TensorInfo", "check_extent", "byte_extent"]
-
-MAX_NDIM = 64  # numpy's own limit; a larger rank cannot be viewed
-
-
-class TensorInfo(NamedTuple):
-    """Where one tensor's bytes are and how to read them (an immutable record).
-
-    A `NamedTuple` rather than a frozen dataclass: readers build one per tensor while opening,
-    and a frozen dataclass costs three times as much to construct (it matters at 100k tensors).
-
-    Attributes:
-        dtype: the element type as stored, byte order included (``>f4`` for big-endian data);
-            for block-quantized tensors, the type they dequantize to (float32).
-        shape: numpy-order shape.
-        offset: byte offset of the first element within the reader's ``buffer(name)``.
-        nbytes: bytes the tensor's data occupies as stored (``prod(shape) * itemsize``; packed
-            sub-byte types and quantized blocks: their real byte count).
-        strides: byte strides for non-contiguous (e.g. transposed torch) tensors; None means C order.
-        ggml_type: the ggml block type name (``"Q4_K"``) for quantized tensors, else None.
-    """
-
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-    strides: tuple[int, ...] | None = None
-    ggml_type: str | None = None
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """The half-open byte range ``[lo, hi)`` a strided view touches, relative to its first element."""
-    if any(d == 0 for d in shape):
-        return (0, 0)
-    lo = sum(s * (d - 1) for d, s in zip(shape, strides, strict=True) if s < 0)
-    hi = sum(s * (d - 1) for d, s in zip(shape, strides, strict=True) if s > 0) + itemsize
-    return (lo, hi)
-
-
-def check_extent(info: TensorInfo, size: int, *, path: str, name: str, what: str = "the data") -> None:
-    """`CorruptFileError` unless every byte `info` describes lies inside ``[0, size)``."""
-    if info.strides is None:
-        lo, hi = info.offset, info.offset + info.nbytes
-    else:
-        a, b = byte_extent(info.shape, info.strides, info.dtype.itemsize)
-        lo, hi = info.offset + a, info.offset + b
-    if lo < 0 or hi > size:
-        raise CorruptFileError(f"bytes {lo}..{hi} lie outside {what} ({size} bytes)", path=path, tensor=name)
+__all__ = ["MAX_NDIM", "Reader", "TensorInfo"]
 
 
 class Reader:

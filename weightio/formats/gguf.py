@@ -80,6 +80,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import layout
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id, by_name
@@ -99,7 +100,6 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # even when another dim is 0 and the tensor holds nothing: checked at open, not at numpy().
 MAX_ELEMENTS = 1 << 60
 EAGER_ARRAY_ITEMS = 64  # arrays this short are decoded at open (and stay usable after close)
-_SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class GGUFValueType(IntEnum):
@@ -581,20 +581,19 @@ class GGUFReader(Reader):
 
     def siblings(self) -> list[str]:
         """The other parts of a split model (``-0000k-of-0000N.gguf`` with ``split.count`` = N)."""
-        match = _SPLIT_NAME.match(os.path.basename(self.path))
+        part = layout.split_part(os.path.basename(self.path))
         count = self.metadata.get("split.count")
-        if match is None or not isinstance(count, int) or count < 2:
+        if part is None or not isinstance(count, int) or count < 2:
             return []
-        number = int(match["no"])
-        if int(match["count"]) != count or not 1 <= number <= count:
-            raise CorruptFileError(f"is named part {number} of {match['count']} but split.count is {count}",
+        stem, number, named_count = part
+        if named_count != count or not 1 <= number <= count:
+            raise CorruptFileError(f"is named part {number} of {named_count:05d} but split.count is {count}",
                                    path=self.path)
         if self.metadata.get("split.no", number - 1) != number - 1:
             raise CorruptFileError(f"is named part {number} but split.no is {self.metadata['split.no']} "
                                    "(counting from 0)", path=self.path)
         directory = os.path.dirname(self.path)
-        return [os.path.join(directory, f"{match['stem']}-{k:05d}-of-{count:05d}.gguf")
-                for k in range(1, count + 1) if k != number]
+        return [os.path.join(directory, f) for k, f in enumerate(layout.split_parts(stem, count), 1) if k != number]
 
 
 def value_types(checkpoint: Any) -> dict[str, str]:

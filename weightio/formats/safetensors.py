@@ -38,6 +38,7 @@ tensors (metadata keys aside, which the reference orders by a hash).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -311,6 +312,18 @@ def _check_metadata(metadata: Mapping[str, str] | None, path: str) -> None:
             )
 
 
+def _coded(src: TensorSource, path: str) -> TensorSource:
+    """`src` with its safetensors dtype code set (derived from its dtype unless the source fixed it)."""
+    if "\x00" in src.name or not src.name:
+        raise FormatError(f"tensor name {src.name!r} cannot be stored (empty or containing NUL)", path=path)
+    if src.code is not None:
+        return src
+    try:
+        return dataclasses.replace(src, code=by_numpy(src.dtype).safetensors)
+    except UnsupportedDTypeError as e:
+        raise UnsupportedDTypeError(e.message, path=path, tensor=src.name) from None
+
+
 def write(
     tensors: Mapping[str, Any],
     path: str,
@@ -328,15 +341,7 @@ def write(
         overwrite: replace an existing file (atomically) instead of refusing.
     """
     _check_metadata(metadata, path)
-    sources = tensor_sources(tensors, path=path, packed_ok=True)
-    for src in sources:
-        if src.code is None:
-            try:
-                src.code = by_numpy(src.dtype).safetensors
-            except UnsupportedDTypeError as e:
-                raise UnsupportedDTypeError(e.message, path=path, tensor=src.name) from None
-        if "\x00" in src.name or not src.name:
-            raise FormatError(f"tensor name {src.name!r} cannot be stored (empty or containing NUL)", path=path)
+    sources = [_coded(src, path) for src in tensor_sources(tensors, path=path, packed_ok=True)]
     sources.sort(key=lambda s: (-_WRITE_RANK[s.code], s.name))
     head = header_bytes(sources, metadata)
     if len(head) > MAX_HEADER_SIZE:

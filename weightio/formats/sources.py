@@ -9,58 +9,20 @@ describe each tensor and fetch its bytes on demand.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import TABLE, dtype_name
 from ..errors import FormatError, UnsupportedDTypeError
+from ..records import TensorSource, byte_extent
 from ..view import TensorView
 
 __all__ = ["TensorSource", "check_materializable", "tensor_sources"]
 
 _PACKED = {row.numpy: row for row in TABLE if row.packed}
 _ML_DTYPES = frozenset(row.numpy for row in TABLE if row.numpy.kind == "V")  # bfloat16, float8_*, …
-
-
-@dataclass
-class TensorSource:
-    """One tensor to write.
-
-    Attributes:
-        name: its name in the output.
-        dtype: native-order numpy dtype of the elements.
-        shape: numpy-order shape.
-        nbytes: bytes it occupies in the output.
-        code: the safetensors dtype code when fixed by the source (packed sub-byte types), else
-            None (the writer derives it from `dtype`).
-        fetch: returns the data: a C-contiguous array, or for packed types the packed bytes.
-    """
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    nbytes: int
-    code: str | None
-    fetch: Callable[[], np.ndarray]
-
-    def array(self) -> np.ndarray:
-        """The data as a C-contiguous array in native byte order."""
-        return np.ascontiguousarray(self.fetch())
-
-    def little_endian_bytes(self) -> np.ndarray:
-        """The data as C-ordered little-endian elements (what safetensors, GGUF and npz store)."""
-        return little_endian(self.fetch())
-
-
-def little_endian(arr: np.ndarray) -> np.ndarray:
-    """`arr` as a C-contiguous array of little-endian elements (itself when it already is one)."""
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return arr
 
 
 def tensor_sources(tensors: Mapping[str, Any], *, path: str, packed_ok: bool = False) -> list[TensorSource]:
@@ -97,7 +59,7 @@ def _source(name: Any, value: Any, path: str, packed_ok: bool) -> TensorSource:
             f"{dtype_name(dtype)} arrays hold one element per byte; the packed {_PACKED[dtype].safetensors} "
             "layout is only copied from checkpoints that store it", path=path, tensor=name)
     arr = value
-    return TensorSource(name, dtype, tuple(arr.shape), arr.size * dtype.itemsize, None, lambda: arr)
+    return TensorSource(name, dtype, tuple(arr.shape), arr.size * dtype.itemsize, lambda: arr)
 
 
 def _view_source(name: str, view: TensorView, path: str, packed_ok: bool) -> TensorSource:
@@ -107,9 +69,9 @@ def _view_source(name: str, view: TensorView, path: str, packed_ok: bool) -> Ten
         if not packed_ok:
             raise UnsupportedDTypeError(f"{row.safetensors} (packed sub-byte) cannot be stored in this format",
                                         path=path, tensor=name)
-        return TensorSource(name, view.dtype, info.shape, info.nbytes, row.safetensors, view.raw)
+        return TensorSource(name, view.dtype, info.shape, info.nbytes, view.raw, code=row.safetensors)
     nbytes = check_materializable(view, path)
-    return TensorSource(name, view.dtype, info.shape, nbytes, None, view.numpy)
+    return TensorSource(name, view.dtype, info.shape, nbytes, view.numpy)
 
 
 # A strided view may repeat its stored bytes (stride 0: torch's expand): writing it out stores
@@ -125,8 +87,6 @@ def check_materializable(view: TensorView, path: str) -> int:
         FormatError: a broadcast view whose logical size exceeds `MAX_EXPANSION` times the bytes
             it is stored in, plus `EXPANSION_ALLOWANCE`.
     """
-    from .base import byte_extent
-
     info = view.info
     nbytes = math.prod(info.shape) * view.dtype.itemsize
     if info.strides is None or info.ggml_type is not None:

@@ -1,0 +1,124 @@
+"""The Hugging Face model-directory rules, in one place for local directories, the Hub and GGUF.
+
+A model directory holds its weights in one of these layouts, most preferred first:
+
+* a sharded set: an index (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``)
+  whose ``weight_map`` routes each tensor name to a shard file in the same directory;
+* one weight file (``model.safetensors``, ``pytorch_model.bin``, ``*.gguf``, …);
+* the parts of one split GGUF model, ``<stem>-00001-of-0000N.gguf`` … (llama.cpp's
+  ``gguf-split`` names); part 1 brings the others.
+
+`choose` applies these rules to a list of file names (a local listing or a Hub repo's),
+`read_index` reads and checks an index file, `split_part` parses a split-GGUF name. Callers
+word their own errors; the rules live here only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ._io import MappedFile
+from ._json import parse_json_object
+from .errors import CorruptFileError
+
+__all__ = ["LAYOUTS", "Ambiguous", "choose", "read_index", "split_part", "split_parts"]
+
+# (index suffix or None, preferred file, other weight suffixes), most preferred first.
+# GGUF has no index file: a directory holds one .gguf, or the parts of one split set.
+LAYOUTS: tuple[tuple[str | None, str, tuple[str, ...]], ...] = (
+    (".safetensors.index.json", "model.safetensors", (".safetensors",)),
+    (".bin.index.json", "pytorch_model.bin", (".bin", ".pt", ".pth", ".ckpt")),
+    (None, "model.gguf", (".gguf",)),
+)
+
+_SPLIT_GGUF = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+
+
+class Ambiguous(Exception):  # noqa: N818 - a signal to callers, never raised out of weightio
+    """Several candidate files where the rules do not choose; callers turn it into their error.
+
+    Attributes:
+        candidates: the candidate file names, sorted.
+    """
+
+    def __init__(self, candidates: list[str]) -> None:
+        super().__init__(", ".join(candidates))
+        self.candidates = candidates
+
+
+def split_part(name: str) -> tuple[str, int, int] | None:
+    """``(stem, number, count)`` for a split-GGUF part name (``m-00002-of-00003.gguf``), else None."""
+    match = _SPLIT_GGUF.fullmatch(name)
+    return None if match is None else (match["stem"], int(match["no"]), int(match["count"]))
+
+
+def split_parts(stem: str, count: int) -> list[str]:
+    """The names of every part of the split set `stem` of `count` parts, in order."""
+    return [f"{stem}-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
+
+
+def choose(files: Iterable[str]) -> str | None:
+    """The file a model directory holding `files` is opened by: an index, or a weight file.
+
+    Args:
+        files: the directory's file names (names with "/" are in sub-folders and ignored).
+
+    Returns:
+        A ``*.index.json`` name (a sharded set), a weight file name (for a split GGUF set, its
+        first part), or None when no file has a weight suffix.
+
+    Raises:
+        Ambiguous: several candidates of the preferred layout present and none preferred.
+    """
+    top = sorted(f for f in files if "/" not in f)
+    for index_suffix, preferred, suffixes in LAYOUTS:
+        if index_suffix is not None:
+            index = _pick([f for f in top if f.endswith(index_suffix)], preferred + ".index.json")
+            if index is not None:
+                return index
+        single = _pick([f for f in top if f.endswith(suffixes)], preferred)
+        if single is not None:
+            return single
+    return None
+
+
+def _pick(candidates: list[str], preferred: str) -> str | None:
+    if preferred in candidates:
+        return preferred
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    parts = [split_part(c) for c in candidates]
+    if all(parts) and len({(p[0], p[2]) for p in parts if p}) == 1:
+        return min(candidates)  # the parts of one split GGUF set: part 1 brings the others
+    raise Ambiguous(candidates)
+
+
+def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ``weight_map`` (tensor name -> shard file) and ``metadata`` of a sharded index file.
+
+    Raises:
+        CorruptFileError: not a JSON object of that shape, or a shard name that would leave the
+            index's directory (absolute, or with a ``..`` component).
+    """
+    file = MappedFile(index_path)
+    try:
+        index = parse_json_object(file.read(0, file.size, "the index"), path=index_path, what="index")
+    finally:
+        file.close()
+    weight_map, metadata = index.get("weight_map"), index.get("metadata") or {}
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptFileError("weight_map must be an object mapping tensor names to file names", path=index_path)
+    if not isinstance(metadata, dict):
+        raise CorruptFileError("metadata must be an object", path=index_path)
+    for shard in set(weight_map.values()):
+        if not shard or os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+            raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
+    return weight_map, metadata
+
+
+def shards(weight_map: dict[str, str]) -> list[str]:
+    """The shard files of a ``weight_map``, each once, in first-use order."""
+    return list(dict.fromkeys(weight_map.values()))
