@@ -5,6 +5,9 @@ are run by hand, so an API change can break one unnoticed; this runs each end to
 of a few MB (all five at once, each in its own process and scratch directory) and checks that
 it prints its side-by-side table and its target checklist. The figures mean nothing at this
 size and are not looked at. Needs the peers the suites compare against (torch, safetensors, gguf).
+
+Marked ``bench``: the default run leaves it out (it is half the suite's time); run it with
+``python -m pytest -m bench`` (CI does, in a step of its own).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def published():
     return (ROOT / "docs" / "benchmarks.md").read_bytes()
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_the_suite_runs_and_reports_side_by_side(published, runs, suite):
     status, output = runs[suite]
