@@ -22,7 +22,7 @@ import weightio.formats.pytorch  # noqa: F401
 import weightio.safety  # noqa: F401
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
 from weightio.formats.pytorch import allowlist, lexer
-from weightio.formats.pytorch.flatten import flatten
+from weightio.formats.pytorch.flatten import flatten, plain_value
 
 from .conftest import FIXTURES
 from .pytorch_files import (
@@ -445,7 +445,7 @@ def test_flatten_names_a_bare_tensor_after_the_file_and_refuses_name_clashes(wri
 def test_short_repr_is_bounded_for_any_value():
     big = 10**5000
     assert allowlist.short_repr(big) == "<int of 16,610 bits>"
-    assert allowlist.plain_value(big) == "<int of 16,610 bits>"
+    assert plain_value(big) == "<int of 16,610 bits>"
     nested: list = []
     for _ in range(10_000):
         nested = [nested]
@@ -592,3 +592,15 @@ def test_collections_and_builtins_stand_ins_build_plain_values(write, marker):
     ckpt = wio.open(write("v.pkl", payload))
     assert ckpt.metadata == {"counts.a": 2, "pairs.k": 1, "frozen": "frozenset({1, 2})", "raw": "bytearray(b'ab')",
                              "z": "(1+2j)"}
+
+
+def test_the_opcode_table_is_the_pickle_protocols():
+    import pickletools
+
+    from weightio.formats.pytorch import opcodes
+
+    assert {code[0]: name for code, name, *_ in opcodes.TABLE} == {
+        ord(op.code): op.name for op in pickletools.opcodes}
+    for name in ("MARK", "STOP", "POP", "TUPLE", "PROTO", "BINUNICODE", "SHORT_BINUNICODE", "BINGET", "LONG_BINGET",
+                 "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+        assert getattr(opcodes, name) == getattr(pickle, name)[0] == opcodes.OP[name]

@@ -22,8 +22,8 @@ from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 
 __all__ = [
-    "ALLOWLIST", "NumpyArray", "NumpyDType", "PLAIN_TYPES", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
-    "TensorRef", "Token", "plain_value", "short_repr",
+    "ALLOWLIST", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
+    "TensorRef", "Token", "short_repr",
 ]
 
 _WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
@@ -544,25 +544,6 @@ _STANDIN_NAMES = {id(v): f"{m}.{n}" for (m, n), v in reversed(list(ALLOWLIST.ite
 
 
 # ----------------------------------------------------------------------------- describing values
-
-PLAIN_TYPES = (str, int, float, bool, type(None))
-_MAX_INT_BITS = 4000  # str(int) refuses more than 4300 digits
-
-
-def plain_value(value: Any) -> Any:
-    """A metadata leaf as a plain Python value: str/int/float/bool/None, a list of those, or a short text."""
-    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
-        return value
-    if type(value) is int:
-        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length():,} bits>"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, PLAIN_TYPES) for v in value):
-        return [plain_value(v) for v in value]
-    if isinstance(value, dict) and not value:
-        return {}
-    if isinstance(value, Namespace):
-        return "Namespace()"
-    return short_repr(value)
-
 
 def short_repr(value: Any, limit: int = 80) -> str:
     """A bounded one-line description of any unpickled value (never expands shared structure)."""

@@ -16,6 +16,7 @@ from .. import _zip
 from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .allowlist import StorageRef, TensorRef, Token, short_repr
+from .opcodes import PROTO
 from .torch_dtypes import itemsize
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "open_container", "pickles"]
@@ -486,7 +487,7 @@ def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
         try:
             end = lexer.lex(data, pos, path=file.path, what=label, collect=True).pos
         except WeightioError as e:
-            if data[pos] == ord(b"\x80"):  # it starts like a pickle (PROTO) but is broken: report it
+            if data[pos] == PROTO:  # it starts like a pickle but is broken: report it
                 found.append((f"{label}: {e.message}", bytes(data[pos: pos + min(file.size - pos, 1 << 16)])))
             break
         found.append((label.replace("..)", f"..{end:,})"), bytes(data[pos:end])))

@@ -14,9 +14,27 @@ from typing import Any
 from ...errors import CorruptFileError, FormatError
 from ...limits import DEFAULTS, exceeded
 from ...limits import hint as limits_hint
-from .allowlist import PLAIN_TYPES, Namespace, NumpyArray, StorageRef, TensorRef, plain_value, short_repr
+from .allowlist import Namespace, NumpyArray, StorageRef, TensorRef, short_repr
 
-__all__ = ["flatten", "is_tensor"]
+__all__ = ["flatten", "is_tensor", "plain_value"]
+
+PLAIN_TYPES = (str, int, float, bool, type(None))
+_MAX_INT_BITS = 4000  # str(int) refuses more than 4300 digits
+
+
+def plain_value(value: Any) -> Any:
+    """A metadata leaf as a plain Python value: str/int/float/bool/None, a list of those, or a short text."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if type(value) is int:
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length():,} bits>"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, PLAIN_TYPES) for v in value):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict) and not value:
+        return {}
+    if isinstance(value, Namespace):
+        return "Namespace()"
+    return short_repr(value)
 
 
 def is_tensor(obj: Any) -> bool:

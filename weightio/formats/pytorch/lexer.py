@@ -43,15 +43,23 @@ from ... import limits as _limits
 from ...errors import CorruptFileError, UnsafePickleError, WeightioError
 from .opcodes import (
     ARG,
+    BINGET,
+    BINPUT,
+    BINUNICODE,
     CHUNK,
     LINE,
+    LONG_BINGET,
+    LONG_BINPUT,
+    MARK,
     MAX_MARKS,
     MAX_OPCODES,
     MAX_STACK,
     MAX_WEAK_KEYS,
     MEMO_SLACK,
+    MEMOIZE,
     OP,
     OPCODE_NAMES,
+    POP,
     POP_PUSH,
     POPS,
     PUSH_ONLY,
@@ -59,10 +67,13 @@ from .opcodes import (
     REFUSED_UNSAFE,
     S4,
     SAFE,
+    SHORT_BINUNICODE,
     STEP,
+    STOP,
     STR,
     TAG,
     TO_MARK,
+    TUPLE,
     U8,
     WEAK,
     WIDE,
@@ -126,7 +137,7 @@ class _Lexer:
                 for _ in chunk:
                     op = data[pos]
                     last = pos
-                    if op == 0x72:  # LONG_BINPUT
+                    if op == LONG_BINPUT:
                         (index,) = u32(data, pos + 1)
                         if index > puts + MEMO_SLACK:
                             self.puts = puts
@@ -134,7 +145,7 @@ class _Lexer:
                         memo[index] = stack[-1]
                         puts += 1
                         pos += 5
-                    elif op == 0x68:  # BINGET
+                    elif op == BINGET:
                         tag = memo.get(data[pos + 1])
                         if tag is None:
                             raise self._unset(data[pos + 1], op, pos - first)
@@ -143,7 +154,7 @@ class _Lexer:
                     elif op in push_only:
                         push(tag_table[op])
                         pos += step_table[op]
-                    elif op == 0x6A:  # LONG_BINGET
+                    elif op == LONG_BINGET:
                         (index,) = u32(data, pos + 1)
                         tag = memo.get(index)
                         if tag is None:
@@ -154,34 +165,34 @@ class _Lexer:
                         del stack[-pops_table[op]:]
                         push(tag_table[op])
                         pos += 1
-                    elif op == 0x58:  # BINUNICODE
+                    elif op == BINUNICODE:
                         (n,) = u32(data, pos + 1)
                         pos += 5 + n
                         push(string)
-                    elif op == 0x28:  # MARK
+                    elif op == MARK:
                         if len(marks) >= max_marks:
                             raise self._too_deep(pos - first)
                         marks.append(fence)
                         fence = len(stack)
                         pos += 1
-                    elif op == 0x74:  # TUPLE
+                    elif op == TUPLE:
                         if not marks:
                             raise self.fail(f"TUPLE at offset {pos - first} has no MARK to pop to")
                         del stack[fence:]
                         fence = marks.pop()
                         push(weak)
                         pos += 1
-                    elif op == 0x71 or op == 0x94:  # BINPUT, MEMOIZE
-                        memo[data[pos + 1] if op == 0x71 else len(memo)] = stack[-1]
+                    elif op == BINPUT or op == MEMOIZE:
+                        memo[data[pos + 1] if op == BINPUT else len(memo)] = stack[-1]
                         puts += 1
-                        pos += 2 if op == 0x71 else 1
-                    elif op == 0x8C:  # SHORT_BINUNICODE
+                        pos += 2 if op == BINPUT else 1
+                    elif op == SHORT_BINUNICODE:
                         pos += 2 + data[pos + 1]
                         push(string)
-                    elif op == 0x2E:  # STOP
+                    elif op == STOP:
                         self._stop(pos - first)
                         return pos + 1
-                    elif op == 0x30 and len(stack) > fence:  # POP (of an item; popping a MARK is special)
+                    elif op == POP and len(stack) > fence:  # of an item; popping a MARK is special
                         del stack[-1]
                         pos += 1
                     else:
@@ -469,117 +480,14 @@ def prepass(data: Any, start: int = 0, end: int | None = None, *, path: str | No
             what: str = "the pickle", limits: _limits.Limits | None = None) -> int:
     """Check the pickle at ``data[start:]``; return the offset just past its STOP opcode.
 
-    `data` is anything indexable by int (bytes, a memoryview of the file mapping). Pickles made
-    only of the opcodes torch's protocol-2 pickler writes are checked by `_fast_end`; any other,
-    and any the fast path has doubts about, by the exact lexer (`lex`), whose errors these are.
+    `data` is anything indexable by int (bytes, a memoryview of the file mapping).
 
     Raises:
         CorruptFileError: malformed, truncated, or over a resource limit (`weightio.limits`: the
             current ones unless `limits` is given).
         UnsafePickleError: an opcode that builds objects outside the allowlist's view.
     """
-    if end is not None and end != len(data):
-        data = memoryview(data)[:end]  # the lexers rely on reads past the end failing
-    limits = limits or _limits.current()
-    stop = _fast_end(data, start, limits)
-    return stop if stop is not None else lex(data, start, path=path, what=what, limits=limits).pos
-
-
-# The opcodes `_fast_end` knows (what torch's protocol-2 pickler writes) and their net stack
-# effect; mark-consuming ones, PUTs, counted and line arguments are handled by name.
-_FAST_FIXED = {c: -POPS[c] + 1 for c, n in OPCODE_NAMES.items()
-               if n in ("BININT", "BININT1", "BININT2", "NONE", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE",
-                        "BINFLOAT", "NEWTRUE", "NEWFALSE", "BINPERSID", "REDUCE", "TUPLE1", "TUPLE2", "TUPLE3")}
-_FAST_POP = {OP["BUILD"]: 1, OP["APPEND"]: 1, OP["SETITEM"]: 2, OP["POP"]: 1}
-
-
-def _fast_end(data: Any, pos: int, limits: _limits.Limits) -> int | None:
-    """The end of a pickle of torch's usual opcodes that is certainly fine, else None.
-
-    It checks what protects CPython — every argument inside the data (a jump past the end
-    fails the next read), memo indices within the memo writes + `MEMO_SLACK`, the MARK, stack
-    and opcode limits — with a stack *depth* instead of `_Lexer`'s tagged stack, and counts dict
-    insertions: when there are more than `MAX_WEAK_KEYS` (so some could have chosen hashes),
-    or on any other opcode or doubt, it answers None and the exact lexer decides. Stack
-    underflow is left to CPython, which refuses it at the same opcode, before any later insertion.
-    """
-    max_opcodes, max_stack, max_marks = limits.pickle_opcodes, limits.pickle_stack, limits.nesting_depth
-    size = _chunk_size(max_opcodes, max_stack)
-    fixed, popping, step, u32, chunk = _FAST_FIXED, _FAST_POP, STEP, _U32.unpack_from, range(size)
-    first, depth, fence, puts, inserts, marks = pos, 0, 0, 0, 0, []
-    try:
-        if data[pos] == 0x80:  # PROTO, first
-            if data[pos + 1] > 5:
-                return None
-            pos += 2
-        for _ in range(-(-max_opcodes // size)):
-            if depth > max_stack:
-                return None
-            for _ in chunk:
-                op = data[pos]
-                if op == 0x72:  # LONG_BINPUT
-                    (index,) = u32(data, pos + 1)
-                    if index > puts + MEMO_SLACK or depth <= fence:
-                        return None
-                    puts += 1
-                    pos += 5
-                elif op == 0x68:  # BINGET (an unset slot: CPython refuses it)
-                    depth += 1
-                    pos += 2
-                elif op in fixed:
-                    depth += fixed[op]
-                    pos += step[op]
-                elif op == 0x58:  # BINUNICODE
-                    (n,) = u32(data, pos + 1)
-                    pos += 5 + n
-                    depth += 1
-                elif op == 0x28:  # MARK
-                    if len(marks) >= max_marks:
-                        return None
-                    marks.append(fence)
-                    fence = depth
-                    pos += 1
-                elif op == 0x74 or op == 0x75 or op == 0x65:  # TUPLE, SETITEMS, APPENDS
-                    if not marks:
-                        return None
-                    if op == 0x75:
-                        inserts += (depth - fence) // 2
-                    depth = fence + 1 if op == 0x74 else fence
-                    fence = marks.pop()
-                    pos += 1
-                elif op == 0x71:  # BINPUT
-                    if depth <= fence:
-                        return None
-                    puts += 1
-                    pos += 2
-                elif op in popping:
-                    inserts += op == 0x73  # SETITEM
-                    depth -= popping[op]
-                    pos += 1
-                elif op == 0x63 or op == 0x8A or op == 0x6A:  # GLOBAL, LONG1, LONG_BINGET
-                    pos = _fast_argument(data, op, pos)
-                    depth += 1
-                elif op == 0x2E:  # STOP
-                    fine = depth == 1 and not marks and inserts <= MAX_WEAK_KEYS and pos - first < max_opcodes
-                    return pos + 1 if fine else None
-                else:
-                    return None
-    except (IndexError, struct.error):
-        return None
-    return None
-
-
-def _fast_argument(data: Any, op: int, pos: int) -> int:
-    """The offset after a GLOBAL's two lines, a LONG1 or a LONG_BINGET (IndexError past the end)."""
-    if op == 0x8A:
-        return pos + 2 + data[pos + 1]
-    if op == 0x6A:
-        return pos + 5
-    first = _find_newline(data, pos + 1, len(data))
-    second = _find_newline(data, first + 1, len(data)) if first >= 0 else -1
-    if second < 0:
-        raise IndexError("GLOBAL without its two lines")
-    return second + 1
+    return lex(data, start, end, path=path, what=what, limits=limits).pos
 
 
 def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None = None, what: str = "the pickle",

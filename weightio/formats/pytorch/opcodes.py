@@ -7,6 +7,8 @@ byte values below (`LONG_BINPUT`, `BINGET`, …) are those, as ints, for the lex
 
 from __future__ import annotations
 
+import pickle
+
 from ... import limits as _limits
 
 __all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "MEMO_SLACK", "OPCODE_NAMES"]
@@ -132,3 +134,17 @@ POP_PUSH = frozenset(
 STEP = [1 + a if isinstance(a, int) and a >= 0 else 0 for a in ARG]  # opcode + fixed argument
 CHUNK = 1024  # opcodes between checks of the stack size and opcode count (fewer under small limits)
 OP = {name: code for code, name in OPCODE_NAMES.items()}
+
+# The opcodes the lexer's inner loop tests one by one, as the ints indexing bytes gives.
+MARK = pickle.MARK[0]
+STOP = pickle.STOP[0]
+POP = pickle.POP[0]
+TUPLE = pickle.TUPLE[0]
+PROTO = pickle.PROTO[0]
+BINUNICODE = pickle.BINUNICODE[0]
+SHORT_BINUNICODE = pickle.SHORT_BINUNICODE[0]
+BINGET = pickle.BINGET[0]
+LONG_BINGET = pickle.LONG_BINGET[0]
+BINPUT = pickle.BINPUT[0]
+LONG_BINPUT = pickle.LONG_BINPUT[0]
+MEMOIZE = pickle.MEMOIZE[0]
