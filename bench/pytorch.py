@@ -96,9 +96,10 @@ def _worker(case: str, peer: str, path: str) -> dict:
 
 def _phases(path: str) -> dict:
     """weightio's open of a zip checkpoint, step by step (fresh process, like the other cases)."""
-    from weightio import _pickle, _standins, _zip
     from weightio._io import MappedFile
-    from weightio.formats import pytorch
+    from weightio.formats import _zip
+    from weightio.formats.pytorch import containers, lexer, reader, unpickler
+    from weightio.formats.pytorch.flatten import flatten
     from weightio.limits import current
 
     limits = current()
@@ -106,18 +107,18 @@ def _phases(path: str) -> dict:
     file = MappedFile(path)
     members = _zip.read_members(file, limits)
     marks.append(("zip walk", time.perf_counter()))
-    container = pytorch.ZipContainer.__new__(pytorch.ZipContainer)
-    pytorch.Container.__init__(container, file, limits)
+    container = containers.ZipContainer.__new__(containers.ZipContainer)
+    containers.Container.__init__(container, file, limits)
     container.records = {m.name: m for m in members}
-    container.prefix = pytorch._archive_prefix(file, members)
+    container.prefix = containers._archive_prefix(file, members)
     data = container._read_record(container.records[container.prefix + "data.pkl"], limits.header_bytes)
     marks.append(("data.pkl read", time.perf_counter()))
-    _pickle.prepass(data, limits=limits)
+    lexer.prepass(data, limits=limits)
     marks.append(("prepass", time.perf_counter()))
-    container.root = _pickle.Unpickler(data, container._persistent_load).load()
+    container.root = unpickler.Unpickler(data, container._persistent_load).load()
     marks.append(("unpickling", time.perf_counter()))
-    tensors, _ = _standins.flatten(container.root, budget=1 << 30, root_name="x")
-    builder = pytorch._Builder(container)
+    tensors, _ = flatten(container.root, budget=1 << 30, root_name="x")
+    builder = reader._Builder(container)
     for name, leaf in tensors.items():
         builder.build(name, leaf)
     marks.append(("flatten + index", time.perf_counter()))

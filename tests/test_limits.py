@@ -18,12 +18,13 @@ from weightio.cli import main
 import weightio as wio
 import weightio.formats.ggml  # noqa: F401 - imported before any allocation is traced
 import weightio.formats.pytorch  # noqa: F401
-from weightio import _pickle, limits
+from weightio import limits
 from weightio.errors import CorruptFileError, WeightioError
 from weightio.formats import gguf as gguf_format
 from weightio.formats import numpy as numpy_format
 from weightio.formats import open_file
 from weightio.formats import safetensors as safetensors_format
+from weightio.formats.pytorch import lexer
 from weightio.limits import Limits
 
 from .conftest import FIXTURES
@@ -93,8 +94,8 @@ def test_defaults_are_the_limits_the_readers_had():
     assert d.name_bytes == gguf_format.MAX_KEY_LENGTH == 65_535
     assert d.array_depth == gguf_format.MAX_ARRAY_DEPTH == 8
     assert d.tensors == 1_000_000
-    assert d.nesting_depth == _pickle.MAX_MARKS == 1_000
-    assert d.pickle_opcodes == _pickle.MAX_OPCODES and d.pickle_stack == _pickle.MAX_STACK
+    assert d.nesting_depth == lexer.MAX_MARKS == 1_000
+    assert d.pickle_opcodes == lexer.MAX_OPCODES and d.pickle_stack == lexer.MAX_STACK
     assert d.inflated_bytes is None
     assert wio.Limits is Limits and wio.limits is limits
 

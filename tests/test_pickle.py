@@ -1,6 +1,6 @@
-"""The allowlist unpickler (weightio._pickle): real payloads never run, hostile streams never
-allocate, hang or recurse, and what torch writes loads. Payloads are built byte by byte
-(tests/pytorch_files.py) and every one `touch`es a marker file if it ever ran."""
+"""The allowlist unpickler (weightio.formats.pytorch: lexer, unpickler, allowlist, flatten): real
+payloads never run, hostile streams never allocate, hang or recurse, and what torch writes loads.
+Payloads are built byte by byte (tests/pytorch_files.py) and every one `touch`es a marker file if it ever ran."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 import weightio as wio
 import weightio.formats.pytorch  # noqa: F401
 import weightio.safety  # noqa: F401
-from weightio import _pickle, _standins
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
+from weightio.formats.pytorch import allowlist, lexer
+from weightio.formats.pytorch.flatten import flatten, plain_value
 
 from .conftest import FIXTURES
 from .pytorch_files import (
@@ -299,17 +300,17 @@ def test_long_names_are_bounded(write, marker):
 @pytest.mark.slow
 def test_the_opcode_budget_bounds_time(write, marker):
     path = write("ops.pkl", P2 + (NONE + POP) * 10_000_000 + NONE + STOP)  # 20 million opcodes
-    with bounded(seconds=30), pytest.raises(CorruptFileError, match=f"more than {_pickle.MAX_OPCODES:,} opcodes"):
+    with bounded(seconds=30), pytest.raises(CorruptFileError, match=f"more than {lexer.MAX_OPCODES:,} opcodes"):
         wio.open(path)
 
 
 def test_hash_flooding_keys_are_refused(write, marker):
     p = 2**61 - 1  # CPython hashes ints modulo this: these keys all collide
-    keys = b"".join(i(p * (k + 1)) + NONE for k in range(_pickle.MAX_WEAK_KEYS + 1))
+    keys = b"".join(i(p * (k + 1)) + NONE for k in range(lexer.MAX_WEAK_KEYS + 1))
     payload = P2 + EMPTY_DICT + MARK + keys + SETITEMS + STOP
     _refused(write, payload, CorruptFileError, "more than 10,000 dict keys or set members whose hash the file can "
                                                "choose")
-    tuples = b"".join(tup(i(k), i(0)) + NONE for k in range(_pickle.MAX_WEAK_KEYS + 1))
+    tuples = b"".join(tup(i(k), i(0)) + NONE for k in range(lexer.MAX_WEAK_KEYS + 1))
     _refused(write, P2 + EMPTY_DICT + MARK + tuples + SETITEMS + STOP, CorruptFileError, "hash flooding")
 
 
@@ -414,11 +415,11 @@ def test_numpy_pickles_from_pickle_dump_load_under_protocols_2_to_5(write, marke
 
 def test_allowlist_is_exact_strings_and_every_entry_imports_nothing():
     before = set(sys.modules)
-    assert ("torch._utils", "_rebuild_tensor_v2") in _standins.ALLOWLIST
-    assert ("torch.storage", "_load_from_bytes") not in _standins.ALLOWLIST
-    assert all("." not in name for _, name in _standins.ALLOWLIST)
+    assert ("torch._utils", "_rebuild_tensor_v2") in allowlist.ALLOWLIST
+    assert ("torch.storage", "_load_from_bytes") not in allowlist.ALLOWLIST
+    assert all("." not in name for _, name in allowlist.ALLOWLIST)
     assert all(not getattr(v, "__module__", "weightio").startswith(("torch", "numpy"))
-               for v in _standins.ALLOWLIST.values())
+               for v in allowlist.ALLOWLIST.values())
     assert set(sys.modules) == before
 
 
@@ -426,29 +427,29 @@ def test_allowlist_is_exact_strings_and_every_entry_imports_nothing():
 
 
 def test_flatten_names_nested_containers_and_keeps_plain_leaves():
-    ref = _standins.TensorRef(None, 0, (), ())
+    ref = allowlist.TensorRef(None, 0, (), ())
     root = {"model": {"fc.weight": ref}, "opt": {"state": {0: {"exp_avg": ref}}, "groups": [{"lr": 0.1}]},
             "epoch": 3, "betas": (0.9, 0.99), "layers": [ref, ref]}
-    tensors, metadata = _standins.flatten(root, budget=1000, root_name="x")
+    tensors, metadata = flatten(root, budget=1000, root_name="x")
     assert list(tensors) == ["model.fc.weight", "opt.state.0.exp_avg", "layers.0", "layers.1"]
     assert metadata == {"opt.groups.0.lr": 0.1, "epoch": 3, "betas": [0.9, 0.99]}
 
 
 def test_flatten_names_a_bare_tensor_after_the_file_and_refuses_name_clashes(write):
-    ref = _standins.TensorRef(None, 0, (), ())
-    assert _standins.flatten(ref, budget=10, root_name="weights") == ({"weights": ref}, {})
+    ref = allowlist.TensorRef(None, 0, (), ())
+    assert flatten(ref, budget=10, root_name="weights") == ({"weights": ref}, {})
     with pytest.raises(FormatError, match="two entries flatten to the same name 'a.b'"):
-        _standins.flatten({"a.b": ref, "a": {"b": 1}}, budget=100, root_name="x")
+        flatten({"a.b": ref, "a": {"b": 1}}, budget=100, root_name="x")
 
 
 def test_short_repr_is_bounded_for_any_value():
     big = 10**5000
-    assert _standins.short_repr(big) == "<int of 16,610 bits>"
-    assert _standins.plain_value(big) == "<int of 16,610 bits>"
+    assert allowlist.short_repr(big) == "<int of 16,610 bits>"
+    assert plain_value(big) == "<int of 16,610 bits>"
     nested: list = []
     for _ in range(10_000):
         nested = [nested]
-    assert len(_standins.short_repr(nested)) <= 80
+    assert len(allowlist.short_repr(nested)) <= 80
 
 
 # ----------------------------------------------------------------------------- property tests
@@ -591,3 +592,15 @@ def test_collections_and_builtins_stand_ins_build_plain_values(write, marker):
     ckpt = wio.open(write("v.pkl", payload))
     assert ckpt.metadata == {"counts.a": 2, "pairs.k": 1, "frozen": "frozenset({1, 2})", "raw": "bytearray(b'ab')",
                              "z": "(1+2j)"}
+
+
+def test_the_opcode_table_is_the_pickle_protocols():
+    import pickletools
+
+    from weightio.formats.pytorch import opcodes
+
+    assert {code[0]: name for code, name, *_ in opcodes.TABLE} == {
+        ord(op.code): op.name for op in pickletools.opcodes}
+    for name in ("MARK", "STOP", "POP", "TUPLE", "PROTO", "BINUNICODE", "SHORT_BINUNICODE", "BINGET", "LONG_BINGET",
+                 "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+        assert getattr(opcodes, name) == getattr(pickle, name)[0] == opcodes.OP[name]

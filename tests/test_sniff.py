@@ -11,7 +11,7 @@ import pytest
 import weightio as wio
 from weightio._io import MappedFile
 from weightio.errors import CorruptFileError, FormatError, InputError
-from weightio.sniff import sniff
+from weightio.formats.sniff import sniff
 
 from .conftest import FIXTURES
 

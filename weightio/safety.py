@@ -40,19 +40,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _pickle, _standins, _zip
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import open_file
-from .limits import current as current_limits
-from .sniff import sniff
+from .formats.pytorch import allowlist, containers, lexer, unpickler
+from .formats.sniff import sniff
 
 __all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION"]
 
 MAX_FICKLING_BYTES = 16 << 20  # fickling decompiles a pickle to a Python AST: ~2 s per MiB
 MAX_EXPANSION = 1_000_000  # nodes a pickle's object graph may expand to before fickling is skipped
 MAX_FILES = 10_000  # files scanned under one directory
-MAX_STACKED = 64  # pickles looked for back to back in one plain pickle file
 MAX_FINDINGS = 50  # fickling findings kept per pickle (a 500-tensor state dict yields ~1000)
 _NO_CODE = "no code can be stored in this format"
 _NO_CODE_FORMATS = {"safetensors", "gguf", "ggml", "npy", "npz"}
@@ -279,91 +277,9 @@ def _verdict(path: str) -> tuple[str, bool]:
 
 def _pickles(file: MappedFile, fmt: str | None) -> list[tuple[str, bytes]]:
     """(location, bytes) of every pickle stream in the file."""
-    head = file.read(0, min(file.size, 512), "the first bytes")
     if fmt in _NO_CODE_FORMATS and fmt != "npz":
         return []
-    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        return _zip_pickles(file)
-    from ._tar import looks_like_tar
-    from .formats.pytorch import TarContainer
-
-    if looks_like_tar(head):
-        return _tar_pickles(file, TarContainer)
-    return _stacked_pickles(file)
-
-
-def _zip_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    try:
-        members = _zip.read_members(file)
-    except WeightioError:
-        return _stacked_pickles(file)  # e.g. a pickle with a zip appended: look at the front
-    found = []
-    for m in members:
-        if not m.name.endswith((".pkl", ".pickle")):
-            continue
-        try:
-            data = _zip.read_member(file, m, current_limits().header_bytes)  # as the reader would refuse it
-        except WeightioError as e:
-            data = b""
-            found.append((f"{m.name} ({e.message})", data))
-            continue
-        found.append((m.name, data))
-    return found
-
-
-def _tar_pickles(file: MappedFile, container_class: Any) -> list[tuple[str, bytes]]:
-    """The pickles the tar reader walked (up to any error), plus the two whole-member pickles."""
-    from . import _tar
-
-    container = container_class.__new__(container_class)
-    try:
-        container.__init__(file, current_limits())
-    except WeightioError:
-        pass  # the pickles read up to the failure are still listed
-    found = list(getattr(container, "pickles", []))
-    try:
-        members = {m.name: m for m in _tar.read_members(file)}
-    except WeightioError:
-        return found
-    for name in ("sys_info", "pickle"):
-        label = f"member {name!r}"
-        if name in members and label not in {loc for loc, _ in found}:
-            m = members[name]
-            found.append((label, file.read(m.data_offset, m.size, label)))
-    return found
-
-
-def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """Pickles back to back from offset 0 (a legacy torch file has five, then raw storages)."""
-    data = memoryview(file.data)
-    found, pos = [], 0
-    while pos < file.size and len(found) < MAX_STACKED:
-        label = f"pickle {len(found) + 1} (bytes {pos:,}..)"
-        try:
-            end = _pickle.lex(data, pos, path=file.path, what=label, collect=True).pos
-        except WeightioError as e:
-            if data[pos] == 0x80:  # it starts like a pickle (PROTO) but is broken: report it
-                found.append((f"{label}: {e.message}", bytes(data[pos: pos + min(file.size - pos, 1 << 16)])))
-            break
-        found.append((label.replace("..)", f"..{end:,})"), bytes(data[pos:end])))
-        pos = end
-        if len(found) == 5 and _is_legacy(found[0][1]):
-            break  # the storages' raw bytes follow
-    return found
-
-
-def _is_legacy(first: bytes) -> bool:
-    try:
-        value = _pickle.load(first, _no_persistent)
-    except WeightioError:
-        return False
-    from .formats.pytorch import MAGIC_NUMBER
-
-    return type(value) is int and value == MAGIC_NUMBER
-
-
-def _no_persistent(pid: Any) -> Any:
-    raise CorruptFileError("unexpected persistent id")
+    return containers.pickles(file)
 
 
 # ----------------------------------------------------------------------------- one pickle
@@ -373,15 +289,15 @@ def _scan_pickle(location: str, data: bytes, path: str) -> PickleScan:
     if not data:
         return PickleScan(location, 0, problems=(location,))
     try:
-        lexer = _pickle.lex(data, path=None, what=location, collect=True)
+        lexed = lexer.lex(data, path=None, what=location, collect=True)
     except WeightioError as e:  # a resource or structure error: CPython never runs it
         return PickleScan(location, len(data), problems=(e.message,),
                           note="not analysed further: weightio refuses it before unpickling")
-    static = [f"{m}.{n}" for m, n in lexer.globals]
+    static = [f"{m}.{n}" for m, n in lexed.globals]
     recorded, objects, stopped = _record(data)
     globals_ = tuple(dict.fromkeys(recorded + static))
-    refused = tuple(g for g in globals_ if _split(g) not in _standins.ALLOWLIST)
-    problems = [e.message for e in lexer.refusals]
+    refused = tuple(g for g in globals_ if _split(g) not in allowlist.ALLOWLIST)
+    problems = [e.message for e in lexed.refusals]
     problems += [m for m in _loader_problems(data, location) if m not in problems]
     severity, ml_severity, findings, note = _fickling(data, objects)
     if stopped and not note:
@@ -397,14 +313,14 @@ def _split(name: str) -> tuple[str, str]:
 def _loader_problems(data: bytes, location: str) -> list[str]:
     """What weightio's loader (prepass, allowlist, stand-in checks) says about this pickle alone."""
     try:
-        _pickle.load(data, _any_storage, what=location)
+        unpickler.load(data, _any_storage, what=location)
     except WeightioError as e:
         return [e.message]
     return []
 
 
 def _any_storage(pid: Any) -> Any:
-    return _standins.StorageRef("scan", "uint8", 0)
+    return allowlist.StorageRef("scan", "uint8", 0)
 
 
 class _Absorber:
@@ -469,7 +385,7 @@ def _record(data: bytes) -> tuple[list[str], list[Any], str]:
     try:
         root = recorder.load()
     except Exception as e:  # a malformed pickle: keep what was recorded up to there
-        stopped = f"{type(e).__name__}: {_standins.short_repr(str(e))}"
+        stopped = f"{type(e).__name__}: {allowlist.short_repr(str(e))}"
     objects = [root, *recorder.memo.copy().values(), *absorber.created]
     return recorder.seen, objects, stopped
 
@@ -531,7 +447,7 @@ def _fickling(data: bytes, objects: list[Any]) -> tuple[str | None, str | None, 
         default = check_safety(pickled)
         ml = check_safety(pickled, analyzer=Analyzer([MLAllowlist()]))
     except Exception as e:  # fickling failing on a hostile pickle is itself worth reporting
-        return None, None, (), f"fickling could not analyse it ({type(e).__name__}: {_standins.short_repr(str(e))})"
+        return None, None, (), f"fickling could not analyse it ({type(e).__name__}: {allowlist.short_repr(str(e))})"
     return default.severity.name, ml.severity.name, *_findings([*ml.results, *default.results])
 
 

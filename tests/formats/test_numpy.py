@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio import _zip
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from weightio.formats import _zip
 from weightio.formats import numpy as npformat
 from weightio.formats.numpy import NpyReader, NpzReader
 

@@ -342,8 +342,8 @@ def test_hostile_edits_of_a_torch_written_archive(write):
 def test_a_pax_size_moves_the_walk_to_the_next_header(tmp_path):
     # review finding: the next header was found from the ustar size field (0 for members of 8 GiB
     # or more, which tarfile puts in a PAX record), not from the PAX size, unlike tarfile
-    from weightio import _tar
     from weightio._io import MappedFile
+    from weightio.formats.pytorch import tar as _tar
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:

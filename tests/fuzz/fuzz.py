@@ -62,19 +62,16 @@ with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contex
 
     import weightio
     import weightio._json
-    import weightio._pickle
-    import weightio._standins
-    import weightio._tar
-    import weightio._zip
     import weightio.checkpoint
+    import weightio.formats._zip
     import weightio.formats.ggml
     import weightio.formats.gguf
     import weightio.formats.numpy
     import weightio.formats.pytorch
     import weightio.formats.safetensors
+    import weightio.formats.sniff
     import weightio.quant
     import weightio.quant.kernels
-    import weightio.sniff
     import weightio.view
     from weightio._io import MappedFile
     from weightio.errors import WeightioError, WeightioWarning
@@ -161,7 +158,7 @@ def _check_error(e: WeightioError) -> None:
 def _exercise(harness: Harness, path: str) -> None:
     file = MappedFile(path)
     try:
-        weightio.sniff.sniff(file)  # its verdict may differ from the harness's format: only errors matter
+        weightio.formats.sniff.sniff(file)  # its verdict may differ from the harness's format: only errors matter
     except WeightioError as e:
         _check_error(e)
     except BaseException:
@@ -279,7 +276,7 @@ def seed_files(harness: Harness) -> list[Path]:
                 head = f.read(512)
             file = MappedFile(path)
             try:
-                fmt = weightio.sniff.sniff(file)
+                fmt = weightio.formats.sniff.sniff(file)
             finally:
                 file.close()
         except WeightioError:
@@ -304,7 +301,7 @@ def seed(harness: Harness, corpus: Path) -> int:
     return len(files)
 
 
-_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # a zip central directory entry (see weightio._zip)
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # a zip central directory entry (see weightio.formats._zip)
 _EOCD = struct.Struct("<IHHHHIIH")
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from .._io import MappedFile
 from ..errors import FormatError
-from ..sniff import sniff
 from . import numpy as _numpy
 from . import safetensors as _safetensors
+from . import sniff as _sniff
 from .base import Reader, TensorInfo
 
 __all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "save"]
@@ -64,7 +64,7 @@ def open_file(path: str | os.PathLike[str]) -> Reader:
     """Map `path`, sniff its format from its bytes and return the validated reader."""
     file = MappedFile(path)
     try:
-        fmt = sniff(file)
+        fmt = _sniff.sniff(file)
         try:
             reader = _resolve(READERS[fmt])
         except (KeyError, ImportError, AttributeError):

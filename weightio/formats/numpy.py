@@ -24,7 +24,7 @@ characters, allocates whatever the shape claims, and accepts trailing bytes):
   void and datetime dtypes raise `UnsupportedDTypeError`;
 * the data is exactly ``prod(shape) * itemsize`` bytes: nothing missing, nothing after.
 
-``.npz`` is a ZIP archive of ``<name>.npy`` members (see `weightio._zip` for the archive rules).
+``.npz`` is a ZIP archive of ``<name>.npy`` members (see `weightio.formats._zip` for the archive rules).
 STORED members are mapped in place: each tensor is a view of the archive's mapping at the
 member's data offset (``numpy.load`` reads every member into memory, even with ``mmap_mode``).
 DEFLATED members are inflated on first access, into a buffer of exactly the size the member's
@@ -50,12 +50,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from .. import _zip
 from .._io import atomic_write, write_all
 from ..dtypes import dtype_name
 from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
+from . import _zip
 from .base import MAX_NDIM, Reader, TensorInfo
 from .sources import TensorSource, tensor_sources
 
@@ -292,7 +292,7 @@ def write_npy(tensors: Mapping[str, Any], path: str, *, overwrite: bool = False)
         write_all(out, src.little_endian_bytes())
 
 
-# ZIP records for the npz writer (see weightio._zip for the layouts)
+# ZIP records for the npz writer (see weightio.formats._zip for the layouts)
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
 _EOCD = struct.Struct("<IHHHHIIH")

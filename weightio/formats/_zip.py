@@ -44,10 +44,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._io import MappedFile
-from .errors import CorruptFileError, FormatError
-from .limits import Limits, exceeded
-from .limits import current as current_limits
+from .._io import MappedFile
+from ..errors import CorruptFileError, FormatError
+from ..limits import Limits, exceeded
+from ..limits import current as current_limits
 
 __all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
 

@@ -18,9 +18,9 @@ page, HDF5, gzip …) and what to do.
 
 from __future__ import annotations
 
+from .._io import MappedFile
+from ..errors import FormatError
 from . import _zip
-from ._io import MappedFile
-from .errors import FormatError
 
 __all__ = ["sniff", "FORMATS"]
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._io import MappedFile
-from .errors import CorruptFileError
+from ..._io import MappedFile
+from ...errors import CorruptFileError
 
-__all__ = ["TarMember", "read_members"]
+__all__ = ["TarMember", "looks_like_tar", "read_members"]
 
 BLOCK = 512
 _MAX_MEMBERS = 10_000

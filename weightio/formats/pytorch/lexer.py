@@ -5,7 +5,7 @@ A pickle is a program for a small stack machine; ``pickle.load`` runs it, and it
 two steps:
 
 1. `prepass` — a lexer over the opcode stream, written from the pickle protocol (protocols
-   0-5, the opcode table below), that refuses a pickle before CPython sees it when:
+   0-5, the opcode table in `.opcodes`), that refuses a pickle before CPython sees it when:
 
    * an opcode instantiates or resolves code by other means than a named global: ``INST``,
      ``OBJ``, ``EXT1/2/4`` (the copyreg registry), ``NEWOBJ_EX`` -> `UnsafePickleError`;
@@ -25,156 +25,69 @@ two steps:
      randomized. Checkpoint keys are strings and small integers.
 
 2. `Unpickler` — CPython's C unpickler, whose ``find_class`` returns stand-ins for an exact
-   ``(module, name)`` allowlist (`weightio._standins.ALLOWLIST`) and never imports, and whose
+   ``(module, name)`` allowlist (`.allowlist.ALLOWLIST`) and never imports, and whose
    ``persistent_load`` hands storage ids to the container's resolver. Stand-ins record what the
    pickle describes; none calls torch, numpy's pickle support or anything the file names. Any
    other global raises `UnsafePickleError` naming ``module.name``.
 
-`load` runs both; `weightio._standins.flatten` then names what it built.
+`.unpickler.load` runs both; `.flatten.flatten` then names what it built.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import struct
 from collections.abc import Callable
 from typing import Any
 
-from . import limits as _limits
-from ._standins import ALLOWLIST
-from .errors import CorruptFileError, UnsafePickleError, WeightioError
-
-__all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "Unpickler", "lex", "load", "prepass"]
-
-# The defaults of weightio.limits (pickle_opcodes, pickle_stack, nesting_depth), under the names
-# the lexer's documentation uses:
-MAX_OPCODES = _limits.DEFAULTS.pickle_opcodes  # per pickle; a state dict needs ~30 per tensor
-MAX_STACK = _limits.DEFAULTS.pickle_stack  # items on the stack at once; picklers batch 1000 per APPENDS/SETITEMS
-MAX_MARKS = _limits.DEFAULTS.nesting_depth  # nested MARKs; one per level of nesting of the pickled object
-MAX_WEAK_KEYS = 10_000  # colliding keys cost ~0.4 s at 10 000, 40 s at 100 000
-MEMO_SLACK = 256  # BINPUT indices (0-255) are always allowed
-_WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
-
-# ----------------------------------------------------------------------------- the opcode table
-
-# Argument kinds: a fixed byte count, or
-_U1, _U4, _S4, _U8 = -1, -4, -5, -8  # a little-endian length of 1, 4 (signed: S4) or 8 bytes, then data
-_LINE, _LINES2 = -10, -11  # one / two newline-terminated lines
-MARK = -1  # "pops": everything above the innermost MARK, and the mark
-
-# Result tags: what the prepass knows about a value, enough to police dict keys and STACK_GLOBAL.
-# _STR: a str. _SAFE: hashes safely (small int, None, bytes, containers, stand-ins). _WEAK: hash chosen by the file.
-_STR, _SAFE, _WEAK = 0, 1, 2
-
-# (opcode, name, argument, pops, result tag or None), from the protocol (pickletools.opcodes).
-_TABLE: tuple[tuple[bytes, str, int, int, int | None], ...] = (
-    (b"(", "MARK", 0, 0, None),
-    (b".", "STOP", 0, 1, None),
-    (b"0", "POP", 0, 1, None),
-    (b"1", "POP_MARK", 0, MARK, None),
-    (b"2", "DUP", 0, 0, None),
-    (b"F", "FLOAT", _LINE, 0, _WEAK),
-    (b"I", "INT", _LINE, 0, None),
-    (b"J", "BININT", 4, 0, _SAFE),
-    (b"K", "BININT1", 1, 0, _SAFE),
-    (b"L", "LONG", _LINE, 0, None),
-    (b"M", "BININT2", 2, 0, _SAFE),
-    (b"N", "NONE", 0, 0, _SAFE),
-    (b"P", "PERSID", _LINE, 0, _SAFE),
-    (b"Q", "BINPERSID", 0, 1, _SAFE),
-    (b"R", "REDUCE", 0, 2, _WEAK),
-    (b"S", "STRING", _LINE, 0, _STR),
-    (b"T", "BINSTRING", _S4, 0, _STR),
-    (b"U", "SHORT_BINSTRING", _U1, 0, _STR),
-    (b"V", "UNICODE", _LINE, 0, _STR),
-    (b"X", "BINUNICODE", _U4, 0, _STR),
-    (b"a", "APPEND", 0, 2, None),
-    (b"b", "BUILD", 0, 1, None),
-    (b"c", "GLOBAL", _LINES2, 0, _SAFE),
-    (b"d", "DICT", 0, MARK, _SAFE),
-    (b"}", "EMPTY_DICT", 0, 0, _SAFE),
-    (b"e", "APPENDS", 0, MARK, None),
-    (b"g", "GET", _LINE, 0, None),
-    (b"h", "BINGET", 1, 0, None),
-    (b"i", "INST", _LINES2, MARK, _WEAK),
-    (b"j", "LONG_BINGET", 4, 0, None),
-    (b"l", "LIST", 0, MARK, _SAFE),
-    (b"]", "EMPTY_LIST", 0, 0, _SAFE),
-    (b"o", "OBJ", 0, MARK, _WEAK),
-    (b"p", "PUT", _LINE, 0, None),
-    (b"q", "BINPUT", 1, 0, None),
-    (b"r", "LONG_BINPUT", 4, 0, None),
-    (b"s", "SETITEM", 0, 2, None),
-    (b"t", "TUPLE", 0, MARK, _WEAK),
-    (b")", "EMPTY_TUPLE", 0, 0, _SAFE),
-    (b"u", "SETITEMS", 0, MARK, None),
-    (b"G", "BINFLOAT", 8, 0, _WEAK),
-    (b"\x80", "PROTO", 1, 0, None),
-    (b"\x81", "NEWOBJ", 0, 2, _WEAK),
-    (b"\x82", "EXT1", 1, 0, _WEAK),
-    (b"\x83", "EXT2", 2, 0, _WEAK),
-    (b"\x84", "EXT4", 4, 0, _WEAK),
-    (b"\x85", "TUPLE1", 0, 1, _WEAK),
-    (b"\x86", "TUPLE2", 0, 2, _WEAK),
-    (b"\x87", "TUPLE3", 0, 3, _WEAK),
-    (b"\x88", "NEWTRUE", 0, 0, _SAFE),
-    (b"\x89", "NEWFALSE", 0, 0, _SAFE),
-    (b"\x8a", "LONG1", _U1, 0, None),
-    (b"\x8b", "LONG4", _S4, 0, None),
-    (b"B", "BINBYTES", _U4, 0, _SAFE),
-    (b"C", "SHORT_BINBYTES", _U1, 0, _SAFE),
-    (b"\x8c", "SHORT_BINUNICODE", _U1, 0, _STR),
-    (b"\x8d", "BINUNICODE8", _U8, 0, _STR),
-    (b"\x8e", "BINBYTES8", _U8, 0, _SAFE),
-    (b"\x8f", "EMPTY_SET", 0, 0, _SAFE),
-    (b"\x90", "ADDITEMS", 0, MARK, None),
-    (b"\x91", "FROZENSET", 0, MARK, _WEAK),
-    (b"\x92", "NEWOBJ_EX", 0, 3, _WEAK),
-    (b"\x93", "STACK_GLOBAL", 0, 2, _SAFE),
-    (b"\x94", "MEMOIZE", 0, 0, None),
-    (b"\x95", "FRAME", 8, 0, None),
-    (b"\x96", "BYTEARRAY8", _U8, 0, _SAFE),
-    (b"\x97", "NEXT_BUFFER", 0, 0, _SAFE),
-    (b"\x98", "READONLY_BUFFER", 0, 1, _SAFE),
+from ... import limits as _limits
+from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from .opcodes import (
+    ARG,
+    BINGET,
+    BINPUT,
+    BINUNICODE,
+    CHUNK,
+    LINE,
+    LONG_BINGET,
+    LONG_BINPUT,
+    MARK,
+    MAX_MARKS,
+    MAX_OPCODES,
+    MAX_STACK,
+    MAX_WEAK_KEYS,
+    MEMO_SLACK,
+    MEMOIZE,
+    OP,
+    OPCODE_NAMES,
+    POP,
+    POP_PUSH,
+    POPS,
+    PUSH_ONLY,
+    REFUSED_CORRUPT,
+    REFUSED_UNSAFE,
+    S4,
+    SAFE,
+    SHORT_BINUNICODE,
+    STEP,
+    STOP,
+    STR,
+    TAG,
+    TO_MARK,
+    TUPLE,
+    U8,
+    WEAK,
+    WIDE,
 )
 
-OPCODE_NAMES = {code[0]: name for code, name, *_ in _TABLE}
-# Opcodes that build objects from a class without naming it in a GLOBAL the allowlist sees.
-REFUSED_UNSAFE = frozenset(c for c, n in OPCODE_NAMES.items()
-                           if n in ("INST", "OBJ", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX"))
-# Opcodes a checkpoint has no use for and that need outside state (text ids, out-of-band buffers).
-REFUSED_CORRUPT = frozenset(c for c, n in OPCODE_NAMES.items() if n in ("PERSID", "NEXT_BUFFER", "READONLY_BUFFER"))
+__all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "lex", "prepass"]
 
-# Per-opcode arrays for the lexer's inner loop (index: opcode byte).
-_ARG = [None] * 256
-_POPS = [0] * 256
-_TAG: list[int | None] = [None] * 256
-for _code, _name, _arg, _pops, _tag in _TABLE:
-    _ARG[_code[0]] = _arg
-    _POPS[_code[0]] = _pops
-    _TAG[_code[0]] = _tag
-
-# Opcodes the lexer's inline paths handle from the table: a fixed-size argument, then push
-# one tagged value (PUSH_ONLY), or pop N items first (POP_PUSH).
-_PUSH_ONLY = frozenset(
-    c for c, n in OPCODE_NAMES.items()
-    if n in ("BININT", "BININT1", "BININT2", "NONE", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "BINFLOAT",
-             "NEWTRUE", "NEWFALSE", "EMPTY_SET")
-)
-_POP_PUSH = frozenset(
-    c for c, n in OPCODE_NAMES.items() if n in ("BINPERSID", "REDUCE", "NEWOBJ", "TUPLE1", "TUPLE2", "TUPLE3")
-)
-_STEP = [1 + a if isinstance(a, int) and a >= 0 else 0 for a in _ARG]  # opcode + fixed argument
-_CHUNK = 1024  # opcodes between checks of the stack size and opcode count (fewer under small limits)
+_U32 = struct.Struct("<I")
 
 
 def _chunk_size(max_opcodes: int, max_stack: int) -> int:
     """Opcodes between limit checks: the stack grows by at most one item per opcode, so checking
     every ``min(1024, limits)`` opcodes keeps the overshoot below the limit itself."""
-    return max(1, min(_CHUNK, max_opcodes, max_stack))
-_OP = {name: code for code, name in OPCODE_NAMES.items()}
-_U32 = struct.Struct("<I")
+    return max(1, min(CHUNK, max_opcodes, max_stack))
 
 
 # ----------------------------------------------------------------------------- prepass
@@ -209,14 +122,14 @@ class _Lexer:
         key-hash accounting needs.
         """
         data, stack, marks, memo = self.data, self.stack, self.marks, self.memo
-        push_only, pop_push, step_table, pops_table, tag_table = _PUSH_ONLY, _POP_PUSH, _STEP, _POPS, _TAG
+        push_only, pop_push, step_table, pops_table, tag_table = PUSH_ONLY, POP_PUSH, STEP, POPS, TAG
         push, u32 = stack.append, _U32.unpack_from
         first = pos = self.pos
         fence = puts = 0  # stack length at the innermost MARK; memo writes so far
         last = pos  # the opcode being decoded, for error messages
         max_stack, max_marks = self.max_stack, self.max_marks
         size = _chunk_size(self.max_opcodes, max_stack)
-        weak, string, chunk = _WEAK, _STR, range(size)
+        weak, string, chunk = WEAK, STR, range(size)
         try:
             for rounds in range(-(-self.max_opcodes // size)):
                 if len(stack) > max_stack:
@@ -224,7 +137,7 @@ class _Lexer:
                 for _ in chunk:
                     op = data[pos]
                     last = pos
-                    if op == 0x72:  # LONG_BINPUT
+                    if op == LONG_BINPUT:
                         (index,) = u32(data, pos + 1)
                         if index > puts + MEMO_SLACK:
                             self.puts = puts
@@ -232,7 +145,7 @@ class _Lexer:
                         memo[index] = stack[-1]
                         puts += 1
                         pos += 5
-                    elif op == 0x68:  # BINGET
+                    elif op == BINGET:
                         tag = memo.get(data[pos + 1])
                         if tag is None:
                             raise self._unset(data[pos + 1], op, pos - first)
@@ -241,7 +154,7 @@ class _Lexer:
                     elif op in push_only:
                         push(tag_table[op])
                         pos += step_table[op]
-                    elif op == 0x6A:  # LONG_BINGET
+                    elif op == LONG_BINGET:
                         (index,) = u32(data, pos + 1)
                         tag = memo.get(index)
                         if tag is None:
@@ -252,34 +165,34 @@ class _Lexer:
                         del stack[-pops_table[op]:]
                         push(tag_table[op])
                         pos += 1
-                    elif op == 0x58:  # BINUNICODE
+                    elif op == BINUNICODE:
                         (n,) = u32(data, pos + 1)
                         pos += 5 + n
                         push(string)
-                    elif op == 0x28:  # MARK
+                    elif op == MARK:
                         if len(marks) >= max_marks:
                             raise self._too_deep(pos - first)
                         marks.append(fence)
                         fence = len(stack)
                         pos += 1
-                    elif op == 0x74:  # TUPLE
+                    elif op == TUPLE:
                         if not marks:
                             raise self.fail(f"TUPLE at offset {pos - first} has no MARK to pop to")
                         del stack[fence:]
                         fence = marks.pop()
                         push(weak)
                         pos += 1
-                    elif op == 0x71 or op == 0x94:  # BINPUT, MEMOIZE
-                        memo[data[pos + 1] if op == 0x71 else len(memo)] = stack[-1]
+                    elif op == BINPUT or op == MEMOIZE:
+                        memo[data[pos + 1] if op == BINPUT else len(memo)] = stack[-1]
                         puts += 1
-                        pos += 2 if op == 0x71 else 1
-                    elif op == 0x8C:  # SHORT_BINUNICODE
+                        pos += 2 if op == BINPUT else 1
+                    elif op == SHORT_BINUNICODE:
                         pos += 2 + data[pos + 1]
                         push(string)
-                    elif op == 0x2E:  # STOP
+                    elif op == STOP:
                         self._stop(pos - first)
                         return pos + 1
-                    elif op == 0x30 and len(stack) > fence:  # POP (of an item; popping a MARK is special)
+                    elif op == POP and len(stack) > fence:  # of an item; popping a MARK is special
                         del stack[-1]
                         pos += 1
                     else:
@@ -350,22 +263,22 @@ class _Lexer:
         return taken
 
     def _count_keys(self, tags: list[int]) -> None:
-        self.weak_keys += tags.count(_WEAK)
+        self.weak_keys += tags.count(WEAK)
         if self.weak_keys > MAX_WEAK_KEYS:
             raise self.fail(f"more than {MAX_WEAK_KEYS:,} dict keys or set members whose hash the file can "
                             "choose (integers >= 2**61, floats, tuples): refused to avoid hash flooding")
 
     def _argument(self, op: int, pos: int, first: int) -> tuple[int, int]:
         """(start, end) of the opcode's argument data; checks it lies inside the pickle."""
-        kind = _ARG[op]
+        kind = ARG[op]
         data, end = self.data, self.end
         if kind >= 0:
             stop = pos + 1 + kind
-        elif kind >= _U8:  # counted: a length prefix of -kind bytes, then the data
-            width = -kind if kind != _S4 else 4
+        elif kind >= U8:  # counted: a length prefix of -kind bytes, then the data
+            width = -kind if kind != S4 else 4
             if pos + 1 + width > end:
                 raise self._truncated(op, pos - first)
-            n = int.from_bytes(data[pos + 1: pos + 1 + width], "little", signed=kind == _S4)
+            n = int.from_bytes(data[pos + 1: pos + 1 + width], "little", signed=kind == S4)
             if n < 0:
                 raise self.fail(f"{OPCODE_NAMES[op]} at offset {pos - first} has a negative length {n}")
             if n > end - (pos + 1 + width):
@@ -373,7 +286,7 @@ class _Lexer:
             return pos + 1 + width, pos + 1 + width + n
         else:  # newline-terminated line(s)
             stop = pos + 1
-            for _ in range(1 if kind == _LINE else 2):
+            for _ in range(1 if kind == LINE else 2):
                 newline = _find_newline(data, stop, end)
                 if newline < 0:
                     raise self._truncated(op, pos - first)
@@ -386,7 +299,7 @@ class _Lexer:
     # -- the opcodes that need more than the generic path ------------------------------------
     def _special(self, op: int, pos: int, first: int) -> None:
         at = pos - first
-        if _ARG[op] is None:
+        if ARG[op] is None:
             raise self.fail(f"invalid opcode {op:#04x} at offset {at}")
         if op in REFUSED_UNSAFE:
             self._refuse(UnsafePickleError(f"opcode {OPCODE_NAMES[op]} at offset {at} builds objects without naming "
@@ -410,9 +323,9 @@ class _Lexer:
 
     def _effect(self, op: int, at: int) -> None:
         """Generic stack effect from the table: pop, then push the result tag (if any)."""
-        n = _POPS[op]
-        self._pop_mark(op, at) if n == MARK else self._pop(n, op, at)
-        tag = _TAG[op]
+        n = POPS[op]
+        self._pop_mark(op, at) if n == TO_MARK else self._pop(n, op, at)
+        tag = TAG[op]
         if tag is not None:
             self.stack.append(tag)
 
@@ -446,16 +359,16 @@ class _Lexer:
         self.stack += (tag, tag)
 
     def _put(self, op: int, start: int, stop: int, at: int) -> None:
-        if op == _OP["MEMOIZE"]:
+        if op == OP["MEMOIZE"]:
             index = len(self.memo)
-        elif op == _OP["PUT"]:
+        elif op == OP["PUT"]:
             index = self._decimal(start, stop - 1, op, at)
         else:
             index = int.from_bytes(self.data[start:stop], "little")
         self._put_at(index, op, at)
 
     def _get(self, op: int, start: int, stop: int, at: int) -> None:
-        if op == _OP["GET"]:
+        if op == OP["GET"]:
             index = self._decimal(start, stop - 1, op, at)
         else:
             index = int.from_bytes(self.data[start:stop], "little")
@@ -476,15 +389,15 @@ class _Lexer:
     def _int(self, op: int, start: int, stop: int, at: int) -> None:
         """Protocol-0 INT/LONG and LONG1/LONG4: tag by size (a wide int's hash can be chosen)."""
         n = stop - start
-        if op in (_OP["INT"], _OP["LONG"]):
+        if op in (OP["INT"], OP["LONG"]):
             text = bytes(self.data[start:stop]).strip().rstrip(b"L")
             try:
-                wide = len(text) > 24 or abs(int(text)) >= _WIDE
+                wide = len(text) > 24 or abs(int(text)) >= WIDE
             except ValueError:
                 wide = False  # CPython refuses it
         else:
-            wide = n > 8 or (n == 8 and abs(int.from_bytes(self.data[start:stop], "little", signed=True)) >= _WIDE)
-        self.stack.append(_WEAK if wide else _SAFE)
+            wide = n > 8 or (n == 8 and abs(int.from_bytes(self.data[start:stop], "little", signed=True)) >= WIDE)
+        self.stack.append(WEAK if wide else SAFE)
 
     def _build(self, op: int, start: int, stop: int, at: int) -> None:
         self._pop(1, op, at)
@@ -493,17 +406,17 @@ class _Lexer:
     def _global(self, op: int, start: int, stop: int, at: int) -> None:
         module, name = bytes(self.data[start: stop - 1]).split(b"\n", 1)
         self.globals.append((module.decode("utf-8", "replace"), name.decode("utf-8", "replace")))
-        if op == _OP["INST"]:
+        if op == OP["INST"]:
             self._effect(op, at)
         else:
-            self.stack.append(_SAFE)
+            self.stack.append(SAFE)
 
     def _stack_global(self, op: int, start: int, stop: int, at: int) -> None:
         tags = self._pop(2, op, at)
-        if tags != [_STR, _STR]:
+        if tags != [STR, STR]:
             self._refuse(UnsafePickleError(f"STACK_GLOBAL at offset {at} takes operands that are not strings; "
                                            "refused"))
-        self.stack.append(_SAFE)
+        self.stack.append(SAFE)
 
     def _keys(self, op: int, start: int, stop: int, at: int) -> None:
         """SETITEM(S), DICT, ADDITEMS, FROZENSET, APPEND(S): police the keys they insert."""
@@ -520,7 +433,7 @@ class _Lexer:
             keys = taken if name in ("ADDITEMS", "FROZENSET") else taken[0::2] if name in ("SETITEMS", "DICT") else []
             self._count_keys(keys)
             if name in ("DICT", "FROZENSET"):
-                self.stack.append(_SAFE if name == "DICT" else _WEAK)
+                self.stack.append(SAFE if name == "DICT" else WEAK)
             else:  # APPENDS, SETITEMS, ADDITEMS act on the container below the mark
                 self._require_target(op, at)
 
@@ -548,18 +461,18 @@ _REFUSED_WHY = {
 }
 
 _HANDLERS: dict[int, Callable[..., None]] = {
-    _OP["MARK"]: _Lexer._mark,
-    _OP["PROTO"]: _Lexer._proto,
-    _OP["FRAME"]: _Lexer._frame,
-    _OP["POP"]: _Lexer._pop_one,
-    _OP["DUP"]: _Lexer._dup,
-    _OP["PUT"]: _Lexer._put, _OP["BINPUT"]: _Lexer._put, _OP["LONG_BINPUT"]: _Lexer._put, _OP["MEMOIZE"]: _Lexer._put,
-    _OP["GET"]: _Lexer._get, _OP["BINGET"]: _Lexer._get, _OP["LONG_BINGET"]: _Lexer._get,
-    _OP["INT"]: _Lexer._int, _OP["LONG"]: _Lexer._int, _OP["LONG1"]: _Lexer._int, _OP["LONG4"]: _Lexer._int,
-    _OP["GLOBAL"]: _Lexer._global, _OP["INST"]: _Lexer._global,
-    _OP["BUILD"]: _Lexer._build,
-    _OP["STACK_GLOBAL"]: _Lexer._stack_global,
-    **{_OP[n]: _Lexer._keys for n in ("SETITEM", "SETITEMS", "DICT", "ADDITEMS", "FROZENSET", "APPEND", "APPENDS")},
+    OP["MARK"]: _Lexer._mark,
+    OP["PROTO"]: _Lexer._proto,
+    OP["FRAME"]: _Lexer._frame,
+    OP["POP"]: _Lexer._pop_one,
+    OP["DUP"]: _Lexer._dup,
+    OP["PUT"]: _Lexer._put, OP["BINPUT"]: _Lexer._put, OP["LONG_BINPUT"]: _Lexer._put, OP["MEMOIZE"]: _Lexer._put,
+    OP["GET"]: _Lexer._get, OP["BINGET"]: _Lexer._get, OP["LONG_BINGET"]: _Lexer._get,
+    OP["INT"]: _Lexer._int, OP["LONG"]: _Lexer._int, OP["LONG1"]: _Lexer._int, OP["LONG4"]: _Lexer._int,
+    OP["GLOBAL"]: _Lexer._global, OP["INST"]: _Lexer._global,
+    OP["BUILD"]: _Lexer._build,
+    OP["STACK_GLOBAL"]: _Lexer._stack_global,
+    **{OP[n]: _Lexer._keys for n in ("SETITEM", "SETITEMS", "DICT", "ADDITEMS", "FROZENSET", "APPEND", "APPENDS")},
 }
 
 
@@ -567,117 +480,14 @@ def prepass(data: Any, start: int = 0, end: int | None = None, *, path: str | No
             what: str = "the pickle", limits: _limits.Limits | None = None) -> int:
     """Check the pickle at ``data[start:]``; return the offset just past its STOP opcode.
 
-    `data` is anything indexable by int (bytes, a memoryview of the file mapping). Pickles made
-    only of the opcodes torch's protocol-2 pickler writes are checked by `_fast_end`; any other,
-    and any the fast path has doubts about, by the exact lexer (`lex`), whose errors these are.
+    `data` is anything indexable by int (bytes, a memoryview of the file mapping).
 
     Raises:
         CorruptFileError: malformed, truncated, or over a resource limit (`weightio.limits`: the
             current ones unless `limits` is given).
         UnsafePickleError: an opcode that builds objects outside the allowlist's view.
     """
-    if end is not None and end != len(data):
-        data = memoryview(data)[:end]  # the lexers rely on reads past the end failing
-    limits = limits or _limits.current()
-    stop = _fast_end(data, start, limits)
-    return stop if stop is not None else lex(data, start, path=path, what=what, limits=limits).pos
-
-
-# The opcodes `_fast_end` knows (what torch's protocol-2 pickler writes) and their net stack
-# effect; mark-consuming ones, PUTs, counted and line arguments are handled by name.
-_FAST_FIXED = {c: -_POPS[c] + 1 for c, n in OPCODE_NAMES.items()
-               if n in ("BININT", "BININT1", "BININT2", "NONE", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE",
-                        "BINFLOAT", "NEWTRUE", "NEWFALSE", "BINPERSID", "REDUCE", "TUPLE1", "TUPLE2", "TUPLE3")}
-_FAST_POP = {_OP["BUILD"]: 1, _OP["APPEND"]: 1, _OP["SETITEM"]: 2, _OP["POP"]: 1}
-
-
-def _fast_end(data: Any, pos: int, limits: _limits.Limits) -> int | None:
-    """The end of a pickle of torch's usual opcodes that is certainly fine, else None.
-
-    It checks what protects CPython — every argument inside the data (a jump past the end
-    fails the next read), memo indices within the memo writes + `MEMO_SLACK`, the MARK, stack
-    and opcode limits — with a stack *depth* instead of `_Lexer`'s tagged stack, and counts dict
-    insertions: when there are more than `MAX_WEAK_KEYS` (so some could have chosen hashes),
-    or on any other opcode or doubt, it answers None and the exact lexer decides. Stack
-    underflow is left to CPython, which refuses it at the same opcode, before any later insertion.
-    """
-    max_opcodes, max_stack, max_marks = limits.pickle_opcodes, limits.pickle_stack, limits.nesting_depth
-    size = _chunk_size(max_opcodes, max_stack)
-    fixed, popping, step, u32, chunk = _FAST_FIXED, _FAST_POP, _STEP, _U32.unpack_from, range(size)
-    first, depth, fence, puts, inserts, marks = pos, 0, 0, 0, 0, []
-    try:
-        if data[pos] == 0x80:  # PROTO, first
-            if data[pos + 1] > 5:
-                return None
-            pos += 2
-        for _ in range(-(-max_opcodes // size)):
-            if depth > max_stack:
-                return None
-            for _ in chunk:
-                op = data[pos]
-                if op == 0x72:  # LONG_BINPUT
-                    (index,) = u32(data, pos + 1)
-                    if index > puts + MEMO_SLACK or depth <= fence:
-                        return None
-                    puts += 1
-                    pos += 5
-                elif op == 0x68:  # BINGET (an unset slot: CPython refuses it)
-                    depth += 1
-                    pos += 2
-                elif op in fixed:
-                    depth += fixed[op]
-                    pos += step[op]
-                elif op == 0x58:  # BINUNICODE
-                    (n,) = u32(data, pos + 1)
-                    pos += 5 + n
-                    depth += 1
-                elif op == 0x28:  # MARK
-                    if len(marks) >= max_marks:
-                        return None
-                    marks.append(fence)
-                    fence = depth
-                    pos += 1
-                elif op == 0x74 or op == 0x75 or op == 0x65:  # TUPLE, SETITEMS, APPENDS
-                    if not marks:
-                        return None
-                    if op == 0x75:
-                        inserts += (depth - fence) // 2
-                    depth = fence + 1 if op == 0x74 else fence
-                    fence = marks.pop()
-                    pos += 1
-                elif op == 0x71:  # BINPUT
-                    if depth <= fence:
-                        return None
-                    puts += 1
-                    pos += 2
-                elif op in popping:
-                    inserts += op == 0x73  # SETITEM
-                    depth -= popping[op]
-                    pos += 1
-                elif op == 0x63 or op == 0x8A or op == 0x6A:  # GLOBAL, LONG1, LONG_BINGET
-                    pos = _fast_argument(data, op, pos)
-                    depth += 1
-                elif op == 0x2E:  # STOP
-                    fine = depth == 1 and not marks and inserts <= MAX_WEAK_KEYS and pos - first < max_opcodes
-                    return pos + 1 if fine else None
-                else:
-                    return None
-    except (IndexError, struct.error):
-        return None
-    return None
-
-
-def _fast_argument(data: Any, op: int, pos: int) -> int:
-    """The offset after a GLOBAL's two lines, a LONG1 or a LONG_BINGET (IndexError past the end)."""
-    if op == 0x8A:
-        return pos + 2 + data[pos + 1]
-    if op == 0x6A:
-        return pos + 5
-    first = _find_newline(data, pos + 1, len(data))
-    second = _find_newline(data, first + 1, len(data)) if first >= 0 else -1
-    if second < 0:
-        raise IndexError("GLOBAL without its two lines")
-    return second + 1
+    return lex(data, start, end, path=path, what=what, limits=limits).pos
 
 
 def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None = None, what: str = "the pickle",
@@ -701,56 +511,3 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
         lexer.refusals = [e if isinstance(e, CorruptFileError) else UnsafePickleError(f"{what}: {e.message}", path=path)
                           for e in lexer.refusals]
     return lexer
-
-
-# ----------------------------------------------------------------------------- unpickling
-
-
-class Unpickler(pickle.Unpickler):
-    """CPython's unpickler with the allowlist as its only source of globals.
-
-    Args:
-        data: the pickle's bytes (already checked by `prepass`).
-        persistent_load: turns a persistent id into a stand-in (the container's storages).
-    """
-
-    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]) -> None:
-        super().__init__(io.BytesIO(data), encoding="latin1")
-        self.persistent_load = persistent_load  # the C unpickler's slot: called directly per id
-
-    def find_class(self, module: str, name: str) -> Any:
-        standin = ALLOWLIST.get((module, name))
-        if standin is None:
-            raise UnsafePickleError(f"the pickle asks for global '{_printable(module)}.{_printable(name)}', which "
-                                    "is not on weightio's allowlist; nothing was imported or run")
-        return standin
-
-
-def _printable(text: str) -> str:
-    text = text if len(text) <= 200 else text[:200] + "…"
-    return text if text.isprintable() else repr(text)[1:-1]
-
-
-_MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, KeyError, IndexError, EOFError,
-              OverflowError, UnicodeError, MemoryError, RecursionError)
-
-
-def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None = None,
-         what: str = "the pickle", checked: bool = False, limits: _limits.Limits | None = None) -> Any:
-    """Check `data` with `prepass` (unless `checked`: it already was), then unpickle it with the
-    allowlist `Unpickler`. `data` must hold exactly one pickle.
-
-    Raises:
-        UnsafePickleError: a global outside the allowlist, or a refused construct.
-        CorruptFileError: anything malformed (CPython's own errors included).
-    """
-    end = len(data) if checked else prepass(data, path=path, what=what, limits=limits)
-    if end != len(data):
-        raise CorruptFileError(f"{what}: {len(data) - end:,} bytes follow its STOP opcode", path=path)
-    try:
-        return Unpickler(data, persistent_load).load()
-    except WeightioError as e:
-        raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
-    except _MALFORMED as e:
-        lex(data, path=path, what=what, limits=limits)  # the exact lexer names what is wrong, when it can
-        raise CorruptFileError(f"{what} is malformed ({type(e).__name__}: {_printable(str(e))})", path=path) from None

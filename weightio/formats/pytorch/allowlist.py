@@ -1,5 +1,4 @@
-"""The stand-ins: what the allowlisted globals of a checkpoint pickle become, and how the
-unpickled object is walked into tensor names and metadata.
+"""The allowlist and its stand-ins: what the allowlisted globals of a checkpoint pickle become.
 
 `ALLOWLIST` maps exact ``(module, name)`` pairs to stand-ins. None imports or calls what the
 pickle names: torch's rebuild functions return records (`TensorRef`) checked later, when the
@@ -8,28 +7,23 @@ reader can name the tensor; storage classes, dtypes, layouts are inert `Token`s;
 scalars are rebuilt from their dtype, shape and raw bytes (`NumpyDType`, `NumpyArray`),
 numpy's pickle support is never called, and object dtypes are refused.
 
-`flatten` then walks the unpickled object — iteratively, with a node budget against memo-DAG
-"billion laughs", a check for cycles and bounds on depth and name lengths — into dotted
-tensor names and plain metadata values.
+`weightio.formats.pytorch.flatten` then walks the unpickled object into tensor names and metadata.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from .dtypes import TABLE
-from .errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
-from .limits import DEFAULTS, exceeded
-from .limits import hint as limits_hint
+from ...dtypes import TABLE
+from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 
 __all__ = [
     "ALLOWLIST", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
-    "TensorRef", "Token", "flatten", "is_tensor", "plain_value", "short_repr",
+    "TensorRef", "Token", "short_repr",
 ]
 
 _WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
@@ -549,144 +543,7 @@ ALLOWLIST: dict[tuple[str, str], Any] = _allowlist()
 _STANDIN_NAMES = {id(v): f"{m}.{n}" for (m, n), v in reversed(list(ALLOWLIST.items()))}
 
 
-# ----------------------------------------------------------------------------- flattening
-
-_PLAIN = (str, int, float, bool, type(None))
-_MAX_INT_BITS = 4000  # str(int) refuses more than 4300 digits
-
-
-def is_tensor(obj: Any) -> bool:
-    """True for what `flatten` lists as a tensor (numpy arrays of unsupported dtypes are metadata)."""
-    return isinstance(obj, (TensorRef, StorageRef)) or (isinstance(obj, NumpyArray) and obj.array is not None)
-
-
-def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS.nesting_depth,
-            max_name_bytes: int = DEFAULTS.name_bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors and metadata leaves of an unpickled checkpoint, by dotted name, in pickle order.
-
-    Dicts (and OrderedDicts, Namespaces) contribute their keys, lists and tuples their indices:
-    ``{"model": {"fc.weight": t}, "opt": {"state": {0: {"exp_avg": t2}}}}`` gives tensors
-    ``model.fc.weight`` and ``opt.state.0.exp_avg``. A list or tuple of plain values is one
-    metadata leaf (a list); other non-tensor leaves become plain values or a short description.
-    A bare tensor (or value) at the root is named `root_name`.
-
-    Raises:
-        CorruptFileError: more than `budget` nodes visited (shared sub-objects are walked each time
-            they are reached, so a memo DAG could otherwise expand exponentially), a cycle, nesting
-            deeper than `max_depth`, a name over `max_name_bytes` UTF-8 bytes or not valid
-            Unicode (a lone surrogate, which pickles can carry and no output can hold).
-        FormatError: two entries flatten to the same name.
-    """
-    tensors: dict[str, Any] = {}
-    metadata: dict[str, Any] = {}
-    for name, leaf in _walk(root, budget, max_depth, max_name_bytes):
-        name = name or root_name
-        try:
-            size = len(name.encode("utf-8"))
-        except UnicodeEncodeError:
-            message = f"name {short_repr(name)} is not valid Unicode (it holds a lone surrogate)"
-            raise CorruptFileError(message) from None
-        if size > max_name_bytes:
-            raise exceeded("a flattened name of", size, "name_bytes", max_name_bytes, unit=" bytes")
-        if name in tensors or name in metadata:
-            raise FormatError(f"two entries flatten to the same name {name!r}; weightio cannot list both")
-        if is_tensor(leaf):
-            tensors[name] = leaf
-        else:
-            metadata[name] = plain_value(leaf)
-    return tensors, metadata
-
-
-def _children(obj: Any) -> Iterator[tuple[str, Any]] | None:
-    """(component, child) pairs of a container to descend into, or None for a leaf."""
-    if isinstance(obj, dict) and obj:
-        return ((_component(k), v) for k, v in obj.items())
-    if isinstance(obj, Namespace) and obj.fields:
-        return ((_component(k), v) for k, v in obj.fields.items())
-    if isinstance(obj, (list, tuple)) and obj and not all(isinstance(v, _PLAIN) for v in obj):
-        return ((str(i), v) for i, v in enumerate(obj))
-    return None
-
-
-def _component(key: Any) -> str:
-    if isinstance(key, str):
-        return key
-    if type(key) is int and key.bit_length() < 64:
-        return str(key)
-    return short_repr(key)
-
-
-def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tuple[str, Any]]:
-    """Depth-first, iterative: (dotted name, leaf) in order; no recursion, bounded work.
-
-    Bounded: at most `budget` entries visited, `max_depth` levels, names of `max_name`
-    characters (a name's UTF-8 bytes, checked by `flatten`, are at least its characters) and
-    ``16 * budget`` characters of names in all (each name is built from its parent's, so deep or
-    long paths would otherwise cost quadratic memory).
-    """
-    visited, characters = 0, 0
-    stack: list[tuple[str, Iterator[tuple[str, Any]]]] = []
-    on_path: set[int] = set()
-    kids = _children(root)
-    if kids is None:
-        yield "", root
-        return
-    stack.append(("", kids))
-    on_path.add(id(root))
-    owners = [root]
-    while stack:
-        prefix, it = stack[-1]
-        step = next(it, None)
-        if step is None:
-            stack.pop()
-            on_path.discard(id(owners.pop()))
-            continue
-        visited += 1
-        key, child = step
-        name = f"{prefix}.{key}" if prefix else key
-        characters += len(name)
-        if visited > budget or characters > 16 * budget or len(name) > max_name:
-            raise _walk_limit(visited, budget, name, max_name)
-        grandkids = _children(child)
-        if grandkids is None:
-            yield name, child
-        elif id(child) in on_path:
-            raise CorruptFileError(f"the pickled object contains itself at {short_repr(name)} (a cycle)")
-        elif len(stack) >= max_depth:
-            raise CorruptFileError(f"the pickled object nests deeper than {max_depth:,} levels "
-                                   f"{limits_hint('nesting_depth')}")
-        else:
-            stack.append((name, grandkids))
-            on_path.add(id(child))
-            owners.append(child)
-
-
-def _walk_limit(visited: int, budget: int, name: str, max_name: int) -> CorruptFileError:
-    if len(name) > max_name:
-        return CorruptFileError(f"a flattened name is longer than {max_name:,} characters ({short_repr(name)}) "
-                                f"{limits_hint('name_bytes')}")
-    if visited > budget:
-        return CorruptFileError(f"walking the pickled object visits more than {budget:,} entries (shared "
-                                "sub-objects expand each time they are reached: a memo-sharing bomb?)")
-    return CorruptFileError(f"the flattened names add up to more than {16 * budget:,} characters (deep nesting, "
-                            "long keys, or shared sub-objects written out each time they are reached: a memo-sharing "
-                            "bomb?)")
-
-
-def plain_value(value: Any) -> Any:
-    """A metadata leaf as a plain Python value: str/int/float/bool/None, a list of those, or a short text."""
-    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
-        return value
-    if type(value) is int:
-        return value if value.bit_length() <= _MAX_INT_BITS else f"<int of {value.bit_length():,} bits>"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
-        return [plain_value(v) for v in value]
-    if isinstance(value, dict) and not value:
-        return {}
-    if isinstance(value, Namespace):
-        return "Namespace()"
-    return short_repr(value)
-
+# ----------------------------------------------------------------------------- describing values
 
 def short_repr(value: Any, limit: int = 80) -> str:
     """A bounded one-line description of any unpickled value (never expands shared structure)."""

@@ -1,0 +1,14 @@
+"""PyTorch checkpoints (``torch.save``) without torch: the reader and the layers beneath it.
+
+* `reader` — `PyTorchReader`; its module docstring is the format spec.
+* `containers` — the zip, legacy raw-pickle and tar layouts; `containers.pickles` lists the
+  pickles a file holds (for `weightio scan`).
+* `lexer`, `opcodes` — the pickle prepass; `unpickler` — the allowlist unpickler;
+  `allowlist` — the stand-ins globals become; `flatten` — nested objects to dotted names.
+* `tar` — the strict tar walker of torch 0.1.x files.
+"""
+
+from .containers import MAGIC_NUMBER, PROTOCOL_VERSION, open_container
+from .reader import PyTorchReader
+
+__all__ = ["MAGIC_NUMBER", "PROTOCOL_VERSION", "PyTorchReader", "open_container"]

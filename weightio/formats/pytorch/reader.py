@@ -1,0 +1,335 @@
+"""PyTorch checkpoints (``torch.save``) without torch, through weightio's allowlist unpickler.
+
+**Zip format** (torch >= 1.6, the default): a ZIP archive (rules in `weightio.formats._zip`) whose
+members share one prefix (the file's stem when it was saved, or ``archive``)::
+
+    <prefix>/data.pkl          the pickled object. A tensor is a call of a torch rebuild function
+                               on a storage, given by the persistent id
+                               ("storage", <storage class>, key, location, numel)
+    <prefix>/data/<key>        one STORED record per storage: numel * itemsize raw bytes, at a
+                               64-byte aligned offset (torch pads the local header's extra field)
+    <prefix>/byteorder         "little" or "big" (absent: little)
+    <prefix>/version           the format version ("3\\n"); torch reads versions 1 to 10
+    <prefix>/.format_version, .storage_alignment, .data/serialization_id: informational
+
+**Legacy raw-pickle format** (``torch.save(..., _use_new_zipfile_serialization=False)``), five
+pickles back to back, then the storages::
+
+    pickle   the magic number 0x1950a86a20f9469cfc6c
+    pickle   the protocol version 1001
+    pickle   sys_info: {"protocol_version", "little_endian", "type_sizes"}
+    pickle   the object; persistent ids ("storage", <storage class>, root key, location, numel,
+             view) where view is None or (view key, element offset, numel)
+    pickle   the storage keys, in the order their data follows
+    per key  int64 element count (little-endian), then count * itemsize bytes (little-endian)
+
+**Legacy tar format** (torch 0.1.x; archive rules in `.tar`), four members::
+
+    sys_info   pickle   as above (protocol_version 1000)
+    pickle     pickle   the object; persistent ids: the key (str of an int) of a tensor
+    tensors    pickle   count; per tensor: pickle (key, storage key, tensor class), then int32
+                        ndim, 4 bytes of padding, ndim int64 sizes, ndim int64 strides, int64 offset
+    storages   pickle   count; per storage: pickle (key, location, storage class), int64 element
+                        count, the data; then pickle [(view key, root key, offset, numel), ...]
+
+Any other pickle (``pickle.dump`` of a dict of numpy arrays, say) is read as one object.
+
+Tensors are views of the one file mapping: a zip record, or a span of a legacy file. A view
+with a storage offset or non-contiguous strides (transposed, sliced, step-sliced) keeps its
+byte strides; names that share a storage share memory. A ``byteorder`` of "big" gives
+big-endian dtypes (``numpy()`` converts; ``raw()`` is the stored bytes). Deflated records
+(which torch never writes) are inflated on first use, bounded by the record's size.
+
+Checked before any tensor is exposed, each failure a `CorruptFileError` naming the file and the
+tensor: the storage record exists; it holds exactly numel * itemsize bytes (the numel a pickle
+claims is never trusted, CVE-2026-24747); a storage key always has one dtype and size; offset,
+sizes and strides are non-negative ints (at most 64 dims) and the view's last element lies
+inside its storage; ``byteorder`` is "little" or "big"; legacy storages are laid out exactly as
+listed, with nothing after them.
+
+Quantized, sparse and meta tensors, and dtypes numpy has no type for (complex32, bits16, …),
+are listed with their shape; reading them raises `UnsupportedDTypeError` naming the tensor.
+TorchScript archives (a ``constants.pkl`` record, beside ``code/``) hold code and raise `FormatError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptFileError, UnsupportedDTypeError, WeightioError
+from ...limits import exceeded
+from .. import _zip
+from ..base import MAX_NDIM, Reader, TensorInfo
+from .allowlist import NumpyArray, StorageRef, TensorRef, Token, short_repr
+from .containers import Container, Span, open_container
+from .flatten import flatten
+from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, QUANTIZED_DTYPES, itemsize
+
+__all__ = ["PyTorchReader"]
+
+_NODE_BUDGET = 4  # flattening visits at most this many entries per byte of pickle (+ a floor)
+_NODE_FLOOR = 100_000
+_MAX_VIEW_BYTES = (1 << 63) - 1  # numpy's (and torch's) bound on one array's size
+_HUGE = 1 << 256  # past any real offset, size or stride (torch's are int64); such ints may not even print
+
+
+class PyTorchReader(Reader):
+    """A PyTorch checkpoint: zip, legacy raw-pickle or legacy tar format (see the module docstring).
+
+    Nested checkpoints are flattened to dotted names (``model_state_dict.conv1.weight``,
+    ``optimizer.state.0.exp_avg``); their non-tensor leaves (epoch, loss, args …) are
+    `metadata` under the same dotted names.
+
+    Attributes:
+        container: ``"zip"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+    """
+
+    format = "pytorch"
+
+    def __init__(self, source: Any) -> None:
+        super().__init__(source)
+        self._unreadable: dict[str, str] = {}  # name -> why numpy() cannot serve it
+        self._own: dict[str, np.ndarray] = {}  # name -> its own bytes (numpy arrays pickled inline)
+        self._deflated: dict[str, _zip.ZipMember] = {}  # name -> the deflated record holding it
+        self._inflated: dict[str, np.ndarray] = {}  # record name -> inflated bytes
+        self._lock = threading.Lock()
+        self._validate(self._read)
+
+    def _read(self) -> None:
+        limits = self.limits
+        container = open_container(self.file, limits)
+        self.container = container.kind
+        stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
+        budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
+        try:
+            tensors, self.metadata = flatten(container.root, budget=budget, root_name=stem,
+                                                       max_depth=limits.nesting_depth,
+                                                       max_name_bytes=limits.name_bytes)
+        except WeightioError as e:
+            raise type(e)(e.message, path=self.path) from None
+        if len(tensors) > limits.tensors:
+            raise exceeded("tensor count", len(tensors), "tensors", limits.tensors, path=self.path, unit="")
+        builder = _Builder(container)
+        for name, leaf in tensors.items():
+            info, why, record = builder.build(name, leaf)
+            self.tensors[name] = info
+            if why:
+                self._unreadable[name] = why
+            if record is not None:
+                self._deflated[name] = record
+            if isinstance(leaf, NumpyArray):
+                self._own[name] = _own_bytes(leaf.array)
+
+    def buffer(self, name: str) -> np.ndarray:
+        """The mapping; a numpy array's own pickled bytes; or a deflated record, inflated once.
+
+        Raises:
+            UnsupportedDTypeError: quantized, sparse and meta tensors, and dtypes numpy lacks.
+        """
+        why = self._unreadable.get(name)
+        if why is not None:
+            raise UnsupportedDTypeError(why, path=self.path, tensor=name)
+        own = self._own.get(name)
+        if own is not None:
+            return own
+        record = self._deflated.get(name)
+        if record is None:
+            return self.file.data
+        limit = self.limits.inflated_bytes
+        if limit is not None and record.size > limit:
+            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
+                           path=self.path, tensor=name)
+        with self._lock:
+            data = self._inflated.get(record.name)
+            if data is None:
+                data = self._inflated[record.name] = _zip.inflate(self.file, record)
+        return data
+
+    def close(self) -> None:
+        self._inflated = {}
+        self._own = {}
+        super().close()
+
+
+def _own_bytes(array: np.ndarray) -> np.ndarray:
+    base = array
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    return base.reshape(-1).view(np.uint8)
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo(...) minus its Python-level __new__
+# torch dtypes numpy holds one element per item of: the common, fast case of `_Builder._dense`.
+_PLAIN = frozenset(n for n, d in NUMPY_DTYPES.items() if n not in QUANTIZED_DTYPES
+                   and n != "float4_e2m1fn_x2")
+
+
+class _Builder:
+    """Turns what the pickle describes into checked `TensorInfo`s (errors name the tensor)."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+        self.path = container.path
+        self.big = container.byteorder == "big"
+        self._spans: dict[int, Span] = {}
+
+    def fail(self, name: str, message: str) -> CorruptFileError:
+        return CorruptFileError(message, path=self.path, tensor=name)
+
+    def build(self, name: str, leaf: Any) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:
+        """(info, why it cannot be read or None, the deflated record holding it or None)."""
+        if type(leaf) is TensorRef and leaf.kind == "dense":
+            return self._dense(name, leaf)
+        if isinstance(leaf, NumpyArray):
+            a = leaf.array
+            strides = None if a.flags.c_contiguous else a.strides
+            return TensorInfo(a.dtype, a.shape, 0, a.nbytes, strides), None, None
+        if isinstance(leaf, StorageRef):  # a bare storage: a 1-D tensor of its elements
+            return self._dense(name, TensorRef(leaf, 0, (leaf.view_numel,), (1,)))
+        return self._listed_only(name, leaf), leaf.note, None
+
+    def _dense(self, name: str, ref: TensorRef) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:
+        """A tensor over a storage: its view checked against the storage's bytes."""
+        storage = ref.storage
+        if type(storage) is not StorageRef:
+            raise self.fail(name, f"its storage is {short_repr(storage)}, not a torch storage")
+        torch_dtype = storage.dtype if ref.dtype is None else self._dtype(name, ref)
+        offset, size, stride = ref.offset, ref.size, ref.stride
+        if type(offset) is not int or type(size) is not tuple or type(stride) is not tuple:
+            offset, size, stride = self._geometry(name, ref)
+        numel, last, contiguous = _extent(size, stride, offset)
+        if numel < 0:  # a dimension that is not a non-negative int: say which
+            self._geometry(name, ref)
+            raise self.fail(name, f"malformed view (offset {short_repr(offset)}, size "
+                                  f"{short_repr(size)}, stride {short_repr(stride)})")
+        span = self._spans.get(id(storage)) or self._span(name, storage)
+        size_of, storage_size = ITEMSIZES[torch_dtype], ITEMSIZES[storage.dtype]
+        start = span.offset + storage.view_offset * storage_size
+        if numel and (last + 1) * size_of > storage.view_numel * storage_size:
+            raise self.fail(name, f"view (offset {offset:,}, size {size}, stride {stride}) reaches element {last:,} "
+                                  f"of a {storage.view_numel * storage_size // size_of:,}-element storage "
+                                  f"{storage.key!r}")
+        if numel * size_of > _MAX_VIEW_BYTES:  # inside its storage, yet (stride 0: broadcast) of any size
+            raise self.fail(name, f"view of {numel:,} elements (size {size}, stride {stride}) is too large for an "
+                                  f"array ({_MAX_VIEW_BYTES:,} bytes at most)")
+        if torch_dtype in _PLAIN and not ref.metadata and not self.big:  # the common case
+            dtype = NUMPY_DTYPES[torch_dtype]
+            strides = None if contiguous else tuple(s * size_of for s in stride)
+            return _new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
+                              None)), None, span.record
+        info = self._info(torch_dtype, size, stride, start + offset * size_of if numel else start, numel * size_of)
+        return info, self._unreadable_reason(torch_dtype, ref), span.record
+
+    def _info(self, torch_dtype: str, size: tuple, stride: tuple, offset: int, nbytes: int) -> TensorInfo:
+        dtype = NUMPY_DTYPES.get(torch_dtype) or np.dtype(f"V{itemsize(torch_dtype)}")
+        if self.big and dtype.itemsize > 1:
+            dtype = dtype.newbyteorder(">")
+        if torch_dtype == "float4_e2m1fn_x2":  # listed as fp4 elements, as safetensors does
+            return _new_info((dtype, size[:-1] + (2 * size[-1],) if size else (2,), offset, nbytes, None, None))
+        if _contiguous(size, stride):
+            return _new_info((dtype, size, offset, nbytes, None, None))
+        return _new_info((dtype, size, offset, nbytes, tuple(s * dtype.itemsize for s in stride), None))
+
+    def _unreadable_reason(self, torch_dtype: str, ref: TensorRef) -> str | None:
+        if torch_dtype not in NUMPY_DTYPES:
+            return f"torch dtype {torch_dtype} has no numpy equivalent; convert it in torch before saving"
+        if torch_dtype in QUANTIZED_DTYPES:
+            return f"quantized tensor ({torch_dtype}); dequantize it in torch (.dequantize()) before saving"
+        if torch_dtype == "float4_e2m1fn_x2" and not _contiguous(_ints(ref.size) or (), _ints(ref.stride) or ()):
+            return "non-contiguous float4_e2m1fn_x2 tensor; make it contiguous in torch before saving"
+        flags = ref.metadata if isinstance(ref.metadata, dict) else {}
+        if flags.get("conj") or flags.get("neg"):
+            return "tensor has its conjugate/negative bit set; call .resolve_conj()/.resolve_neg() before saving"
+        return None
+
+    def _dtype(self, name: str, ref: TensorRef) -> str:
+        if not isinstance(ref.dtype, Token) or ref.dtype.kind != "dtype":
+            raise self.fail(name, f"dtype {short_repr(ref.dtype)} is not a torch dtype")
+        return ref.dtype.value
+
+    def _geometry(self, name: str, ref: TensorRef) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        offset, size, stride = ref.offset, _ints(ref.size), _ints(ref.stride)
+        if type(offset) is not int or size is None or stride is None:
+            raise self.fail(name, f"offset {short_repr(offset)}, size {short_repr(ref.size)} and "
+                                  f"stride {short_repr(ref.stride)} must be an int and tuples of ints")
+        if len(size) != len(stride) or len(size) > MAX_NDIM:
+            raise self.fail(name, f"size {short_repr(size)} and stride {short_repr(stride)} must "
+                                  f"have the same length, at most {MAX_NDIM}")
+        if max(map(abs, (offset, *size, *stride))) >= _HUGE:  # not a tensor's; such a number may not print
+            raise self.fail(name, f"offset, size or stride beyond 256 bits (offset {short_repr(offset)}, "
+                                  f"size {short_repr(size)}, stride {short_repr(stride)})")
+        if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
+            raise self.fail(name, f"negative offset, size or stride (offset {offset}, size {size}, stride {stride})")
+        return offset, size, stride
+
+    def _span(self, name: str, storage: StorageRef) -> Span:
+        try:
+            span = self.container.locate(storage)
+        except CorruptFileError as e:
+            raise self.fail(name, e.message) from None
+        self._spans[id(storage)] = span
+        return span
+
+    def _listed_only(self, name: str, ref: TensorRef) -> TensorInfo:
+        """Quantized/sparse/meta/other tensors: shape and dtype, no readable bytes."""
+        if ref.kind == "quantized":
+            info, _, _ = self._dense(name, ref)
+            return info
+        size = _ints(ref.size)
+        if size is None or len(size) > MAX_NDIM or min(size, default=0) < 0:
+            raise self.fail(name, f"size {short_repr(ref.size)} is not a tuple of non-negative ints")
+        torch_dtype = ref.dtype.value if isinstance(ref.dtype, Token) and ref.dtype.kind == "dtype" else (
+            ref.dtype if isinstance(ref.dtype, str) else "uint8")
+        if torch_dtype not in ITEMSIZES:
+            raise self.fail(name, f"dtype {short_repr(ref.dtype)} is not a torch dtype")
+        dtype = NUMPY_DTYPES.get(torch_dtype) or np.dtype(f"V{itemsize(torch_dtype)}")
+        return TensorInfo(dtype, size, 0, 0)
+
+
+def _ints(value: Any) -> tuple[int, ...] | None:
+    """`value` as a tuple when it is a tuple or list of ints (bools and floats are not), else None."""
+    if type(value) is not tuple:
+        if not isinstance(value, (tuple, list)):
+            return None
+        value = tuple(value)
+    for v in value:
+        if type(v) is not int:
+            return None
+    return value
+
+
+def _contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """C-contiguous: each stride is the product of the later sizes (size-1 dims don't matter)."""
+    expected = 1
+    for d, s in zip(reversed(size), reversed(stride), strict=False):
+        if d == 0:
+            return True
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+def _extent(size: tuple, stride: tuple, offset: int) -> tuple[int, int, bool]:
+    """(numel, index of the last element, C-contiguous) of a view — or numel -1 when a size or
+    stride is not a non-negative int below `_HUGE`, or their lengths differ (the caller reports it)."""
+    if len(size) != len(stride) or len(size) > MAX_NDIM or not 0 <= offset < _HUGE:
+        return -1, 0, False
+    numel, last, expected, contiguous = 1, offset, 1, True
+    for d, s in zip(reversed(size), reversed(stride), strict=False):
+        if type(d) is not int or type(s) is not int or not (0 <= d < _HUGE and 0 <= s < _HUGE):
+            return -1, 0, False
+        if d != 1 and s != expected:
+            contiguous = False
+        numel *= d
+        expected *= d
+        last += (d - 1) * s
+    return numel, last, contiguous or numel == 0

@@ -1,0 +1,68 @@
+"""The allowlist unpickler: CPython's C unpickler whose only source of globals is the allowlist
+(`weightio.formats.pytorch.allowlist.ALLOWLIST`), run on a pickle the lexer (`.lexer.prepass`)
+has already checked. See the lexer's module docstring for the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from ... import limits as _limits
+from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from .allowlist import ALLOWLIST
+from .lexer import lex, prepass
+
+__all__ = ["Unpickler", "load"]
+
+
+class Unpickler(pickle.Unpickler):
+    """CPython's unpickler with the allowlist as its only source of globals.
+
+    Args:
+        data: the pickle's bytes (already checked by `prepass`).
+        persistent_load: turns a persistent id into a stand-in (the container's storages).
+    """
+
+    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]) -> None:
+        super().__init__(io.BytesIO(data), encoding="latin1")
+        self.persistent_load = persistent_load  # the C unpickler's slot: called directly per id
+
+    def find_class(self, module: str, name: str) -> Any:
+        standin = ALLOWLIST.get((module, name))
+        if standin is None:
+            raise UnsafePickleError(f"the pickle asks for global '{_printable(module)}.{_printable(name)}', which "
+                                    "is not on weightio's allowlist; nothing was imported or run")
+        return standin
+
+
+def _printable(text: str) -> str:
+    text = text if len(text) <= 200 else text[:200] + "…"
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+_MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, KeyError, IndexError, EOFError,
+              OverflowError, UnicodeError, MemoryError, RecursionError)
+
+
+def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None = None,
+         what: str = "the pickle", checked: bool = False, limits: _limits.Limits | None = None) -> Any:
+    """Check `data` with `prepass` (unless `checked`: it already was), then unpickle it with the
+    allowlist `Unpickler`. `data` must hold exactly one pickle.
+
+    Raises:
+        UnsafePickleError: a global outside the allowlist, or a refused construct.
+        CorruptFileError: anything malformed (CPython's own errors included).
+    """
+    end = len(data) if checked else prepass(data, path=path, what=what, limits=limits)
+    if end != len(data):
+        raise CorruptFileError(f"{what}: {len(data) - end:,} bytes follow its STOP opcode", path=path)
+    try:
+        return Unpickler(data, persistent_load).load()
+    except WeightioError as e:
+        raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
+    except _MALFORMED as e:
+        lex(data, path=path, what=what, limits=limits)  # the exact lexer names what is wrong, when it can
+        raise CorruptFileError(f"{what} is malformed ({type(e).__name__}: {_printable(str(e))})", path=path) from None
