@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import ml_dtypes
 import numpy as np
 
-from .dtypes import TABLE, by_numpy, by_torch, dtype_name, parse_dtype
-from .errors import FormatError, UnsupportedDTypeError
-from .view import TensorView
+from ..dtypes import TABLE, by_numpy, by_torch, dtype_name, parse_dtype
+from ..errors import FormatError, UnsupportedDTypeError
+from ..view import TensorView
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -258,7 +258,7 @@ def load_all(
         >>> weights = load_all("model.safetensors", "torch:cuda:0", dtype="bf16")   # doctest: +SKIP
     """
     if isinstance(tensors, (str, os.PathLike)):
-        from .checkpoint import open_checkpoint
+        from ..checkpoint import open_checkpoint
 
         with open_checkpoint(tensors) as ckpt:
             return load_all(ckpt, device, dtype)
