@@ -528,3 +528,15 @@ def test_a_torch_device_torch_does_not_have_is_a_usage_error():
 
     with pytest.raises(UsageError, match="torch has no device 'foo': "):
         place(np.zeros(3), "torch:foo")
+
+
+def test_load_all_opens_no_paths():
+    with pytest.raises(UsageError, match=r"load_all takes a mapping of name -> tensor, got PosixPath; open it first"):
+        devices.load_all(DTYPES)
+
+
+def test_views_are_recognised_by_their_members():
+    with wio.open(DTYPES) as ckpt:
+        view = ckpt["f32"]
+        assert devices.is_view(view) and not devices.is_view(view.numpy())
+        assert devices.as_numpy(view) is not None and devices.place(view, "numpy").dtype == np.float32
