@@ -159,8 +159,12 @@ class View(Protocol):
     name: str
     info: Any  # a `weightio.records.TensorInfo`
 
-    def numpy(self) -> np.ndarray: ...
-    def raw(self) -> np.ndarray: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    def numpy(self) -> np.ndarray: ...  # the read-only host array (zero-copy when the bytes allow)
+    def raw(self) -> np.ndarray: ...  # the stored bytes
 
 
 _VIEW_MEMBERS = ("numpy", "raw", "info")
