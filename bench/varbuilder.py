@@ -163,7 +163,7 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
         }[peer]
         return timed(fill)
     if case == "cuda":
-        return _cuda_worker(peer, path, gib, torch, devices)
+        return _cuda_worker(peer, path, gib, torch, wio, devices)
     table = {
         ("materialize", "weightio"): wio_materialize, ("materialize", "safetensors"): st_materialize,
         ("resolve", "weightio"): resolve_wio, ("resolve", "checkpoint-lookup"): resolve_floor,
@@ -171,7 +171,7 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
     return timed(table[(case, peer)])
 
 
-def _cuda_worker(peer: str, path: str, gib: float, torch, devices) -> dict:
+def _cuda_worker(peer: str, path: str, gib: float, torch, wio, devices) -> dict:
     torch.zeros(1).cuda()  # the CUDA context is a one-time cost: created before timing
     nbytes = sum(math.prod(s) * 4 for s in shapes(gib).values())
     if peer == "pinned-h2d":
@@ -184,7 +184,8 @@ def _cuda_worker(peer: str, path: str, gib: float, torch, devices) -> dict:
             return out
     elif peer == "weightio":
         def run():
-            out = devices.load_all(path, "torch:cuda:0")
+            with wio.open(path) as ckpt:  # opening is part of the time, as safe_open's is
+                out = devices.load_all(ckpt, "torch:cuda:0")
             torch.cuda.synchronize()
             return out
     else:

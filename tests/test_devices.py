@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import weightio as wio
 from weightio import devices
-from weightio.devices import Device, Extent, parse_device, plan_runs
-from weightio.errors import FormatError, UnsupportedDTypeError
+from weightio.devices import Device, Extent, parse_device, plan_runs, staging
+from weightio.errors import MissingDependencyError, UnsupportedDTypeError, UsageError
 
 from .conftest import FIXTURES, digest, manifest
 
@@ -54,7 +54,7 @@ def test_parse_device(text, framework, target):
     ("jax:gpu:-1", "jax has no device 'gpu:-1'"),
 ])
 def test_parse_device_errors(text, message):
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(UsageError) as info:
         parse_device(text)
     assert str(info.value).startswith(message)
 
@@ -75,11 +75,13 @@ def _fresh_backends(monkeypatch):
 def test_missing_framework_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
     _fresh_backends(monkeypatch)
-    with pytest.raises(FormatError, match=r"cupy is not installed; install it \(pip install cupy-cuda12x, or the "
-                                          r"cupy build for your CUDA version\) to use cupy devices"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"cupy is not installed; install it \(pip install cupy-cuda12x, or the "
+                             r"cupy build for your CUDA version\) to use cupy devices"):
         devices.place(np.zeros(1), "cupy")
     monkeypatch.setitem(sys.modules, "jax", None)
-    with pytest.raises(FormatError, match=r"jax is not installed; install it \(pip install 'weightio\[jax\]'\)"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"jax is not installed; install it \(pip install 'weightio\[jax\]'\)"):
         devices.place(np.zeros(1), "jax")
 
 
@@ -150,7 +152,8 @@ def test_adopting_torch_tensors():
 
 def test_load_all_casts_floating_tensors_only():
     expected = manifest()["dtypes.safetensors"]
-    out = devices.load_all(DTYPES, "numpy", "float16")
+    with wio.open(DTYPES) as ckpt:
+        out = devices.load_all(ckpt, "numpy", "float16")
     assert sorted(out) == sorted(expected)
     for name, arr in out.items():
         kind = np.dtype(expected[name]["dtype"]) if expected[name]["dtype"] in np.sctypeDict else None
@@ -233,8 +236,10 @@ def test_extent_of_finds_the_root_buffer():
 
 
 def _staged_cpu_loader(**kwargs):
-    torch = pytest.importorskip("torch")
-    return devices.StagedLoader(devices._TorchEngine(torch, "cpu", staged=True, pin=False), **kwargs)
+    pytest.importorskip("torch")
+    from weightio.devices.torch import TorchBackend
+
+    return devices.StagedLoader(TorchBackend(Device("torch", "cpu"), staged=True, pin=False), **kwargs)
 
 
 @pytest.mark.parametrize("chunk,max_run", [(100, 300), (4096, 1 << 20), (1 << 20, 1 << 20)])
@@ -282,8 +287,10 @@ def test_staged_loader_converts_what_cannot_be_copied_raw():
 
 
 def test_mps_style_direct_runs():
-    torch = pytest.importorskip("torch")
-    loader = devices.StagedLoader(devices._TorchEngine(torch, "cpu", staged=False, pin=False), chunk=100)
+    pytest.importorskip("torch")
+    from weightio.devices.torch import TorchBackend
+
+    loader = devices.StagedLoader(TorchBackend(Device("torch", "cpu"), staged=False, pin=False), chunk=100)
     with wio.open(FIXTURES / "tiny-bert") as ckpt:
         out = loader.load({n: ckpt[n].numpy() for n in ckpt})
         assert all(digest(out[n].numpy()) == manifest()["tiny-bert"][n]["sha256"] for n in ckpt)
@@ -293,7 +300,7 @@ def test_mps_style_direct_runs():
 def test_parallel_copy_splits_large_copies():
     src = np.arange(20 << 20, dtype=np.uint8)
     dst = np.zeros_like(src)
-    devices._parallel_copy(dst, src)
+    staging.parallel_copy(dst, src)
     assert np.array_equal(dst, src)
 
 
@@ -335,7 +342,8 @@ def test_mps_load_all():
     torch = pytest.importorskip("torch")
     if not torch.backends.mps.is_available():
         pytest.skip("needs Apple MPS")
-    out = devices.load_all(FIXTURES / "tiny-bert", "torch:mps")
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        out = devices.load_all(ckpt, "torch:mps")
     assert all(t.device.type == "mps" for t in out.values())
 
 
@@ -368,7 +376,8 @@ def test_jax_cpu_is_zero_copy_and_casts_on_device():
         assert isinstance(x, jax.Array) and x.unsafe_buffer_pointer() == arr.__array_interface__["data"][0]
         up = devices.place(arr.astype(ml_dtypes.bfloat16), "jax", np.dtype(np.float32))
         assert up.dtype == np.float32 and np.asarray(up).tolist() == arr.tolist()
-        out = devices.load_all("fixtures/tiny-bert", "jax", "bfloat16")
+        with wio.open("fixtures/tiny-bert") as ckpt:
+            out = devices.load_all(ckpt, "jax", "bfloat16")
         assert len(out) == 39 and all(v.dtype == ml_dtypes.bfloat16 for v in out.values())
         assert devices.place(x, "jax").unsafe_buffer_pointer() == x.unsafe_buffer_pointer()  # adopted as is
     """)
@@ -392,7 +401,7 @@ def test_jax_unknown_device():
     _run_jax("""
         try:
             devices.place(np.zeros(1), "jax:tpu:7")
-        except wio.FormatError as e:
+        except wio.errors.UsageError as e:
             assert "jax has no device 'tpu:7'" in str(e), e
         else:
             raise AssertionError("no error")
@@ -513,9 +522,21 @@ def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
     assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
 
 
-def test_a_torch_device_torch_does_not_have_is_a_format_error():
+def test_a_torch_device_torch_does_not_have_is_a_usage_error():
     pytest.importorskip("torch")
     from weightio.devices import place
 
-    with pytest.raises(FormatError, match="torch has no device 'foo': "):
+    with pytest.raises(UsageError, match="torch has no device 'foo': "):
         place(np.zeros(3), "torch:foo")
+
+
+def test_load_all_opens_no_paths():
+    with pytest.raises(UsageError, match=r"load_all takes a mapping of name -> tensor, got PosixPath; open it first"):
+        devices.load_all(DTYPES)
+
+
+def test_views_are_recognised_by_their_members():
+    with wio.open(DTYPES) as ckpt:
+        view = ckpt["f32"]
+        assert devices.is_view(view) and not devices.is_view(view.numpy())
+        assert devices.as_numpy(view) is not None and devices.place(view, "numpy").dtype == np.float32

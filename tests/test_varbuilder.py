@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import weightio as wio
-from weightio.errors import CorruptFileError, FormatError, ShapeMismatchError, TensorNotFoundError, WeightioError
+from weightio.errors import CorruptFileError, ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
 from weightio.varbuilder import LEGACY_SUFFIXES, LoadReport, renamer
 
 from .conftest import FIXTURES, digest, manifest
@@ -175,7 +175,7 @@ def test_per_subtree_dtype_and_device():
         assert half.to_dtype(None).get((32, 32), "layer.0.attention.self.query.weight").dtype == np.float32
         moved = vb.to_device("numpy:cpu")
         assert str(moved.device) == "numpy:cpu" and str(vb.device) == "numpy"
-        with pytest.raises(FormatError, match="unknown device 'cuda:0'.*did you mean 'torch:cuda:0'"):
+        with pytest.raises(UsageError, match="unknown device 'cuda:0'.*did you mean 'torch:cuda:0'"):
             vb.to_device("cuda:0")
 
 

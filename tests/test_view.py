@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio.errors import FormatError
+from weightio.errors import UsageError
 
 from .conftest import FIXTURES
 
@@ -43,7 +43,7 @@ def test_array_protocol_and_casts():
         assert v.to("numpy", dtype="float32").dtype == np.float32
         assert v.to("numpy") is not None and v.to().dtype == np.dtype(ml_dtypes.bfloat16)
         assert v.to(dtype="f16").dtype == np.float16
-        with pytest.raises(FormatError, match="unknown device 'tpu'"):
+        with pytest.raises(UsageError, match="unknown device 'tpu'"):
             v.to("tpu")
 
 

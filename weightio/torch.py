@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .checkpoint import Checkpoint
-from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError
+from .errors import ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
 from .varbuilder import RenameSpec, VarBuilder, _listing
 
 __all__ = ["IncompatibleKeys", "load_into"]
@@ -141,7 +141,7 @@ def _store(module: torch.nn.Module, targets: dict[str, Any], loaded: dict[str, A
         for name, value in loaded.items():
             target = targets[name]
             if target.is_meta:
-                raise WeightioError(f"module tensor {name!r} is on the meta device; pass assign=True")
+                raise UsageError(f"module tensor {name!r} is on the meta device; pass assign=True")
             target.copy_(value)
 
 

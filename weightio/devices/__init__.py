@@ -1,0 +1,390 @@
+"""Backends: where tensors go after `numpy()`. The only package that imports torch, jax or cupy.
+
+Device strings:
+
+| string                         | what you get                         | copies                                    |
+|--------------------------------|--------------------------------------|-------------------------------------------|
+| ``numpy`` (default)            | read-only numpy view of the mapping  | none                                      |
+| ``torch``, ``torch:cpu``       | torch tensor sharing the mapping     | none (see "Writing" below)                |
+| ``torch:cuda``, ``torch:cuda:N`` | CUDA tensor                        | one host-to-device copy, pinned, staged   |
+| ``torch:mps`` (and other torch devices) | tensor on that device       | one copy per contiguous run of tensors    |
+| ``jax``, ``jax:cpu``, ``jax:gpu:N`` | ``jax.Array`` (``device_put``)  | none on the CPU if 64-byte aligned; else one |
+| ``cupy``, ``cupy:N``           | cupy array on GPU N                  | one host-to-device copy, pinned, staged   |
+
+Each framework lives in its own module (`weightio.devices.torch`, `.jax`, `.cupy`), imported
+only when one of its devices is asked for; the framework itself is imported by its backend,
+and a missing one raises `MissingDependencyError` saying how to install it. A device string
+that names no device raises `UsageError`.
+
+**The protocol.** A backend (`Backend`) does four things: `transfer` a batch of host arrays to
+its device with their dtypes unchanged, `cast` one of its tensors to another dtype *on its
+device*, `adopt` an object that already belongs to its framework, and `finish` a tensor before
+it is handed out (refusing one its framework cannot represent). `place` (one tensor) and
+`load_all` (a whole checkpoint) are written once on top of it. Casts run after the transfer,
+where they are cheapest: a GPU converts bf16/fp8 to f32 at hundreds of GB/s, while the bus moves
+the smaller stored type; on the CPU, torch's vectorised casts replace ml_dtypes' scalar loops.
+This package takes arrays and tensor views, never paths: open a checkpoint first.
+
+**Staging (GPUs).** `load_all` to a GPU does not copy tensor by tensor: the framework-free
+`weightio.devices.staging` groups tensors into large runs and copies them through a ring of
+reusable pinned buffers. A GPU backend is also the `staging.Engine` that ring drives, so one
+class per framework holds all of that framework's code. `release_staging` frees the rings.
+
+**Writing to zero-copy tensors.** numpy views are read-only. A ``torch:cpu`` tensor shares the
+same pages, and torch has no read-only tensors. Files are mapped privately (copy-on-write, see
+`weightio._io`): an in-place write (``t.add_(1)``, an optimizer step, ``t.copy_(…)``) copies the
+touched pages for this process — the file never changes and nothing crashes — but every view
+of those bytes in this process sees the new values. Clone a tensor you want to modify
+(``t.clone()``), or copy into your own parameters (`weightio.torch.load_into` does). torch's
+"non-writable NumPy array" warning is silenced for this reason: the tensor is documented as
+read-only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..dtypes import TABLE, by_torch, parse_dtype
+from ..errors import MissingDependencyError, UnsupportedDTypeError, UsageError
+from .staging import RUN_ALIGN, Extent, Run, StagedLoader, extent_of, plan_runs
+
+__all__ = [
+    "RUN_ALIGN",
+    "Backend",
+    "Device",
+    "Extent",
+    "Run",
+    "StagedLoader",
+    "View",
+    "as_numpy",
+    "backend",
+    "extent_of",
+    "import_framework",
+    "is_floating",
+    "is_view",
+    "load_all",
+    "parse_device",
+    "place",
+    "plan_runs",
+    "release_staging",
+]
+
+# ----------------------------------------------------------------------------- device strings
+
+
+@dataclass(frozen=True)
+class Device:
+    """A parsed device string: a framework and its own device name (``torch``, ``cuda:0``)."""
+
+    framework: str
+    target: str | None = None
+
+    def __str__(self) -> str:
+        return self.framework if self.target is None else f"{self.framework}:{self.target}"
+
+
+# framework -> the targets it accepts (None: the framework's default device)
+_TARGETS = {
+    "numpy": re.compile(r"cpu"),
+    "torch": re.compile(r"cpu|cuda(:\d+)?|mps(:0)?|[a-z][a-z_]*(:\d+)?"),
+    "jax": re.compile(r"(cpu|gpu|cuda|rocm|tpu)(:\d+)?"),
+    "cupy": re.compile(r"\d+"),
+}
+_USAGE = "numpy, torch[:cpu|:cuda:N|:mps], jax[:cpu|:gpu:N], cupy[:N]"
+
+
+def parse_device(device: str | Device | Any) -> Device:
+    """Parse a device string (or a ``torch.device``).
+
+    Raises:
+        UsageError: an unknown framework, or a device the framework's syntax does not allow.
+
+    Example:
+        >>> parse_device("torch:cuda:1")
+        Device(framework='torch', target='cuda:1')
+    """
+    if isinstance(device, Device):
+        return device
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        return Device("torch", str(device))
+    framework, _, target = str(device).partition(":")
+    if framework not in _TARGETS:
+        hint = f"; did you mean 'torch:{device}'?" if framework in ("cuda", "mps", "cpu") else ""
+        raise UsageError(f"unknown device {device!r}; use one of: {_USAGE}{hint}")
+    if target and not _TARGETS[framework].fullmatch(target):
+        raise UsageError(f"{framework} has no device {target!r} (in {device!r}); use one of: {_USAGE}")
+    return Device(framework, target or None)
+
+
+# The pip extra of each optional framework; cupy has none: its wheel depends on the CUDA version.
+_EXTRAS = {"torch": "torch", "jax": "jax"}
+_CUPY_INSTALL = "pip install cupy-cuda12x, or the cupy build for your CUDA version"
+
+
+def import_framework(name: str) -> Any:
+    """Import an optional framework, or raise `MissingDependencyError` saying how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise _missing(name) from None
+
+
+def _missing(name: str) -> MissingDependencyError:
+    purpose = f"use {name} devices"
+    err = MissingDependencyError(name, extra=_EXTRAS.get(name), purpose=purpose)
+    if name == "cupy":  # no extra to name: say which wheel to pick instead
+        err.message = f"cupy is not installed; install it ({_CUPY_INSTALL}) to {purpose}"
+        err.args = (err.message,)
+    return err
+
+
+# ----------------------------------------------------------------------------- what a source is
+
+
+class View(Protocol):
+    """What this package needs of a tensor view (`weightio.view.TensorView` is one).
+
+    devices does not import the view module (layers point one way: views call devices for
+    ``.to()``); anything with these members is treated as a view.
+    """
+
+    name: str
+    info: Any  # a `weightio.records.TensorInfo`
+
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    def numpy(self) -> np.ndarray: ...  # the read-only host array (zero-copy when the bytes allow)
+    def raw(self) -> np.ndarray: ...  # the stored bytes
+
+
+_VIEW_MEMBERS = ("numpy", "raw", "info")
+_VIEW_TYPES: dict[type, bool] = {}  # type -> whether it has a view's members (checked once per type)
+
+
+def is_view(obj: Any) -> bool:
+    """True when `obj` is a tensor view (has ``numpy()``, ``raw()`` and ``info``), by duck typing."""
+    kind = type(obj)
+    found = _VIEW_TYPES.get(kind)
+    if found is None:
+        found = _VIEW_TYPES[kind] = all(hasattr(obj, m) for m in _VIEW_MEMBERS)
+    return found
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+class Backend(Protocol):
+    """What a device provides; `place` and `load_all` are built on these four methods."""
+
+    device: Device
+
+    def transfer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Every host array on this device, dtype unchanged (one batch: the backend may group them)."""
+
+    def cast(self, tensor: Any, dtype: np.dtype) -> Any:
+        """`tensor` (one of this backend's) as `dtype`, converted on the device."""
+
+    def adopt(self, obj: Any) -> Any:
+        """`obj` on this device if it already belongs to this framework, else ``NotImplemented``."""
+
+    def finish(self, tensor: Any, name: str | None = None) -> Any:
+        """`tensor` as handed to the caller; raises if the framework cannot represent it."""
+
+
+_BACKENDS: dict[Device, Backend] = {}
+_BACKENDS_LOCK = threading.Lock()
+_BY_ARGUMENT: dict[Any, Backend] = {}  # the device argument as given -> its backend (skips parsing)
+
+# framework -> (module of this package, backend class): imported when the framework is first asked for
+_FRAMEWORKS = {"torch": ("torch", "TorchBackend"), "jax": ("jax", "JaxBackend"), "cupy": ("cupy", "CupyBackend")}
+
+
+def backend(device: str | Device | Any) -> Backend:
+    """The backend for `device`, created on first use and shared afterwards (with its staging buffers).
+
+    Raises:
+        UsageError: a bad device string, or a device the framework does not have.
+        MissingDependencyError: the framework is not installed.
+    """
+    try:
+        return _BY_ARGUMENT[device]
+    except (KeyError, TypeError):
+        pass
+    dev = _canonical(parse_device(device))
+    with _BACKENDS_LOCK:
+        found = _BACKENDS.get(dev)
+        if found is None:
+            found = _BACKENDS[dev] = _make_backend(dev)
+        if isinstance(device, (str, Device)):
+            _BY_ARGUMENT[device] = found
+    return found
+
+
+def _canonical(dev: Device) -> Device:
+    if dev.framework == "numpy":
+        return Device("numpy")
+    if dev.framework == "torch":
+        target = dev.target or "cpu"
+        return Device("torch", "cuda:0" if target == "cuda" else "mps" if target == "mps:0" else target)
+    if dev.framework == "cupy":
+        return Device("cupy", dev.target or "0")
+    return dev
+
+
+def _make_backend(dev: Device) -> Backend:
+    if dev.framework == "numpy":
+        return NumpyBackend()
+    module, cls = _FRAMEWORKS[dev.framework]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(dev)
+
+
+def release_staging() -> None:
+    """Free every backend's pinned staging buffers (they are reallocated when next needed)."""
+    with _BACKENDS_LOCK:
+        for b in _BACKENDS.values():
+            loader = getattr(b, "loader", None)
+            if loader is not None:
+                loader.release()
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """True for float, bfloat16 and float8/6/4 types: the ones a model-wide ``dtype=`` converts."""
+    return dtype.kind == "f" or dtype in ML_FLOATS
+
+
+# ml_dtypes types (bfloat16, float8_*): frameworks that cannot wrap them get same-width integers.
+# (Tested by membership: ml_dtypes gives most of them numpy kind "V" but float8_e5m2 kind "f".)
+ML_FLOATS = frozenset(row.numpy for row in TABLE if row.numpy.type.__module__.startswith("ml_dtypes"))
+
+# ----------------------------------------------------------------------------- public entry points
+
+
+def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype: np.dtype | None = None) -> Any:
+    """`source` on `device`, cast to `dtype` when given.
+
+    Args:
+        source: a tensor view, a numpy array, or a tensor of the device's framework (moved, not
+            round-tripped through numpy), or anything `as_numpy` accepts.
+        device: a device string (see the module docstring).
+        dtype: the dtype wanted, or None to keep the stored one.
+
+    numpy: the zero-copy read-only view when no cast is needed, else a new array.
+    torch CPU: a tensor sharing the view's memory (no copy) when no cast is needed; the memory is
+    the file's private copy-on-write mapping: an in-place write to that tensor changes what this
+    process reads (every view of those pages), never the file (see the module docstring) — clone
+    first to keep the checkpoint's values.
+    """
+    b = backend(device)
+    adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)
+    if adopted is NotImplemented:
+        adopted = b.transfer({"": _host(source)})[""]
+    return b.finish(adopted if dtype is None else b.cast(adopted, np.dtype(dtype)))
+
+
+def load_all(
+    tensors: Mapping[str, Any],
+    device: str | Device = "numpy",
+    dtype: np.dtype | str | None = None,
+) -> dict[str, Any]:
+    """Every tensor of a checkpoint on `device`, in one bulk transfer.
+
+    Args:
+        tensors: a `Checkpoint`, or any mapping of names to tensor views / arrays / tensors.
+            Paths are not opened here: open them with `weightio.open` (zero-copy results stay
+            valid after it is closed).
+        device: a device string. GPUs receive large contiguous runs through pinned buffers.
+        dtype: converts the floating-point tensors (integer and bool tensors keep their type),
+            on the device.
+
+    Raises:
+        UsageError: `tensors` is not a mapping (a path, for instance), or a bad device.
+
+    Example:
+        >>> with weightio.open("model.safetensors") as ckpt:                     # doctest: +SKIP
+        ...     weights = load_all(ckpt, "torch:cuda:0", dtype="bf16")
+    """
+    if not isinstance(tensors, Mapping):
+        hint = "; open it first: load_all(weightio.open(path), …)" if isinstance(tensors, (str, os.PathLike)) else ""
+        raise UsageError(f"load_all takes a mapping of name -> tensor, got {type(tensors).__name__}{hint}")
+    b = backend(device)
+    wanted = None if dtype is None else parse_dtype(dtype)
+    out = _on_device(b, tensors)
+    if wanted is not None:
+        out = {k: b.cast(v, wanted) if is_floating(_dtype_of(v)) else v for k, v in out.items()}
+    return {k: b.finish(v, k) for k, v in out.items()}
+
+
+def _on_device(b: Backend, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """Every value on `b`'s device: its framework's own tensors adopted, the rest in one transfer."""
+    adopted = {}
+    for name, value in tensors.items():
+        if not isinstance(value, np.ndarray) and not is_view(value):
+            found = b.adopt(value)
+            if found is not NotImplemented:
+                adopted[name] = found
+    moved = b.transfer({name: _host(v) for name, v in tensors.items() if name not in adopted})
+    return {name: adopted[name] if name in adopted else moved[name] for name in tensors}
+
+
+def _host(source: Any) -> np.ndarray:
+    """A host numpy array for a view (zero-copy when the bytes allow), an array, or a foreign tensor."""
+    if isinstance(source, np.ndarray):
+        return source
+    if is_view(source):
+        return source.numpy()
+    return as_numpy(source)
+
+
+def _dtype_of(obj: Any) -> np.dtype:
+    """The numpy dtype of a numpy/torch/jax/cupy array."""
+    dtype = obj.dtype
+    if isinstance(dtype, np.dtype):
+        return dtype
+    return by_torch(str(dtype)).numpy if type(obj).__module__.startswith("torch") else np.dtype(dtype)
+
+
+def as_numpy(obj: Any) -> np.ndarray:
+    """A numpy array for a torch tensor (any dtype, any device), a tensor view, or an array-like."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if is_view(obj):
+        return obj.numpy()
+    if type(obj).__module__.split(".")[0] == "torch":
+        from .torch import to_numpy
+
+        return to_numpy(obj)
+    try:
+        return np.asarray(obj)
+    except Exception as e:  # noqa: BLE001 - any conversion failure is a dtype/type problem
+        raise UnsupportedDTypeError(f"cannot convert {type(obj).__name__} to an array: {e}") from None
+
+
+# ----------------------------------------------------------------------------- numpy
+
+
+class NumpyBackend:
+    """Host numpy arrays: the zero-copy views themselves; casts make new arrays."""
+
+    device = Device("numpy")
+
+    def transfer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        return dict(arrays)
+
+    def cast(self, tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        return tensor if tensor.dtype == dtype else tensor.astype(dtype)
+
+    def adopt(self, obj: Any) -> Any:
+        return NotImplemented
+
+    def finish(self, tensor: Any, name: str | None = None) -> Any:
+        return tensor

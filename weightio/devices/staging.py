@@ -1,0 +1,287 @@
+"""Staging: moving many host arrays to a GPU in a few large copies. Framework-free.
+
+A device transfer tensor by tensor pays a launch and a synchronisation per tensor and copies
+from pageable memory at a fraction of the bus speed. Instead:
+
+1. **Planning.** `extent_of` finds where each array's bytes lie in the contiguous buffer that
+   holds them (a file mapping, an inflated member); `plan_runs` groups the extents of each
+   buffer into runs of nearby bytes (`Run`, at most 256 MiB by default, small gaps copied
+   along). Each run gets one device allocation; its tensors become views of it.
+2. **Copying.** `StagedLoader` fills each run through a ring of reusable staging buffers
+   (2 x 64 MiB, pinned on CUDA): while the GPU copies one buffer with a non-blocking DMA, host
+   threads (`parallel_copy`) fill the other from the mapping. A buffer is refilled only after
+   the event recorded behind its last copy has fired. The ring is allocated on first use and
+   kept for every later transfer to that device until `StagedLoader.release`.
+
+Arrays that cannot be viewed raw on a device (big-endian, misaligned, negative strides) are
+converted on the host first and staged the same way.
+
+The device primitives come from an `Engine`: each GPU framework's backend (`weightio.devices.torch`,
+`weightio.devices.cupy`) is one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["RUN_ALIGN", "Engine", "Extent", "Run", "StagedLoader", "extent_of", "parallel_copy", "plan_runs"]
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Extent:
+    """One tensor's bytes inside a host buffer.
+
+    Attributes:
+        key: the tensor's name.
+        root: the contiguous array whose memory holds it (a file mapping, an inflated member, …).
+        start, stop: the byte range ``[start, stop)`` of `root` its elements occupy.
+        dtype, shape: the tensor's (native-order) dtype and shape.
+        strides: byte strides (positive) for a non-contiguous tensor, else None.
+    """
+
+    key: str
+    root: np.ndarray
+    start: int
+    stop: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+
+
+@dataclass
+class Run:
+    """Neighbouring extents of one root buffer, copied to the device as one range.
+
+    Attributes:
+        root: the host buffer.
+        start, stop: the byte range copied (`start` aligned down so that device offsets keep
+            every member's alignment).
+        members: the extents it holds.
+    """
+
+    root: np.ndarray
+    start: int
+    stop: int
+    members: list[Extent] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return self.stop - self.start
+
+
+RUN_ALIGN = 64  # device offsets keep each tensor's offset modulo 64: aligned for every element type
+
+
+def plan_runs(extents: Iterable[Extent], *, max_gap: int = 1 << 16, max_run: int = 256 << 20) -> list[Run]:
+    """Group extents into runs of nearby bytes, per root buffer, in address order.
+
+    An extent joins the current run when it starts at most `max_gap` bytes after the run ends
+    (padding and small headers between tensors are copied along rather than splitting the copy)
+    and the run stays within `max_run` bytes; an extent overlapping the run (tensors sharing
+    storage) always joins it. A tensor larger than `max_run` gets a run of its own.
+
+    Example:
+        >>> buf = np.zeros(256, np.uint8)
+        >>> ext = [Extent(k, buf, a, b, np.dtype("u1"), (b - a,)) for k, a, b in [("x", 0, 8), ("y", 8, 16)]]
+        >>> [(r.start, r.stop, [m.key for m in r.members]) for r in plan_runs(ext)]
+        [(0, 16, ['x', 'y'])]
+    """
+    by_root: dict[int, list[Extent]] = {}
+    for ext in extents:
+        by_root.setdefault(id(ext.root), []).append(ext)
+    runs: list[Run] = []
+    for group in by_root.values():
+        runs.extend(_runs_of(sorted(group, key=lambda e: (e.start, e.stop)), max_gap, max_run))
+    return runs
+
+
+def _runs_of(group: list[Extent], max_gap: int, max_run: int) -> list[Run]:
+    runs: list[Run] = []
+    for ext in group:
+        run = runs[-1] if runs else None
+        overlaps = run is not None and ext.start < run.stop
+        near = run is not None and ext.start - run.stop <= max_gap and max(ext.stop, run.stop) - run.start <= max_run
+        if run is not None and (overlaps or near):
+            run.stop = max(run.stop, ext.stop)
+            run.members.append(ext)
+        else:
+            runs.append(Run(ext.root, ext.start - ext.start % RUN_ALIGN, ext.stop, [ext]))
+    return runs
+
+
+def extent_of(key: str, arr: np.ndarray) -> Extent | None:
+    """Where `arr`'s elements lie in the contiguous buffer its memory belongs to, or None.
+
+    None when the array cannot be copied raw and viewed on a device as it is: not native
+    byte order, negative or non-element strides, misaligned, or memory of unknown extent.
+    """
+    if not arr.dtype.isnative or arr.size == 0:
+        return None
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not root.flags.c_contiguous:
+        return None
+    itemsize = arr.dtype.itemsize
+    offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    strides = None if arr.flags.c_contiguous else tuple(arr.strides)
+    if strides is not None and any(s <= 0 or s % itemsize for s in strides):
+        return None
+    span = arr.nbytes
+    if strides is not None:
+        span = sum(s * (d - 1) for d, s in zip(arr.shape, strides, strict=True)) + itemsize
+    if offset < 0 or offset % itemsize or offset + span > root.nbytes:
+        return None
+    return Extent(key, root, offset, offset + span, arr.dtype, tuple(arr.shape), strides)
+
+
+# ----------------------------------------------------------------------------- copying
+
+
+class Engine(Protocol):
+    """The device primitives `StagedLoader` needs; a GPU backend provides them itself."""
+
+    staged: bool  # copy through the ring of host buffers (else straight from the source memory)
+
+    def active(self) -> Any: ...  # a context making the device current (copies and events on its stream)
+    def empty(self, nbytes: int) -> Any: ...  # a device byte buffer
+    def host_buffer(self, nbytes: int) -> tuple[Any, np.ndarray]: ...  # (framework handle, numpy view)
+    def copy(self, dev: Any, pos: int, host: Any, n: int) -> None: ...  # host[:n] -> dev[pos:pos+n], async
+    def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None: ...
+    def event(self) -> Any: ...  # has record() and synchronize(), or None where copies are synchronous
+    def view(self, dev: Any, rel: int, ext: Extent) -> Any: ...  # the tensor at byte `rel` of `dev`
+    def empty_tensor(self, dtype: np.dtype, shape: tuple[int, ...]) -> Any: ...
+
+
+class _Slot:
+    """One staging buffer of the ring and the event marking the end of its last copy."""
+
+    def __init__(self, engine: Engine, nbytes: int) -> None:
+        self.handle, self.host = engine.host_buffer(nbytes)
+        self.done = engine.event()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+    def record(self) -> None:
+        if self.done is not None:
+            self.done.record()
+
+
+_COPY_POOL: ThreadPoolExecutor | None = None
+_COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
+_MIN_PIECE = 4 << 20  # below this a thread hand-off costs more than it saves
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    global _COPY_POOL
+    if _COPY_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor  # (imports logging): only when copying
+
+        _COPY_POOL = ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="weightio-copy")
+    return _COPY_POOL
+
+
+def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for uint8 buffers, split over threads (numpy releases the GIL while copying).
+
+    A single thread copying from a file mapping is limited by page faults to a few GB/s, well
+    below what a PCIe 5 link takes; several threads fault and copy in parallel.
+    """
+    n = len(src)
+    pieces = min(_COPY_THREADS, n // _MIN_PIECE)
+    if pieces < 2:
+        np.copyto(dst, src)
+        return
+    bounds = [n * i // pieces for i in range(pieces + 1)]
+    jobs = [_copy_pool().submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    for job in jobs:
+        job.result()
+
+
+class StagedLoader:
+    """Moves host arrays to a device in large runs, through a reusable ring of staging buffers.
+
+    Args:
+        engine: the device primitives (a torch or cupy backend).
+        chunk: bytes per staging buffer.
+        slots: staging buffers in the ring (2: fill one while the other is being copied).
+        max_gap, max_run: see `plan_runs`.
+
+    An engine that does not stage (``torch:mps``: unified memory, no pinned allocator) copies each
+    run straight from the host buffer. The ring works the same with unpinned buffers, which is
+    how the tests exercise it on machines without a GPU.
+    """
+
+    def __init__(self, engine: Engine, *, chunk: int = 64 << 20, slots: int = 2,
+                 max_gap: int = 1 << 16, max_run: int = 256 << 20) -> None:
+        self.engine, self.chunk, self.nslots = engine, chunk, slots
+        self.max_gap, self.max_run = max_gap, max_run
+        self._slots: list[_Slot] = []
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Free the staging buffers (after the copies using them have finished)."""
+        with self._lock:
+            for slot in self._slots:
+                slot.wait()
+            self._slots = []
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Every array on the device, dtype and shape unchanged, in `arrays`' order."""
+        extents, out = [], {}
+        for key, arr in arrays.items():
+            ext = extent_of(key, arr)
+            if ext is None and arr.size:  # converted on the host, then staged like the rest
+                ext = extent_of(key, arr.astype(arr.dtype.newbyteorder("="), order="C", copy=True))
+            if ext is None:
+                out[key] = self.engine.empty_tensor(arr.dtype.newbyteorder("="), tuple(arr.shape))
+            else:
+                extents.append(ext)
+        with self._lock, self.engine.active():
+            for run in plan_runs(extents, max_gap=self.max_gap, max_run=self.max_run):
+                dev = self._copy_run(run)
+                for ext in run.members:
+                    out[ext.key] = self.engine.view(dev, ext.start - run.start, ext)
+        return {key: out[key] for key in arrays}
+
+    def _copy_run(self, run: Run) -> Any:
+        dev = self.engine.empty(run.nbytes)
+        for pos in range(0, run.nbytes, self.chunk):
+            n = min(self.chunk, run.nbytes - pos)
+            src = _bytes(run.root)[run.start + pos : run.start + pos + n]
+            if not self.engine.staged:
+                self.engine.copy_direct(dev, pos, src)
+                continue
+            slot = self._next_slot()
+            slot.wait()  # the DMA that last read this buffer has finished
+            parallel_copy(slot.host[:n], src)
+            self.engine.copy(dev, pos, slot.handle, n)
+            slot.record()
+        return dev
+
+    def _next_slot(self) -> _Slot:
+        if not self._slots:
+            self._slots = [_Slot(self.engine, self.chunk) for _ in range(self.nslots)]
+        slot = self._slots[self._turn % len(self._slots)]
+        self._turn += 1
+        return slot
+
+
+def _bytes(root: np.ndarray) -> np.ndarray:
+    """A contiguous array's memory as a flat uint8 array (zero-copy)."""
+    return root.reshape(-1).view(np.uint8) if root.dtype != np.uint8 or root.ndim != 1 else root
+

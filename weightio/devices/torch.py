@@ -1,0 +1,187 @@
+"""torch devices: everything weightio does with torch, in one class and its helpers.
+
+`TorchBackend` is both the `weightio.devices.Backend` for a torch device and, on devices other
+than the CPU, the `weightio.devices.staging.Engine` its `StagedLoader` drives:
+
+- ``torch:cpu``: tensors share the host arrays' memory (`torch_from_numpy`, no copy);
+- ``torch:cuda:N``: runs staged through a ring of pinned buffers, non-blocking copies ordered by
+  CUDA events recorded on the target device's current stream;
+- other devices (``torch:mps``, ``torch:xpu``): one copy per run, straight from the host memory
+  (no pinned allocator; MPS memory is unified anyway).
+
+torch itself is imported when the first backend is made (``import torch`` below is the real
+torch: this module is ``weightio.devices.torch``, imports are absolute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import by_numpy, by_torch, dtype_name
+from ..errors import UnsupportedDTypeError, UsageError
+from . import ML_FLOATS, Device, import_framework
+from .staging import Extent, StagedLoader
+
+__all__ = ["TorchBackend", "to_numpy", "torch_from_numpy"]
+
+
+class TorchBackend:
+    """torch tensors: zero-copy on the CPU; staged through pinned buffers to CUDA; runs to other devices.
+
+    Args:
+        device: the device (``Device("torch", "cuda:0")``).
+        staged: copy through the ring of host buffers; default: on CUDA only.
+        pin: page-lock those buffers so that copies from them are asynchronous DMAs; default: on CUDA only.
+
+    Raises:
+        UsageError: torch has no such device (unknown to torch, or absent on this machine).
+        MissingDependencyError: torch is not installed.
+    """
+
+    def __init__(self, device: Device, *, staged: bool | None = None, pin: bool | None = None) -> None:
+        self.device = device
+        self.torch = import_framework("torch")
+        self.target = device.target or "cpu"
+        self.torch_device = _torch_device(self.torch, self.target)
+        cuda = self.torch_device.type == "cuda"
+        self.staged = cuda if staged is None else staged
+        self.pin = cuda if pin is None else pin
+        self.loader = None if self.target == "cpu" else StagedLoader(self)
+
+    # ---------------------------------------------------------------- the backend protocol
+    def transfer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        if self.loader is None:
+            return {k: torch_from_numpy(a) for k, a in arrays.items()}
+        return self.loader.load(arrays)
+
+    def cast(self, tensor: Any, dtype: np.dtype) -> Any:
+        target = _torch_dtype(self.torch, dtype)
+        if tensor.dtype == target:
+            return tensor
+        try:
+            return tensor.to(target)
+        except (RuntimeError, TypeError) as e:  # e.g. MPS has no float64
+            raise UnsupportedDTypeError(f"cannot convert {tensor.dtype} to {dtype_name(dtype)} on "
+                                        f"{self.device}: {e}") from None
+
+    def adopt(self, obj: Any) -> Any:
+        if not isinstance(obj, self.torch.Tensor):
+            return NotImplemented
+        return obj.detach().to(self.torch_device)
+
+    def finish(self, tensor: Any, name: str | None = None) -> Any:
+        return tensor
+
+    # ---------------------------------------------------------------- the staging engine
+    def active(self) -> Any:
+        # Copies and event records go to the *current* device's stream: make it the target's, or
+        # a ring event recorded on another GPU would not cover the copy it guards.
+        if self.torch_device.type == "cuda":
+            return self.torch.cuda.device(self.torch_device)
+        return contextlib.nullcontext()
+
+    def empty(self, nbytes: int) -> Any:
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.torch_device)
+
+    def host_buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
+        t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=self.pin)
+        return t, t.numpy()
+
+    def copy(self, dev: Any, pos: int, host: Any, n: int) -> None:
+        dev[pos : pos + n].copy_(host[:n], non_blocking=self.pin)
+
+    def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None:
+        dev[pos : pos + len(src)].copy_(torch_from_numpy(src))
+
+    def event(self) -> Any:
+        return self.torch.cuda.Event() if self.torch_device.type == "cuda" else None
+
+    def view(self, dev: Any, rel: int, ext: Extent) -> Any:
+        dtype = _torch_dtype(self.torch, ext.dtype)
+        span = dev[rel : rel + ext.stop - ext.start].view(dtype)
+        if ext.strides is None:
+            return span.view(ext.shape)
+        return span.as_strided(ext.shape, [s // ext.dtype.itemsize for s in ext.strides])
+
+    def empty_tensor(self, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        return self.torch.empty(shape, dtype=_torch_dtype(self.torch, dtype), device=self.torch_device)
+
+
+def _torch_device(torch: Any, target: str) -> Any:
+    """``torch.device(target)``, checked: an unknown or absent device fails here, by name, not at the first copy."""
+    try:
+        found = torch.device(target)
+        if found.type != "cpu":
+            torch.empty(0, device=found)
+    except (RuntimeError, NotImplementedError, AssertionError) as e:
+        raise UsageError(f"torch has no device {target!r}: {e}") from None
+    return found
+
+
+def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
+    row = by_numpy(dtype)
+    if row.torch is None or row.packed:
+        raise UnsupportedDTypeError(f"torch has no dtype for {row.safetensors}")
+    return getattr(torch, row.torch)
+
+
+# ----------------------------------------------------------------------------- numpy <-> torch
+
+
+def torch_from_numpy(arr: np.ndarray) -> Any:
+    """A torch CPU tensor sharing `arr`'s memory, for every dtype in the table (bf16, fp8 too).
+
+    torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,
+    then viewed back as the torch dtype. torch warns about read-only arrays; the warning is
+    silenced here because the tensor is documented as read-only.
+    """
+    torch = import_framework("torch")
+    target = _torch_dtype(torch, arr.dtype)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if not arr.flags.aligned or any(s < 0 for s in arr.strides):  # torch needs aligned, positive strides
+        arr = arr.copy()
+    bridge = arr
+    if arr.dtype in ML_FLOATS:  # torch.from_numpy knows numpy's own types only
+        bridge = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
+    if bridge.flags.writeable or _READ_ONLY_WARNED:
+        tensor = torch.from_numpy(bridge)
+    else:
+        tensor = _from_read_only(torch, bridge)
+    return tensor.view(target) if tensor.dtype != target else tensor
+
+
+_READ_ONLY_WARNED = False
+
+
+def _from_read_only(torch: Any, arr: np.ndarray) -> Any:
+    """``torch.from_numpy`` of a read-only array, silencing torch's warning about it.
+
+    torch issues that warning once per process (``TORCH_WARN_ONCE``): the first read-only array
+    goes through a warning filter, later ones skip its cost.
+    """
+    global _READ_ONLY_WARNED
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensor = torch.from_numpy(arr)
+    _READ_ONLY_WARNED = True
+    return tensor
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A host numpy array of a torch tensor of any dtype (bf16, fp8, packed types too) on any device."""
+    row = by_torch(str(tensor.dtype))
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous()
+    if row.numpy not in ML_FLOATS and not row.packed:
+        return tensor.numpy()
+    torch = import_framework("torch")
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    return raw.view(row.numpy).reshape(tuple(tensor.shape))
