@@ -394,6 +394,20 @@ def test_show_quantized_tensor_against_gguf():
     assert fields["mean"] == f"{values.mean():.6g}"
 
 
+def test_the_exit_status_comes_from_one_table():
+    from weightio.cli import exit_code
+
+    assert [exit_code(e) for e in (wio.UsageError("x"), wio.CorruptFileError("x"), FileNotFoundError(),
+                                   BrokenPipeError(), KeyboardInterrupt(), SystemExit(0), RuntimeError())] == [
+        2, 1, 1, 141, 130, None, None]
+
+
+def test_a_usage_error_found_by_the_library_exits_2():
+    result = _run("diff", FIXTURES / "tiny-bert", FIXTURES / "tiny-bert", "--atol", "nan")
+    assert result.exit_code == 2
+    assert result.stderr == "weightio: error: atol must be a number >= 0, got nan\n"
+
+
 def test_show_packed_and_unknown_names():
     fields = _show(FIXTURES / "packed_fp4.safetensors", "fp4")
     assert fields["bytes"] == "21 43 65 87  (packed sub-byte type: numpy cannot show its values)"

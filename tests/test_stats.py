@@ -65,6 +65,15 @@ def test_compare_two_tensors_with_tolerances():
     assert (same.equal, same.max_abs, same.max_rel, same.type_changed) == (True, 0.0, 0.0, False)
 
 
+def test_a_bad_tolerance_is_a_usage_error():
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        view = ckpt["pooler.dense.bias"]
+        with pytest.raises(wio.UsageError, match="atol must be a number >= 0, got nan"):
+            stats.compare(view, view, atol=float("nan"))
+        with pytest.raises(ValueError, match="rtol must be a number >= 0, got -1"):
+            stats.diff_checkpoints(ckpt, ckpt, rtol=-1)
+
+
 def test_diff_of_a_bin_and_its_safetensors_is_equal():
     with wio.open(BERT / "pytorch_model.bin") as a, wio.open(BERT / "model.safetensors") as b:
         result = stats.diff_checkpoints(a, b)

@@ -29,7 +29,7 @@ import numpy as np
 from ._io import bytes_equal, drop_array_pages
 from .checkpoint import Checkpoint
 from .dtypes import TABLE
-from .errors import UnsupportedDTypeError
+from .errors import UnsupportedDTypeError, UsageError
 from .view import TensorView
 
 __all__ = [
@@ -225,12 +225,16 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
         atol, rtol: absolute and relative tolerances.
         name: the name to report (default: `a`'s name).
 
+    Raises:
+        UsageError: a tolerance that is negative or NaN.
+
     Example:
         >>> with wio.open("fixtures/tiny-bert") as ckpt:
         ...     d = compare(ckpt["embeddings.LayerNorm.weight"], ckpt["embeddings.LayerNorm.bias"])
         >>> d.equal, d.max_abs, d.mismatched, d.count
         (False, 0.0625, 32, 32)
     """
+    _check_tolerances(atol, rtol)
     kinds = (a.ggml_type or a.info.dtype.newbyteorder("=").name, b.ggml_type or b.info.dtype.newbyteorder("=").name)
     diff = TensorDiff(a.name if name is None else name, kinds, (a.shape, b.shape), count=math.prod(a.shape))
     if a.shape != b.shape:
@@ -248,6 +252,12 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
             diff.max_abs, diff.max_rel = max(diff.max_abs, max_abs), max(diff.max_rel, max_rel)
             diff.mismatched += bad
     return diff
+
+
+def _check_tolerances(atol: float, rtol: float) -> None:
+    for label, value in (("atol", atol), ("rtol", rtol)):
+        if not value >= 0:  # also refuses NaN, which would make every element differ
+            raise UsageError(f"{label} must be a number >= 0, got {value!r}")
 
 
 def _raw_equal(a: TensorView, b: TensorView) -> bool:
@@ -381,12 +391,16 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: f
         patterns: only names matching one of these globs (`Checkpoint.select`); default all.
         ignore_dtype: count a pair whose dtypes differ as equal when its values are.
 
+    Raises:
+        UsageError: a tolerance that is negative or NaN.
+
     Example:
         >>> with wio.open("fixtures/tiny-bert") as a, wio.open("fixtures/tiny-bert") as b:
         ...     d = diff_checkpoints(a, b, patterns=["pooler.*"])
         >>> d.equal, sorted(d.pairs), d.only_a
         (True, ['pooler.dense.bias', 'pooler.dense.weight'], [])
     """
+    _check_tolerances(atol, rtol)
     pairs, only_a, only_b = pair_names(a, b, a.select(*patterns), b.select(*patterns))
     diffs = [compare(a[x], b[y], atol=atol, rtol=rtol, name=x) for x, y in pairs.items()]
     return CheckpointDiff(pairs, only_a, only_b, diffs, ignore_dtype)
