@@ -36,7 +36,8 @@ def test_the_package_holds_only_its_public_names():
         return isinstance(value, types.ModuleType) and value.__name__.startswith("weightio.")
 
     leaked = [name for name, value in vars(wio).items()
-              if not (name.startswith("__") and name.endswith("__")) and not submodule(value) and name not in wio.__all__]
+              if not (name.startswith("__") and name.endswith("__")) and not submodule(value)
+              and name not in wio.__all__]
     assert leaked == []
     assert all(hasattr(wio, name) for name in wio.__all__)
     for name in ("np", "os", "Mapping", "Any", "annotations", "TYPE_CHECKING", "open_checkpoint"):

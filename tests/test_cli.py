@@ -394,6 +394,24 @@ def test_show_quantized_tensor_against_gguf():
     assert fields["mean"] == f"{values.mean():.6g}"
 
 
+def test_the_cli_uses_only_the_public_api():
+    import ast
+    import importlib
+
+    allowed_modules = {"weightio", "weightio.stats", "weightio.convert", "weightio.formats", "weightio.dtypes",
+                       "weightio.limits", "weightio.hub"}
+    for source in (FIXTURES.parent / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("weightio"):
+                assert node.module in allowed_modules, (source.name, node.module)
+                public = importlib.import_module(node.module).__all__
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}" in allowed_modules
+                    assert alias.name in public or submodule, (source.name, node.module, alias.name)
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "weightio" or not a.name.startswith("weightio") for a in node.names), source.name
+
+
 def test_the_exit_status_comes_from_one_table():
     from weightio.cli import exit_code
 
