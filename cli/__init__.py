@@ -2,9 +2,11 @@
 
 Each command parses its arguments, calls the library and prints. Conventions:
 
-* errors are one line on stderr, ``weightio: error: <file>: tensor '<name>': <problem>``, with
-  exit status 1 (data: a bad file, a missing tensor, a failed download); usage errors (a bad
-  option or argument) exit 2; Ctrl-C exits 130 leaving no partial output;
+* errors are one line on stderr, ``weightio: error: <file>: tensor '<name>': <problem>``; the
+  exit status comes from one table, `EXIT_CODES`: 1 for data errors (a bad file, a missing
+  tensor, a failed download), 2 for usage errors (a bad option or argument, caught by click or
+  by the library: `weightio.UsageError`), 130 for Ctrl-C (leaving no partial output), 141 when
+  the reader of the output went away;
 * ``--debug`` shows the traceback instead; ``--quiet`` prints only the answer;
 * ``diff`` exits 0 when equal and 1 when different, ``scan`` 0 when safe and 1 when not;
 * colour only on a terminal, never with ``NO_COLOR`` set;
@@ -22,7 +24,8 @@ from typing import Any
 
 import click
 
-from weightio import WeightioError, __version__
+import weightio
+from weightio import UsageError, WeightioError
 
 from ._options import apply_environment, common_options, echo, settings, style
 from .convert import convert_command
@@ -32,9 +35,26 @@ from .inspect import inspect_command
 from .scan import scan_command
 from .show import show_command
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "exit_code", "main"]
 
 EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 1, 2, 130, 141
+
+# The exit status of every failure a command reports; the first matching class wins, so a
+# subclass comes before its base. Exceptions not listed (SystemExit, bugs) pass through.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (BrokenPipeError, EXIT_BROKEN_PIPE),  # an OSError: before OSError
+    (UsageError, EXIT_USAGE),  # a WeightioError: before WeightioError
+    (click.UsageError, EXIT_USAGE),  # bad options and arguments, as click reports them
+    (click.ClickException, EXIT_DATA),
+    (WeightioError, EXIT_DATA),
+    (OSError, EXIT_DATA),
+    (KeyboardInterrupt, EXIT_INTERRUPTED),
+)
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The exit status `EXIT_CODES` gives `error`, or None when it is not a reported failure."""
+    return next((code for kind, code in EXIT_CODES if isinstance(error, kind)), None)
 
 
 def _fail(message: str, code: int) -> None:
@@ -64,26 +84,33 @@ def _quiet_broken_pipe() -> None:
 
 
 class _Group(click.Group):
-    """Turns library errors into one-line messages with exit status 1, Ctrl-C into 130."""
+    """Reports every failure in `EXIT_CODES` in one line (click's own usage message for its
+    errors) and exits with the table's status; ``--debug`` shows the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except BrokenPipeError:
-            _quiet_broken_pipe()
-        except (WeightioError, OSError) as e:
-            if settings().get("debug"):
+        except BaseException as e:
+            code = exit_code(e)
+            if code is None or (settings().get("debug") and not isinstance(e, (click.ClickException, BrokenPipeError))):
                 raise
-            _fail(str(e) or type(e).__name__, EXIT_DATA)
-        except KeyboardInterrupt:
-            if settings().get("debug"):
-                raise
-            click.echo("\nweightio: interrupted", err=True)  # convert leaves no partial output behind
-            sys.exit(EXIT_INTERRUPTED)
+            _report(e, code)
+
+
+def _report(error: BaseException, code: int) -> None:
+    if isinstance(error, BrokenPipeError):
+        _quiet_broken_pipe()
+    if isinstance(error, click.ClickException):
+        error.show()
+        sys.exit(code)
+    if isinstance(error, KeyboardInterrupt):
+        click.echo("\nweightio: interrupted", err=True)  # convert leaves no partial output behind
+        sys.exit(code)
+    _fail(str(error) or type(error).__name__, code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="weightio")
+@click.version_option(weightio.__version__, prog_name="weightio")
 @common_options
 @click.pass_context
 def main(ctx: click.Context) -> None:

@@ -3,45 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 
 import click
 
 import weightio
-from weightio.checkpoint import Checkpoint
+from weightio.stats import CheckpointDiff, TensorDiff, diff_checkpoints
 
 from ._format import number, plural, shape_text, table
 from ._options import common_options, echo, limit_options, style
-from ._stats import TensorDiff, compare
-
-
-def aliases(ckpt: Checkpoint) -> dict[str, str]:
-    """``alias -> stored name`` recorded in metadata for tied weights written once (safetensors'
-    convention: ``metadata[removed] = kept``)."""
-    return {k: v for k, v in ckpt.metadata.items() if isinstance(v, str) and k not in ckpt and v in ckpt}
-
-
-def pair_names(a: Checkpoint, b: Checkpoint, names_a: list[str], names_b: list[str]
-               ) -> tuple[dict[str, str], list[str], list[str]]:
-    """``{name in A: name in B}`` for tensors both hold (through aliases too), and the names only
-    in A and only in B. Two single-tensor files (``w.npy`` vs ``w2.npy``) are paired by position."""
-    if len(names_a) == 1 and len(names_b) == 1:
-        return {names_a[0]: names_b[0]}, [], []
-    in_b, alias_b, alias_a = set(names_b), aliases(b), aliases(a)
-    pairs: dict[str, str] = {}
-    for name in names_a:
-        if name in in_b:
-            pairs[name] = name
-        elif name in alias_b:
-            pairs[name] = alias_b[name]
-    covered = set(pairs.values())
-    for name in names_b:
-        if name not in covered and name in alias_a:
-            pairs[alias_a[name]] = name
-            covered.add(name)
-    only_a = [n for n in names_a if n not in pairs]
-    only_b = [n for n in names_b if n not in covered]  # every paired name of B is in covered
-    return pairs, only_a, only_b
 
 
 def _shown(d: TensorDiff) -> str:
@@ -50,20 +19,22 @@ def _shown(d: TensorDiff) -> str:
     return f"{number(d.max_abs)}"
 
 
-def _report(a_path: str, b_path: str, a: Checkpoint, b: Checkpoint, pairs: Mapping[str, str], only_a: list[str],
-            only_b: list[str], diffs: list[TensorDiff], ignore_dtype: bool) -> None:
+def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkpoint, result: CheckpointDiff
+            ) -> None:
     echo(f"A: {a_path} ({a.format}, {plural(len(a), 'tensor')})")
     echo(f"B: {b_path} ({b.format}, {plural(len(b), 'tensor')})")
-    renamed = {x: y for x, y in pairs.items() if x != y}
+    renamed = result.renamed
     if renamed:
         echo(f"paired by alias or position ({len(renamed)}):")
         for x, y in renamed.items():
             echo(f"  = {x} ~ {y}")
-    for title, names, mark, colour in (("only in A", only_a, "-", "red"), ("only in B", only_b, "+", "green")):
+    for title, names, mark, colour in (("only in A", result.only_a, "-", "red"),
+                                       ("only in B", result.only_b, "+", "green")):
         if names:
             echo(f"{title} ({len(names)}):")
             for name in names:
                 echo("  " + style(f"{mark} {name}", fg=colour))
+    diffs = result.diffs
     changed = [d for d in diffs if d.type_changed]
     if changed:
         echo(f"changed dtype or shape ({len(changed)}):")
@@ -77,7 +48,7 @@ def _report(a_path: str, b_path: str, a: Checkpoint, b: Checkpoint, pairs: Mappi
                 for d in different]
         echo("\n".join("  " + line for line in table(("name", "max abs", "max rel", "differing"), rows,
                                                       right=(1, 2, 3)).splitlines()))
-    equal = [d for d in diffs if d.equal and (ignore_dtype or not d.type_changed)]
+    equal = [d for d in diffs if result.same(d)]
     echo(f"equal: {len(equal):,} of {len(diffs):,} tensors present in both")
 
 
@@ -107,10 +78,7 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
       weightio diff a.npz b.npz --filter 'encoder.*' -q && echo same
     """
     with weightio.open(a) as ca, weightio.open(b) as cb:
-        names_a, names_b = ca.select(*patterns), cb.select(*patterns)
-        pairs, only_a, only_b = pair_names(ca, cb, names_a, names_b)
-        diffs = [compare(x, ca[x], cb[y], atol, rtol) for x, y in pairs.items()]
-        _report(a, b, ca, cb, pairs, only_a, only_b, diffs, ignore_dtype)
-    same = not only_a and not only_b and all(d.equal and (ignore_dtype or not d.type_changed) for d in diffs)
-    echo("result: " + (style("equal", fg="green") if same else style("different", fg="red")))
-    sys.exit(0 if same else 1)
+        result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
+        _report(a, b, ca, cb, result)
+    echo("result: " + (style("equal", fg="green") if result.equal else style("different", fg="red")))
+    sys.exit(0 if result.equal else 1)

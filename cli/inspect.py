@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 import weightio
-from weightio.checkpoint import Checkpoint
+from weightio import Checkpoint
 
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_value, kind, plural, shape_text, table

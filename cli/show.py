@@ -9,10 +9,10 @@ import numpy as np
 
 import weightio
 from weightio.dtypes import dtype_name
+from weightio.stats import first_values, is_packed, tensor_stats
 
 from ._format import human_bytes, kind, number, shape_text
 from ._options import common_options, echo, limit_options
-from ._stats import first_values, is_packed, tensor_stats
 
 
 def _values_line(values: np.ndarray, total: int) -> str:

@@ -29,6 +29,23 @@ def test_public_names():
         assert hasattr(wio, name), name
 
 
+def test_the_package_holds_only_its_public_names():
+    import types
+
+    def submodule(value: object) -> bool:
+        return isinstance(value, types.ModuleType) and value.__name__.startswith("weightio.")
+
+    leaked = [name for name, value in vars(wio).items()
+              if not (name.startswith("__") and name.endswith("__")) and not submodule(value)
+              and name not in wio.__all__]
+    assert leaked == []
+    assert all(hasattr(wio, name) for name in wio.__all__)
+    for name in ("np", "os", "Mapping", "Any", "annotations", "TYPE_CHECKING", "open_checkpoint"):
+        assert not hasattr(wio, name), name
+    assert issubclass(wio.UsageError, (wio.WeightioError, ValueError))
+    assert issubclass(wio.MissingDependencyError, (wio.WeightioError, ImportError))
+
+
 def test_load_returns_read_only_views_in_file_order():
     arrays = wio.load(FIXTURES / "tiny-bert")
     assert list(arrays)[0] == "embeddings.LayerNorm.bias"  # safetensors file order (dtype, then name)

@@ -394,6 +394,38 @@ def test_show_quantized_tensor_against_gguf():
     assert fields["mean"] == f"{values.mean():.6g}"
 
 
+def test_the_cli_uses_only_the_public_api():
+    import ast
+    import importlib
+
+    allowed_modules = {"weightio", "weightio.stats", "weightio.convert", "weightio.formats", "weightio.dtypes",
+                       "weightio.limits", "weightio.hub"}
+    for source in (FIXTURES.parent / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("weightio"):
+                assert node.module in allowed_modules, (source.name, node.module)
+                public = importlib.import_module(node.module).__all__
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}" in allowed_modules
+                    assert alias.name in public or submodule, (source.name, node.module, alias.name)
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "weightio" or not a.name.startswith("weightio") for a in node.names), source.name
+
+
+def test_the_exit_status_comes_from_one_table():
+    from weightio.cli import exit_code
+
+    assert [exit_code(e) for e in (wio.UsageError("x"), wio.CorruptFileError("x"), FileNotFoundError(),
+                                   BrokenPipeError(), KeyboardInterrupt(), SystemExit(0), RuntimeError())] == [
+        2, 1, 1, 141, 130, None, None]
+
+
+def test_a_usage_error_found_by_the_library_exits_2():
+    result = _run("diff", FIXTURES / "tiny-bert", FIXTURES / "tiny-bert", "--atol", "nan")
+    assert result.exit_code == 2
+    assert result.stderr == "weightio: error: atol must be a number >= 0, got nan\n"
+
+
 def test_show_packed_and_unknown_names():
     fields = _show(FIXTURES / "packed_fp4.safetensors", "fp4")
     assert fields["bytes"] == "21 43 65 87  (packed sub-byte type: numpy cannot show its values)"
@@ -407,7 +439,7 @@ def test_show_packed_and_unknown_names():
 @given(arr=hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(-1e6, 1e6, width=32)),
        chunk=st.integers(1, 64))
 def test_stats_over_slices_equal_numpy_over_the_whole(tmp_path_factory, arr, chunk):
-    from weightio.cli import _stats
+    from weightio import stats as _stats
 
     path = tmp_path_factory.mktemp("s") / "a.safetensors"
     _save(path, {"w": arr.reshape(-1, 1)})

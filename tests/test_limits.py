@@ -19,7 +19,7 @@ import weightio as wio
 import weightio.formats.ggml  # noqa: F401 - imported before any allocation is traced
 import weightio.formats.pytorch  # noqa: F401
 from weightio import limits
-from weightio.errors import CorruptFileError, WeightioError
+from weightio.errors import CorruptFileError, UsageError, WeightioError
 from weightio.formats import gguf as gguf_format
 from weightio.formats import numpy as numpy_format
 from weightio.formats import open_file
@@ -109,13 +109,13 @@ def test_parse_size(text, value):
 
 @pytest.mark.parametrize("text", ["", "-1", "1.5MB", "10 parsecs", "MB", "0x10"])
 def test_parse_size_refuses(text):
-    with pytest.raises(ValueError, match="is not a whole number with an optional unit"):
+    with pytest.raises(UsageError, match="is not a whole number with an optional unit"):
         limits.parse_size(text)
 
 
 def test_limits_are_validated():
     for bad in (-1, 1.5, True, "10", None):
-        with pytest.raises(ValueError, match="limit header_bytes must be a non-negative int"):
+        with pytest.raises(UsageError, match="limit header_bytes must be a non-negative int"):
             Limits(header_bytes=bad)
     assert Limits(inflated_bytes=None).inflated_bytes is None
     with pytest.raises(TypeError):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import weightio as wio
 from weightio.errors import CorruptFileError, ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
-from weightio.varbuilder import LEGACY_SUFFIXES, LoadReport, renamer
+from weightio.names import LEGACY_SUFFIXES, LoadReport, renamer
 
 from .conftest import FIXTURES, digest, manifest
 from .memory import resident_bytes

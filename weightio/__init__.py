@@ -5,32 +5,39 @@
     ...     print(ckpt.format, len(ckpt), ckpt["w"].shape)
 """
 
+# Only the public API is an attribute of the package (tests/test_api.py): the names used in
+# annotations are imported for type checkers alone, the helpers inside the functions using them,
+# and the two names the imports below must bind are deleted at the end.
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from . import dtypes, limits
-from .checkpoint import Checkpoint, open_checkpoint
+from .checkpoint import Checkpoint
 from .errors import (
     CorruptFileError,
     FormatError,
     InputError,
+    MissingDependencyError,
     ShapeMismatchError,
     TensorNotFoundError,
     UnsafePickleError,
     UnsupportedDTypeError,
+    UsageError,
     WeightioError,
     WeightioWarning,
     WriteError,
 )
-from .formats import save as _save
 from .limits import Limits
 from .varbuilder import VarBuilder
 from .view import TensorView
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Mapping
+    from typing import Any
+
+    import numpy as np
 
 __version__ = "0.1.0"
 
@@ -40,11 +47,13 @@ __all__ = [
     "FormatError",
     "InputError",
     "Limits",
+    "MissingDependencyError",
     "ShapeMismatchError",
     "TensorNotFoundError",
     "TensorView",
     "UnsafePickleError",
     "UnsupportedDTypeError",
+    "UsageError",
     "VarBuilder",
     "WeightioError",
     "WeightioWarning",
@@ -85,6 +94,8 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Check
         UnsafePickleError: a pickle names a global outside the allowlist (nothing was run).
         InputError: the path does not exist or cannot be read.
     """
+    from .checkpoint import open_checkpoint
+
     return open_checkpoint(path, limits)
 
 
@@ -95,6 +106,8 @@ def load(path: str | os.PathLike[str], *, limits: Limits | None = None) -> dict[
     they stay valid after this returns (the mapping lives as long as they do). Use
     ``.copy()`` for a writable array. `limits` as for `open`.
     """
+    from .checkpoint import open_checkpoint
+
     with open_checkpoint(path, limits) as ckpt:
         return {name: ckpt[name].numpy() for name in ckpt}
 
@@ -125,7 +138,9 @@ def save(
         WriteError: the destination exists (without `overwrite`) or cannot be written.
         UnsupportedDTypeError: a tensor's dtype cannot be stored in the format.
     """
-    _save(tensors, path, metadata, format, overwrite=overwrite, **options)
+    from .formats import save as write
+
+    write(tensors, path, metadata, format, overwrite=overwrite, **options)
 
 
 def scan(path: str | os.PathLike[str]) -> Any:
@@ -146,3 +161,6 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module 'weightio' has no attribute {name!r}")
+
+
+del annotations, TYPE_CHECKING

@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import UnsupportedDTypeError
 
-__all__ = ["DType", "by_numpy", "by_safetensors", "by_torch", "parse_dtype", "dtype_name"]
+__all__ = ["DType", "by_numpy", "by_safetensors", "by_torch", "parse_dtype", "dtype_name", "is_storable_float"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,20 @@ def parse_dtype(dtype: object) -> np.dtype:
     if found is None or (found.kind not in "biufc" and found not in _BY_NUMPY):
         raise UnsupportedDTypeError(f"unknown dtype {dtype!r}")
     return found
+
+
+def is_storable_float(dtype: np.dtype) -> bool:
+    """True for the floating-point types a tensor can be cast to and written one element per byte
+    or more: float16/32/64, bfloat16 and the float8 types (not the packed float6 and float4).
+
+    Example:
+        >>> is_storable_float(parse_dtype("bf16")), is_storable_float(parse_dtype("int8"))
+        (True, False)
+    """
+    return dtype in _STORABLE_FLOATS
+
+
+_STORABLE_FLOATS = frozenset(row.numpy for row in TABLE if not row.packed and row.safetensors.startswith(("F", "BF")))
 
 
 def dtype_name(dtype: np.dtype) -> str:

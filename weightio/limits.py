@@ -54,7 +54,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 
-from .errors import CorruptFileError, WeightioError
+from .errors import CorruptFileError, UsageError, WeightioError
 
 __all__ = [
     "Limits", "DEFAULTS", "ENVIRONMENT", "current", "using", "from_environment", "parse_size", "exceeded", "hint",
@@ -67,6 +67,9 @@ class Limits:
 
     Every field is a non-negative int; ``inflated_bytes`` may be None (no limit beyond the
     member's declared size). Build one with keywords, or derive one with `replace`.
+
+    Raises:
+        UsageError: a field that is not a non-negative int (a `ValueError` too).
     """
 
     header_bytes: int = 100_000_000
@@ -85,7 +88,7 @@ class Limits:
             if value is None and field.name == "inflated_bytes":
                 continue
             if type(value) is not int or value < 0:  # bool is an int, and not a limit
-                raise ValueError(f"limit {field.name} must be a non-negative int, got {value!r}")
+                raise UsageError(f"limit {field.name} must be a non-negative int, got {value!r}")
 
     def replace(self, **changes: int | None) -> Limits:
         """A copy with some fields changed (unknown field names raise `TypeError`)."""
@@ -112,11 +115,12 @@ def parse_size(text: str, *, fractions: bool = False) -> int:
     weightio: limits, the CLI's ``--max-header-bytes`` and ``convert --max-shard-size``.
 
     Raises:
-        ValueError: the text is not a (whole, unless `fractions`) number with an optional unit.
+        UsageError: the text is not a (whole, unless `fractions`) number with an optional unit
+            (a `ValueError` too).
     """
     match = _SIZE.fullmatch(text)
     if match is None or ("." in match.group(1) and not fractions):
-        raise ValueError(f"{text!r} is not a whole number with an optional unit (KB, MB, GB, KiB, MiB, GiB)")
+        raise UsageError(f"{text!r} is not a whole number with an optional unit (KB, MB, GB, KiB, MiB, GiB)")
     number, scale = match.group(1).replace("_", ""), _UNITS[(match.group(2) or "").lower().removesuffix("b")]
     whole, _, fraction = number.partition(".")  # integers only: exact ("2.01kB" is 2010), unlike a float
     return int(whole) * scale + int(fraction or "0") * scale // 10 ** len(fraction)

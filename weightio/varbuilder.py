@@ -11,36 +11,11 @@ stored tensor, checks its shape and returns it on the cursor's device. Nothing i
     >>> vb.pp("encoder").pp("layer").pp(0).get((32, 32), "attention.self.query.weight").shape
     (32, 32)
 
-**Name resolution.** A name `n` the model asks for is looked up as follows; the first step that
-finds a stored tensor wins.
-
-1. *Renames* (`rename`): each rename maps the model's full name to the name to look up; a
-   rename added later sees the name first (``vb.rename(f).rename(g)`` looks up ``f(g(n))``, like
-   Candle's ``rename_f``). A rename returning None hides the tensor.
-2. *Exact*: the name as it is.
-3. *Wrappers*: a model saved or loaded through a wrapper has the wrapper's attribute in its
-   names. In stored names, every ``_orig_mod.`` component (``torch.compile``) is ignored, and a
-   leading ``module.`` (``DistributedDataParallel``/``DataParallel``) is ignored when every stored
-   name has it. A name the model asks for is also tried without its ``_orig_mod.`` components and
-   its leading ``module.`` (a compiled or DDP-wrapped model loading a plain checkpoint).
-4. *Legacy names*: ``LayerNorm.weight``/``LayerNorm.bias`` are also looked up as
-   ``LayerNorm.gamma``/``LayerNorm.beta`` (old TF-ported checkpoints), weight-norm
-   ``parametrizations.weight.original0/1`` as ``weight_g``/``weight_v``, and each the other way.
-5. *Base-model prefix*: model and checkpoint may disagree by one leading component ``P``, the
-   attribute transformers calls ``base_model_prefix`` (``getattr(model, model.base_model_prefix,
-   model)``). *Strip*: a checkpoint saved with a head (``bert.encoder…``, ``classifier…``) serves a
-   bare base model asking for ``encoder…``: `n` is looked up as ``P.n``. *Add*: a base-model
-   checkpoint (``encoder…``) serves a model with a head asking for ``bert.encoder…``: when the
-   checkpoint has no name under ``P.``, ``P.rest`` is looked up as ``rest``. ``P`` is the
-   ``base_model_prefix`` given to the builder (`weightio.torch.load_into` passes the module's own
-   attribute); otherwise it is inferred from the first name that needs it: for *strip*, the one
-   leading component of the checkpoint that holds more than half of its tensors and under which
-   ``P.n`` exists; for *add*, the first component of `n` when the checkpoint has nothing under it.
-   One ``P`` serves the whole builder, as transformers makes one decision per model: once chosen it
-   is fixed, shown in the report, and no other prefix is tried. ``auto_prefix=False`` turns
-   inference off.
-
-A name still not found raises `TensorNotFoundError` listing the closest stored names.
+**Name resolution.** The cursor's prefix and the name are joined into the full name the model
+asks for; `weightio.names` resolves it to a stored tensor: renames (`rename`), the exact name,
+names saved through ``torch.compile``/DDP wrappers, legacy spellings (``LayerNorm.gamma``) and
+a base-model prefix (``bert.``) that model and checkpoint disagree by. A name still not found
+raises `TensorNotFoundError` listing the closest stored names.
 
 **Load report.** Every ``get`` is recorded: `report` gives the stored names used, the stored
 names never used, the names asked for but missing, shape mismatches and renames, for the whole
@@ -56,11 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -69,305 +40,12 @@ import numpy as np
 from . import devices
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import parse_dtype
-from .errors import CorruptFileError, ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
+from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
+from .names import LoadReport, Renamed, RenameSpec, Resolver, Sources, Usage, renamer
+from .names import listing as _listing  # (weightio.torch imports it from here)
 from .view import TensorView
 
 __all__ = ["VarBuilder", "LoadReport", "RenameSpec"]
-
-RenameSpec = Callable[[str], "str | None"] | Mapping[str, str] | Sequence[tuple[str, str]]
-
-# (suffix the model asks for, suffix older checkpoints store): looked up in both directions.
-LEGACY_SUFFIXES = (
-    ("LayerNorm.weight", "LayerNorm.gamma"),
-    ("LayerNorm.bias", "LayerNorm.beta"),
-    ("parametrizations.weight.original0", "weight_g"),
-    ("parametrizations.weight.original1", "weight_v"),
-)
-COMPILE_WRAPPER = "_orig_mod"  # torch.compile's OptimizedModule keeps the model under this attribute
-DDP_WRAPPER = "module"  # DistributedDataParallel / DataParallel keep the model under this attribute
-_SHOWN = 10  # names listed in a message before "… and N more"
-
-
-# ----------------------------------------------------------------------------- the report
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What a load used, left unused and missed.
-
-    Attributes:
-        used: stored names read, in the order first read.
-        unused: stored names never read, in checkpoint order (within the cursor's scope).
-        missing: names asked for that no stored tensor matched, in the order asked.
-        mismatched: ``(name, expected shape, stored shape)`` for every rejected ``get``.
-        renamed: name asked for -> stored name, where resolution changed the name.
-        base_model_prefix: the base-model prefix resolution used (``"bert"``), or None.
-        bytes_read: stored bytes handed to the device (a shard counts its own bytes only).
-    """
-
-    used: tuple[str, ...]
-    unused: tuple[str, ...]
-    missing: tuple[str, ...]
-    mismatched: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
-    renamed: dict[str, str]
-    base_model_prefix: str | None
-    bytes_read: int
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is missing, unused or mismatched."""
-        return not (self.missing or self.unused or self.mismatched)
-
-    def __str__(self) -> str:
-        lines = [f"used {len(self.used)} of {len(self.used) + len(self.unused)} tensors "
-                 f"({self.bytes_read:,} bytes read)"]
-        if self.base_model_prefix is not None:
-            lines.append(f"base-model prefix: {self.base_model_prefix!r}")
-        for label, names in (("missing", self.missing), ("unused", self.unused)):
-            if names:
-                lines.append(f"{label} ({len(names)}): {_listing(names)}")
-        for name, expected, found in self.mismatched:
-            lines.append(f"shape mismatch: {name}: expected {expected}, stored {found}")
-        return "\n".join(lines)
-
-
-def _listing(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
-    return shown + (f", … and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
-
-class _Usage:
-    """Every request made through any cursor of one builder (shared, thread-safe)."""
-
-    def __init__(self) -> None:
-        self.hits: dict[str, tuple[str, int]] = {}  # asked -> (stored, bytes handed out)
-        self.used: dict[str, None] = {}  # stored names, first-use order
-        self.missing: dict[str, None] = {}
-        self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self.lock = threading.Lock()
-
-    def hit(self, asked: str, stored: str, nbytes: int) -> None:
-        with self.lock:
-            previous = self.hits.get(asked, (stored, 0))[1]
-            self.hits[asked] = (stored, previous + nbytes)
-            self.used.setdefault(stored)
-
-    def miss(self, asked: str) -> None:
-        with self.lock:
-            self.missing.setdefault(asked)
-
-    def mismatch(self, asked: str, expected: tuple[int, ...], found: tuple[int, ...]) -> None:
-        with self.lock:
-            self.mismatched[asked] = (expected, found)
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-class _Store:
-    """The union of the sources: stored name -> value (`TensorView`, array or framework tensor)."""
-
-    def __init__(self, sources: Sequence[Mapping[str, Any]], paths: Sequence[str]) -> None:
-        self.sources, self.paths = list(sources), list(paths)
-        self.path = self.paths[0] if len(self.paths) == 1 else ", ".join(self.paths)
-        self._where: dict[str, int] | None = None
-        if len(self.sources) > 1:
-            self._where = self._merge()
-        self._names: list[str] | None = None
-
-    def _merge(self) -> dict[str, int]:
-        where: dict[str, int] = {}
-        for i, source in enumerate(self.sources):
-            for name in source:
-                if name in where:
-                    raise CorruptFileError(f"is in two sources: {self.paths[where[name]]} and {self.paths[i]}",
-                                           path=self.paths[i], tensor=name)
-                where[name] = i
-        return where
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where if self._where is not None else name in self.sources[0]
-
-    def value(self, name: str) -> Any:
-        return self.sources[0 if self._where is None else self._where[name]][name]
-
-    def path_of(self, name: str) -> str:
-        return self.paths[0 if self._where is None else self._where[name]]
-
-    @property
-    def names(self) -> list[str]:
-        """Every stored name, in source order then each source's own (file) order."""
-        if self._names is None:
-            self._names = list(self._where) if self._where is not None else list(self.sources[0])
-        return self._names
-
-
-# ----------------------------------------------------------------------------- resolution
-
-
-class _Resolver:
-    """The automatic rules (steps 2-5 of the module docstring) over one store."""
-
-    def __init__(self, store: _Store, base_model_prefix: str | None, auto_prefix: bool) -> None:
-        self.store = store
-        self.prefix = base_model_prefix
-        self.auto = auto_prefix
-        self._lock = threading.Lock()
-        self._view: dict[str, str] | None = None
-        self._tops: Counter[str] | None = None
-
-    def resolve(self, name: str, commit: bool = True) -> str | None:
-        """The stored name `name` resolves to, or None. `commit=False` never fixes an inferred prefix."""
-        if name in self.store:  # the common case, first and cheapest
-            return name
-        for form in _forms(name):
-            hit = self._lookup(form)
-            if hit is not None:
-                return hit
-        return self._with_prefix(name, commit)
-
-    def hint(self, prefix: str | None) -> None:
-        """Use `prefix` as the base-model prefix unless one was given or already chosen."""
-        with self._lock:
-            if prefix and self.prefix is None and self.auto:
-                self.prefix = prefix
-
-    # -- exact and wrapper-stripped lookups
-    def _lookup(self, name: str) -> str | None:
-        if name in self.store:
-            return name
-        return self._unwrapped().get(name)
-
-    def _unwrapped(self) -> dict[str, str]:
-        """Wrapper-free name -> stored name, for checkpoints saved through DDP or torch.compile."""
-        if self._view is None:
-            names = self.store.names
-            uncompiled = [_strip_wrappers(n, False) for n in names]
-            ddp = bool(names) and all(n.startswith(DDP_WRAPPER + ".") for n in uncompiled)
-            view: dict[str, str] = {}
-            clashes = set()
-            for stored, name in zip(names, uncompiled, strict=True):
-                plain = name[len(DDP_WRAPPER) + 1:] if ddp else name
-                if plain != stored:
-                    if plain in view or plain in self.store:
-                        clashes.add(plain)
-                    view[plain] = stored
-            self._view = {k: v for k, v in view.items() if k not in clashes}
-        return self._view
-
-    def _top_counts(self) -> Counter[str]:
-        """How many tensors each leading component holds (of wrapper-free names)."""
-        if self._tops is None:
-            unwrapped = self._unwrapped()
-            plain = {s: p for p, s in unwrapped.items()}
-            self._tops = Counter(plain.get(n, n).split(".", 1)[0] for n in self.store.names)
-        return self._tops
-
-    # -- the base-model prefix
-    def _with_prefix(self, name: str, commit: bool) -> str | None:
-        prefix = self.prefix
-        if prefix is not None:
-            return self._apply(name, prefix)
-        if not self.auto:
-            return None
-        found = [(p, hit) for p in self._candidates(name) for hit in (self._apply(name, p),) if hit is not None]
-        if len(found) != 1:
-            return None
-        if commit:
-            with self._lock:
-                if self.prefix is None:
-                    self.prefix = found[0][0]
-                elif self.prefix != found[0][0]:  # another thread chose first: follow its choice
-                    return self._apply(name, self.prefix)
-        return found[0][1]
-
-    def _candidates(self, name: str) -> list[str]:
-        tops = self._top_counts()
-        total = sum(tops.values())
-        major = [p for p, n in tops.items() if 2 * n > total]
-        first = name.split(".", 1)[0]
-        return major + ([first] if "." in name and first not in tops else [])
-
-    def _apply(self, name: str, prefix: str) -> str | None:
-        tops = self._top_counts()
-        if prefix in tops:  # the checkpoint has P: the model's names lack it
-            if name.startswith(prefix + "."):
-                return None
-            return self._first(f"{prefix}.{form}" for form in _forms(name))
-        if name.startswith(prefix + "."):  # the model has P: the checkpoint's names lack it
-            return self._first(_forms(name[len(prefix) + 1:]))
-        return None
-
-    def _first(self, names: Iterable[str]) -> str | None:
-        for form in names:
-            hit = self._lookup(form)
-            if hit is not None:
-                return hit
-        return None
-
-
-def _strip_wrappers(name: str, ddp: bool) -> str:
-    """`name` without its ``_orig_mod`` components, and without a leading ``module.`` if `ddp`."""
-    if COMPILE_WRAPPER in name:
-        name = ".".join(p for p in name.split(".") if p != COMPILE_WRAPPER)
-    return name[len(DDP_WRAPPER) + 1:] if ddp and name.startswith(DDP_WRAPPER + ".") else name
-
-
-def _forms(name: str) -> list[str]:
-    """`name` and its legacy spellings, then the same without wrapper components (step 3)."""
-    forms = _legacy_forms(name)
-    plain = _strip_wrappers(name, True)
-    return forms + _legacy_forms(plain) if plain != name and plain else forms
-
-
-def _legacy_forms(name: str) -> list[str]:
-    """`name`, then its legacy spellings (see `LEGACY_SUFFIXES`)."""
-    forms = [name]
-    for new, old in LEGACY_SUFFIXES:
-        for a, b in ((new, old), (old, new)):
-            if name == a or name.endswith("." + a):
-                forms.append(name[: len(name) - len(a)] + b)
-    return forms
-
-
-class _Renamed:
-    """A rename layered over a resolver (or over another rename)."""
-
-    def __init__(self, inner: Any, renamer: Callable[[str], str | None]) -> None:
-        self.inner, self.renamer = inner, renamer
-
-    def resolve(self, name: str, commit: bool = True) -> str | None:
-        renamed = self.renamer(name)
-        if renamed is None:
-            return None
-        if not isinstance(renamed, str):
-            raise TypeError(f"a rename must return a str or None, got {type(renamed).__name__} for {name!r}")
-        return self.inner.resolve(renamed, commit)
-
-
-def renamer(spec: RenameSpec) -> Callable[[str], str | None]:
-    """A rename function from a callable, an exact ``{name: stored_name}`` dict, or regex rules.
-
-    Regex rules are ``(pattern, replacement)`` pairs applied in order with `re.sub`, each to the
-    previous one's result (like successive ``sed`` substitutions).
-
-    Example:
-        >>> renamer([(r"^layers\\.(\\d+)\\.", r"model.layers.\\1.")])("layers.3.mlp.weight")
-        'model.layers.3.mlp.weight'
-    """
-    if callable(spec):
-        return spec
-    if isinstance(spec, Mapping):
-        table = dict(spec)
-        return lambda name: table.get(name, name)
-    rules = [(re.compile(p), r) for p, r in spec]
-
-    def apply(name: str) -> str:
-        for pattern, replacement in rules:
-            name = pattern.sub(replacement, name)
-        return name
-
-    return apply
 
 
 # ----------------------------------------------------------------------------- the builder
@@ -376,9 +54,9 @@ def renamer(spec: RenameSpec) -> Callable[[str], str | None]:
 class _Shared:
     """What every cursor of one builder shares: store, resolver, report, owned checkpoints."""
 
-    def __init__(self, store: _Store, resolver: _Resolver, owned: Sequence[Checkpoint]) -> None:
+    def __init__(self, store: Sources, resolver: Resolver, owned: Sequence[Checkpoint]) -> None:
         self.store, self.resolver, self.owned = store, resolver, list(owned)
-        self.usage = _Usage()
+        self.usage = Usage()
 
 
 class VarBuilder:
@@ -387,7 +65,7 @@ class VarBuilder:
     Build one with `from_path`, `from_checkpoint` or `from_dict`; derive cursors with `pp`,
     `to_dtype`, `to_device` and `rename` (each returns a new cursor; the original is unchanged).
 
-    Args are those of `from_path`; see the module docstring for how names are resolved.
+    Args are those of `from_path`; see `weightio.names` for how names are resolved.
 
     Example:
         >>> vb = VarBuilder.from_path("fixtures/tiny-bert", dtype="float16")
@@ -483,8 +161,8 @@ class VarBuilder:
     def _build(cls, sources: Sequence[Mapping[str, Any]], paths: Sequence[str], owned: Sequence[Checkpoint],
                dtype: Any, device: Any, base_model_prefix: str | None = None, auto_prefix: bool = True,
                renames: RenameSpec | None = None) -> VarBuilder:
-        store = _Store(sources, paths)
-        shared = _Shared(store, _Resolver(store, base_model_prefix, auto_prefix), owned)
+        store = Sources(sources, paths)
+        shared = _Shared(store, Resolver(store, base_model_prefix, auto_prefix), owned)
         vb = cls(shared, shared.resolver, (), _dtype_arg(dtype), devices.parse_device(device))
         return vb if renames is None else vb.rename(renames)
 
@@ -529,7 +207,7 @@ class VarBuilder:
         return VarBuilder(self._shared, self._backend, self._path, self._dtype, devices.parse_device(device))
 
     def rename(self, spec: RenameSpec) -> VarBuilder:
-        """The same cursor looking names up through a rename (see `renamer` and the module docstring).
+        """The same cursor looking names up through a rename (see `weightio.names.renamer` and `weightio.names`).
 
         The rename sees the full name the model asks for (prefix included) and returns the name
         to look up. Renames stack: the newest sees the name first.
@@ -539,7 +217,7 @@ class VarBuilder:
             >>> vb.rename({"encoder.w": "enc.w"}).get(2, "encoder.w").shape
             (2,)
         """
-        backend = _Renamed(self._backend, renamer(spec))
+        backend = Renamed(self._backend, renamer(spec))
         return VarBuilder(self._shared, backend, self._path, self._dtype, self._device)
 
     def __repr__(self) -> str:
