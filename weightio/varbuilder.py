@@ -424,7 +424,7 @@ class VarBuilder:
         return out
 
     def _cast_to(self, value: Any, dtype: Any) -> np.dtype | None:
-        stored = devices._dtype_of(value)
+        stored = devices.dtype_of(value)
         if dtype is not None:
             wanted = parse_dtype(dtype)
         elif self._dtype is not None and devices.is_floating(stored):
@@ -472,7 +472,7 @@ def _shape_of(value: Any) -> tuple[int, ...]:
 def _nbytes(value: Any) -> int:
     if isinstance(value, (TensorView, np.ndarray)):
         return int(value.nbytes)
-    return math.prod(_shape_of(value)) * devices._dtype_of(value).itemsize
+    return math.prod(_shape_of(value)) * devices.dtype_of(value).itemsize
 
 
 def _select(value: Any, key: tuple) -> Any:

@@ -44,16 +44,15 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..dtypes import TABLE, by_torch, parse_dtype
-from ..errors import MissingDependencyError, UnsupportedDTypeError, UsageError
+from ..dtypes import by_torch, parse_dtype
+from ..errors import UnsupportedDTypeError, UsageError
+from .base import Device, import_framework, is_floating, parse_device
 from .staging import RUN_ALIGN, Extent, Run, StagedLoader, extent_of, plan_runs
 
 __all__ = [
@@ -66,6 +65,7 @@ __all__ = [
     "View",
     "as_numpy",
     "backend",
+    "dtype_of",
     "extent_of",
     "import_framework",
     "is_floating",
@@ -76,75 +76,6 @@ __all__ = [
     "plan_runs",
     "release_staging",
 ]
-
-# ----------------------------------------------------------------------------- device strings
-
-
-@dataclass(frozen=True)
-class Device:
-    """A parsed device string: a framework and its own device name (``torch``, ``cuda:0``)."""
-
-    framework: str
-    target: str | None = None
-
-    def __str__(self) -> str:
-        return self.framework if self.target is None else f"{self.framework}:{self.target}"
-
-
-# framework -> the targets it accepts (None: the framework's default device)
-_TARGETS = {
-    "numpy": re.compile(r"cpu"),
-    "torch": re.compile(r"cpu|cuda(:\d+)?|mps(:0)?|[a-z][a-z_]*(:\d+)?"),
-    "jax": re.compile(r"(cpu|gpu|cuda|rocm|tpu)(:\d+)?"),
-    "cupy": re.compile(r"\d+"),
-}
-_USAGE = "numpy, torch[:cpu|:cuda:N|:mps], jax[:cpu|:gpu:N], cupy[:N]"
-
-
-def parse_device(device: str | Device | Any) -> Device:
-    """Parse a device string (or a ``torch.device``).
-
-    Raises:
-        UsageError: an unknown framework, or a device the framework's syntax does not allow.
-
-    Example:
-        >>> parse_device("torch:cuda:1")
-        Device(framework='torch', target='cuda:1')
-    """
-    if isinstance(device, Device):
-        return device
-    if type(device).__module__ == "torch" and type(device).__name__ == "device":
-        return Device("torch", str(device))
-    framework, _, target = str(device).partition(":")
-    if framework not in _TARGETS:
-        hint = f"; did you mean 'torch:{device}'?" if framework in ("cuda", "mps", "cpu") else ""
-        raise UsageError(f"unknown device {device!r}; use one of: {_USAGE}{hint}")
-    if target and not _TARGETS[framework].fullmatch(target):
-        raise UsageError(f"{framework} has no device {target!r} (in {device!r}); use one of: {_USAGE}")
-    return Device(framework, target or None)
-
-
-# The pip extra of each optional framework; cupy has none: its wheel depends on the CUDA version.
-_EXTRAS = {"torch": "torch", "jax": "jax"}
-_CUPY_INSTALL = "pip install cupy-cuda12x, or the cupy build for your CUDA version"
-
-
-def import_framework(name: str) -> Any:
-    """Import an optional framework, or raise `MissingDependencyError` saying how to install it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise _missing(name) from None
-
-
-def _missing(name: str) -> MissingDependencyError:
-    purpose = f"use {name} devices"
-    err = MissingDependencyError(name, extra=_EXTRAS.get(name), purpose=purpose)
-    if name == "cupy":  # no extra to name: say which wheel to pick instead
-        err.message = f"cupy is not installed; install it ({_CUPY_INSTALL}) to {purpose}"
-        err.args = (err.message,)
-    return err
-
 
 # ----------------------------------------------------------------------------- what a source is
 
@@ -257,15 +188,6 @@ def release_staging() -> None:
                 loader.release()
 
 
-def is_floating(dtype: np.dtype) -> bool:
-    """True for float, bfloat16 and float8/6/4 types: the ones a model-wide ``dtype=`` converts."""
-    return dtype.kind == "f" or dtype in ML_FLOATS
-
-
-# ml_dtypes types (bfloat16, float8_*): frameworks that cannot wrap them get same-width integers.
-# (Tested by membership: ml_dtypes gives most of them numpy kind "V" but float8_e5m2 kind "f".)
-ML_FLOATS = frozenset(row.numpy for row in TABLE if row.numpy.type.__module__.startswith("ml_dtypes"))
-
 # ----------------------------------------------------------------------------- public entry points
 
 
@@ -320,7 +242,7 @@ def load_all(
     wanted = None if dtype is None else parse_dtype(dtype)
     out = _on_device(b, tensors)
     if wanted is not None:
-        out = {k: b.cast(v, wanted) if is_floating(_dtype_of(v)) else v for k, v in out.items()}
+        out = {k: b.cast(v, wanted) if is_floating(dtype_of(v)) else v for k, v in out.items()}
     return {k: b.finish(v, k) for k, v in out.items()}
 
 
@@ -345,7 +267,7 @@ def _host(source: Any) -> np.ndarray:
     return as_numpy(source)
 
 
-def _dtype_of(obj: Any) -> np.dtype:
+def dtype_of(obj: Any) -> np.dtype:
     """The numpy dtype of a numpy/torch/jax/cupy array."""
     dtype = obj.dtype
     if isinstance(dtype, np.dtype):

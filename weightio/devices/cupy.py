@@ -21,7 +21,7 @@ import numpy as np
 
 from ..dtypes import dtype_name
 from ..errors import UnsupportedDTypeError
-from . import ML_FLOATS, Device, import_framework
+from .base import ML_FLOATS, Device, import_framework
 from .staging import Extent, StagedLoader
 
 __all__ = ["CupyBackend"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedDTypeError, UsageError
-from . import Device, import_framework
+from .base import Device, import_framework
 
 __all__ = ["JaxBackend"]
 

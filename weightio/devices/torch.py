@@ -24,7 +24,7 @@ import numpy as np
 
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
-from . import ML_FLOATS, Device, import_framework
+from .base import ML_FLOATS, Device, import_framework
 from .staging import Extent, StagedLoader
 
 __all__ = ["TorchBackend", "to_numpy", "torch_from_numpy"]
