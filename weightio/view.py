@@ -165,7 +165,11 @@ class TensorView:
     def _dequantize(self, key: Any) -> np.ndarray:
         from . import quant
 
-        return quant.dequantize_view(self, key)
+        raw = self.raw()  # first: a reader that cannot serve this tensor's bytes says why
+        try:
+            return quant.dequantize_stored(raw, self.info, key)
+        except UnsupportedDTypeError as e:
+            raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
 
 
 def _finish(arr: np.ndarray) -> np.ndarray:

@@ -57,7 +57,7 @@ against the bytes left in the file before anything is allocated or looped over):
 * unknown ggml types do not make the file unreadable: the tensor is listed (``ggml_type``
   ``"GGML_TYPE_<id>"``) and reading it raises `UnsupportedDTypeError`; so do removed types,
   with the reason. Quantized blocks in big-endian files are refused when read (ambiguous: see
-  `weightio.quant.dequantize_view`).
+  `weightio.quant.decoding`).
 
 Split models (``<stem>-00001-of-00003.gguf`` with ``split.count`` keys, as ``gguf-split`` and
 gguf-py write them) open as one checkpoint from any part: `GGUFReader.siblings` names the
