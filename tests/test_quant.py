@@ -21,9 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weightio import quant
-from weightio.quant import decoding
 from weightio.errors import UnsupportedDTypeError
-from weightio.quant import QuantizedTensor, dequantize, quantize
+from weightio.quant import QuantizedTensor, decoding, dequantize, quantize
 from weightio.quant.kernels import KERNELS
 from weightio.quant.types import TYPES, by_id, by_name
 

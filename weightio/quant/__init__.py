@@ -24,7 +24,7 @@ from .decoding import (
     supported,
 )
 from .quantize import QUANTIZERS, QuantizedTensor, quantize
-from .types import TYPES, GGMLType, by_name
+from .types import TYPES, GGMLType
 
 __all__ = ["dequantize", "dequantize_stored", "quantize", "QuantizedTensor", "QUANTIZERS", "TYPES",
            "GGMLType", "supported", "set_threads", "CHUNK_ELEMENTS", "THREADED_CHUNK_ELEMENTS"]
