@@ -8,7 +8,7 @@ from collections.abc import Callable
 import click
 
 from weightio.convert import ConvertResult, convert, parse_size, target_dtype
-from weightio.errors import FormatError, WeightioError
+from weightio.errors import UsageError, WeightioError
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 
 from ._format import human_bytes, plural
@@ -37,7 +37,7 @@ def _check_destination(dst: str, fmt: str | None) -> None:
         return
     try:
         format_for_path(dst)
-    except FormatError:
+    except UsageError:
         suffix = os.path.splitext(dst)[1] or "(none)"
         known = ", ".join(SUFFIXES)
         raise click.BadParameter(f"cannot tell the output format from suffix {suffix} (writable: {known}; "

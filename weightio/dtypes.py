@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import UnsupportedDTypeError
 
-__all__ = ["DType", "by_numpy", "by_safetensors", "by_torch", "parse_dtype", "dtype_name"]
+__all__ = ["DType", "PACKED", "ML_DTYPES", "by_numpy", "by_safetensors", "by_torch", "parse_dtype", "dtype_name"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,11 @@ TABLE: tuple[DType, ...] = (
     _row("F6_E3M2", None, ml_dtypes.float6_e3m2fn, 6),
     _row("F4", "float4_e2m1fn_x2", ml_dtypes.float4_e2m1fn, 4),
 )
+
+# Sub-byte types stored packed several per byte (numpy has no layout for them), by element dtype.
+PACKED: dict[np.dtype, DType] = {row.numpy: row for row in TABLE if row.packed}
+# The ml_dtypes element types (bfloat16, float8_*, …): numpy kind "V", but numbers all the same.
+ML_DTYPES = frozenset(row.numpy for row in TABLE if row.numpy.kind == "V")
 
 _BY_SAFETENSORS = {row.safetensors: row for row in TABLE}
 _BY_NUMPY = {row.numpy: row for row in TABLE}
