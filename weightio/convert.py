@@ -28,11 +28,11 @@ about the largest tensor (plus its cast copy), not the model. Deflated ``.npz`` 
 exception: their reader keeps each inflated member until the source is closed.
 
 Atomicity: every output file is written to a temporary name beside its destination and fsynced
-(`weightio._io.atomic_write`); only when all are complete (and verified) are they renamed into
-place, the shards first and the index last, as the commit point. Any failure, Ctrl-C included,
-removes the temporary files and leaves the destination as it was. An existing destination is
-refused unless ``overwrite=True``; a destination that is one of the source's files is always
-refused, so the source is never modified.
+(`weightio._io.atomic_write`, staged by `weightio._staging`); only when all are complete (and
+verified) are they renamed into place, the shards first and the index last, as the commit point.
+Any failure, Ctrl-C included, removes the temporary files and leaves the destination as it was.
+An existing destination is refused unless ``overwrite=True``; a destination that is one of the
+source's files is always refused, so the source is never modified.
 """
 
 from __future__ import annotations

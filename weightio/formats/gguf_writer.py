@@ -279,7 +279,8 @@ def check_types(types: Any, names: Sequence[str], path: str) -> None:
     if not isinstance(types, Mapping):
         raise UsageError(f"types must be a ggml type name or a mapping of tensor name -> type, got {types!r}",
                          path=path)
-    unknown = [name for name in types if name not in set(names)]
+    written = set(names)
+    unknown = [name for name in types if name not in written]
     if unknown:
         raise UsageError(f"types names tensors that are not written: {', '.join(map(repr, unknown[:5]))}", path=path)
 
