@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 import click
 
-from weightio import FormatError, WeightioError
-from weightio.convert import ConvertResult, convert, parse_size
-from weightio.dtypes import dtype_name, is_storable_float, parse_dtype
+from weightio import UsageError, WeightioError
+from weightio.convert import ConvertResult, convert, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 
 from ._format import human_bytes, plural
@@ -38,7 +37,7 @@ def _check_destination(dst: str, fmt: str | None) -> None:
         return
     try:
         format_for_path(dst)
-    except FormatError:
+    except UsageError:
         suffix = os.path.splitext(dst)[1] or "(none)"
         known = ", ".join(SUFFIXES)
         raise click.BadParameter(f"cannot tell the output format from suffix {suffix} (writable: {known}; "
@@ -59,17 +58,10 @@ def _report(result: ConvertResult) -> None:
         echo(f"  note: {note}")
 
 
-def _cast_dtype(text: str) -> None:
-    """``--dtype`` names a floating-point type (`convert` casts only floating-point tensors)."""
-    dtype = parse_dtype(text)
-    if not is_storable_float(dtype):
-        raise WeightioError(f"--dtype must be a floating-point type (bf16, fp16, fp32, fp8 …), not {dtype_name(dtype)}")
-
-
 @click.command("convert")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--dtype", callback=_validated(_cast_dtype), metavar="TYPE",
+@click.option("--dtype", callback=_validated(target_dtype), metavar="TYPE",
               help="Cast floating-point tensors: bf16, fp16, fp32, fp64, fp8 (= float8_e4m3fn), fp8_e5m2, …")
 @click.option("--dequantize", is_flag=True, help="Write block-quantized GGUF/ggml tensors as float32 (or --dtype).")
 @click.option("--max-shard-size", callback=_validated(parse_size), metavar="SIZE",

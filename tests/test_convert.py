@@ -20,7 +20,7 @@ import weightio as wio
 import weightio.convert as convert_module
 from weightio.convert import convert, parse_size, plan_shards
 from weightio.dtypes import TABLE
-from weightio.errors import CorruptFileError, FormatError, UnsupportedDTypeError, WriteError
+from weightio.errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WriteError
 
 from .conftest import FIXTURES, digest, manifest
 
@@ -163,7 +163,7 @@ def test_parse_size(text, expected):
 
 @pytest.mark.parametrize("text", ["5 parsecs", "", "GB", "-1GB", "0", "1e3"])
 def test_parse_size_rejects(text):
-    with pytest.raises(FormatError, match="size"):
+    with pytest.raises(UsageError, match="size"):
         parse_size(text)
 
 
@@ -219,7 +219,7 @@ def test_sharded_files_equal_huggingface_hub_save_torch_state_dict(tmp_path):
 
 
 def test_sharding_needs_a_safetensors_destination(tmp_path):
-    with pytest.raises(FormatError, match="sharding .* writes safetensors"):
+    with pytest.raises(UsageError, match="sharding .* writes safetensors"):
         convert(FIXTURES / "tiny-bert", tmp_path / "x.npz", max_shard_size="1MB")
 
 
@@ -408,13 +408,13 @@ def test_select_names(tmp_path):
 
 
 def test_npy_output_needs_exactly_one_tensor(tmp_path):
-    with pytest.raises(FormatError, match=r"\.npy holds one tensor and 39 are selected"):
+    with pytest.raises(UsageError, match=r"\.npy holds one tensor and 39 are selected"):
         convert(FIXTURES / "tiny-bert", tmp_path / "x.npy")
     convert(FIXTURES / "tiny-bert", tmp_path / "emb.npy", select=["embeddings.word_embeddings.weight"])
     with wio.open(FIXTURES / "tiny-bert") as ckpt:
         expected = ckpt["embeddings.word_embeddings.weight"].numpy()
     assert np.load(tmp_path / "emb.npy").tobytes() == expected.tobytes()
-    with pytest.raises(FormatError, match="no tensor matches 'nothing.*'"):
+    with pytest.raises(UsageError, match="no tensor matches 'nothing.*'"):
         convert(FIXTURES / "tiny-bert", tmp_path / "y.npy", select=["nothing.*"])
 
 
@@ -439,9 +439,9 @@ def test_directory_destination_and_format_option(tmp_path):
 
 
 def test_unknown_destination_format(tmp_path):
-    with pytest.raises(FormatError, match="cannot tell the format from suffix '.bin'"):
+    with pytest.raises(UsageError, match="cannot tell the format from suffix '.bin'"):
         convert(FIXTURES / "tiny-bert", tmp_path / "x.bin")
-    with pytest.raises(FormatError, match="writing to the Hub is not supported"):
+    with pytest.raises(UsageError, match="writing to the Hub is not supported"):
         convert(FIXTURES / "tiny-bert", "hf://org/model")
 
 
@@ -518,15 +518,15 @@ def test_a_source_file_is_never_a_destination(tmp_path):
 
 def test_interrupt_leaves_no_partial_output(tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = convert_module._Tensor.make
+    real = convert_module.make
 
-    def interrupted(self):
+    def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return real(self)
+        return real(*args)
 
-    monkeypatch.setattr(convert_module._Tensor, "make", interrupted)
+    monkeypatch.setattr(convert_module, "make", interrupted)
     out = tmp_path / "new" / "deeper"
     with pytest.raises(KeyboardInterrupt):
         convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="20kB")
@@ -554,7 +554,7 @@ def test_interrupt_while_committing_shards_rolls_back(tmp_path, monkeypatch):
 
 
 def test_verify_catches_corrupted_output_and_writes_nothing(tmp_path, monkeypatch):
-    real = convert_module.save
+    real = convert_module.write_sources
 
     def corrupting(tensors, path, metadata=None, format=None, **kw):
         real(tensors, path, metadata, format, **kw)
@@ -562,7 +562,7 @@ def test_verify_catches_corrupted_output_and_writes_nothing(tmp_path, monkeypatc
         data[-1] ^= 0xFF
         Path(path).write_bytes(bytes(data))
 
-    monkeypatch.setattr(convert_module, "save", corrupting)
+    monkeypatch.setattr(convert_module, "write_sources", corrupting)
     with pytest.raises(CorruptFileError, match="verification failed: the written bytes differ from the source's"):
         convert(FIXTURES / "numpy.safetensors", tmp_path / "x.safetensors", verify=True)
     assert list(tmp_path.iterdir()) == []

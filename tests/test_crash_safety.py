@@ -514,16 +514,17 @@ def test_convert_removes_the_temporaries_of_a_killed_convert_and_says_so(tmp_pat
 
 def test_a_staged_output_stays_locked_until_it_is_committed(tmp_path, monkeypatch):
     """convert's complete-but-uncommitted files are never mistaken for a killed run's leftovers."""
+    from weightio import _staging
     from weightio import convert as convert_module
 
     seen: list[list[str]] = []
-    real_commit = convert_module._Staging.commit
+    real_commit = _staging.Staging.commit
 
     def commit(self):
         seen.append(remove_stale_temporaries(tmp_path / "model.safetensors"))  # another convert's cleanup, now
         return real_commit(self)
 
-    monkeypatch.setattr(convert_module._Staging, "commit", commit)
+    monkeypatch.setattr(_staging.Staging, "commit", commit)
     convert_module.convert(FIXTURES / "tiny-bert", tmp_path / "model.safetensors", max_shard_size="40KB")
     assert seen == [[]]  # every staged shard and the index were locked: nothing was removed
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(

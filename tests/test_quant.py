@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from weightio import quant
 from weightio.errors import UnsupportedDTypeError
-from weightio.quant import QuantizedTensor, dequantize, quantize
+from weightio.quant import QuantizedTensor, decoding, dequantize, quantize
 from weightio.quant.kernels import KERNELS
 from weightio.quant.types import TYPES, by_id, by_name
 
@@ -204,10 +204,10 @@ def test_threaded_chunks_equal_one_pass(type_name, monkeypatch):
     rng = np.random.default_rng(3)
     n_blocks = 4 * quant.THREADED_CHUNK_ELEMENTS // by_name(type_name).block_size + 7  # two threads, ragged end
     raw = random_blocks(rng, type_name, n_blocks)
-    assert quant._worker_count(4, n_blocks * by_name(type_name).block_size) == 2
+    assert decoding._worker_count(4, n_blocks * by_name(type_name).block_size) == 2
     one = dequantize(raw, type_name, threads=1)
     many = dequantize(raw, type_name, threads=4)
-    monkeypatch.setattr(quant, "CHUNK_ELEMENTS", 10**9)
+    monkeypatch.setattr(decoding, "CHUNK_ELEMENTS", 10**9)
     whole = dequantize(raw, type_name, threads=1)
     assert np.array_equal(one.view(np.uint32), many.view(np.uint32))
     assert np.array_equal(one.view(np.uint32), whole.view(np.uint32))

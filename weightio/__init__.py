@@ -132,13 +132,15 @@ def save(
         format: ``"safetensors"``, ``"npz"``, ``"npy"`` or ``"gguf"``.
         overwrite: replace an existing file; by default an existing file is refused.
         **options: format-specific writer options, e.g. ``types="Q8_0"`` (or a name -> type
-            mapping) to quantize while writing GGUF; see `weightio.formats.gguf.write`.
+            mapping) to quantize while writing GGUF; see `weightio.formats.gguf_writer.write`.
 
     Raises:
         WriteError: the destination exists (without `overwrite`) or cannot be written.
         UnsupportedDTypeError: a tensor's dtype cannot be stored in the format.
+        UsageError: no format can be told from `path` and `format`, `tensors` is not a mapping
+            of str names, or metadata is given for a format without any.
     """
-    from .formats import save as write
+    from .writing import save as write
 
     write(tensors, path, metadata, format, overwrite=overwrite, **options)
 

@@ -28,55 +28,45 @@ about the largest tensor (plus its cast copy), not the model. Deflated ``.npz`` 
 exception: their reader keeps each inflated member until the source is closed.
 
 Atomicity: every output file is written to a temporary name beside its destination and fsynced
-(`weightio._io.atomic_write`); only when all are complete (and verified) are they renamed into
-place, the shards first and the index last, as the commit point. Any failure, Ctrl-C included,
-removes the temporary files and leaves the destination as it was. An existing destination is
-refused unless ``overwrite=True``; a destination that is one of the source's files is always
-refused, so the source is never modified.
+(`weightio._io.atomic_write`, staged by `weightio._staging`); only when all are complete (and
+verified) are they renamed into place, the shards first and the index last, as the commit point.
+Any failure, Ctrl-C included, removes the temporary files and leaves the destination as it was.
+An existing destination is refused unless ``overwrite=True``; a destination that is one of the
+source's files is always refused, so the source is never modified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import math
 import os
-import re
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from . import limits as _limits
-from ._io import (
-    TEMP_SUFFIX,
-    atomic_write,
-    bytes_equal,
-    check_destination,
-    drop_array_pages,
-    fsync_directory,
-    lock_temporary,
-    remove_stale_temporaries,
-    write_all,
-)
+from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
+from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
-from .dtypes import TABLE, dtype_name, parse_dtype
-from .errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError, WriteError
-from .formats import SUFFIXES, format_for_path, open_file, save
-from .formats.sources import check_materializable
-from .records import TensorInfo, little_endian
+from .dtypes import PACKED, TABLE, dtype_name, parse_dtype
+from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
+from .formats import SUFFIXES, format_for_path, open_file
+from .records import TensorSource
 from .view import TensorView
+from .writing import block_type, check_materializable, write_sources
 
-__all__ = ["convert", "ConvertResult", "parse_size", "plan_shards"]
+__all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "target_dtype"]
 
 Progress = Callable[[int, int], None]  # progress(advance_bytes, total_bytes)
 
 _EXTENSIONS = {fmt: suffix for suffix, fmt in SUFFIXES.items()}
-_PACKED = frozenset(row.numpy for row in TABLE if row.packed)
 _FLOATS = frozenset(row.numpy for row in TABLE if not row.packed and row.safetensors.startswith(("F", "BF")))
 _SATURATING = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz))
 _SHARES_STORAGE = frozenset({"pytorch"})  # formats whose tensors may share one storage (tied weights)
@@ -119,10 +109,10 @@ def parse_size(text: str | int) -> int:
         try:
             value = _limits.parse_size(text, fractions=True)
         except ValueError:
-            raise FormatError(f"size {text!r} is not a number with an optional unit (B, kB, MB, GB, TB, KiB … TiB)"
+            raise UsageError(f"size {text!r} is not a number with an optional unit (B, kB, MB, GB, TB, KiB … TiB)"
                               ) from None
     if value <= 0:
-        raise FormatError(f"size {text!r} must be positive")
+        raise UsageError(f"size {text!r} must be positive")
     return value
 
 
@@ -153,22 +143,14 @@ def plan_shards(sizes: Mapping[str, int], max_shard_size: int) -> list[list[str]
 # ----------------------------------------------------------------------------- what to write
 
 
-@dataclass
-class _Tensor:
-    """One output tensor: its source view and how its bytes are made."""
-
-    name: str
-    source: TensorView
-    info: TensorInfo  # as written: native dtype, C order
-    cast: np.dtype | None  # cast floating data (after dequantizing, if quantized) to this
-
-    def make(self) -> np.ndarray:
-        """The output data in native order (a view of the source when nothing changes), or the
-        stored bytes of blocks and packed types copied as they are."""
-        if self.info.ggml_type is not None or self.info.dtype in _PACKED:
-            return self.source.raw()
-        arr = self.source.numpy()
-        return cast_array(arr, self.cast) if self.cast is not None and arr.dtype != self.cast else arr
+def make(view: TensorView, cast: np.dtype | None, stored: bool) -> np.ndarray:
+    """The output data of `view`: its stored bytes when `stored` (blocks and packed types are
+    copied as they are), else its values in native order (a view of the source when nothing
+    changes), cast to `cast` when given."""
+    if stored:
+        return view.raw()
+    arr = view.numpy()
+    return cast_array(arr, cast) if cast is not None and arr.dtype != cast else arr
 
 
 def cast_array(arr: np.ndarray, target: np.dtype) -> np.ndarray:
@@ -188,44 +170,28 @@ class _Meter:
 
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total, self.progress = total, progress
-        self.current: _Tensor | None = None
+        self.current: tuple[TensorView, int] | None = None  # the source being written, its output bytes
 
-    def start(self, tensor: _Tensor) -> None:
-        if tensor is not self.current:
+    def metered(self, view: TensorView, source: TensorSource) -> TensorSource:
+        """`source`, its fetch first marking `view` as the tensor now being written."""
+        def fetch() -> np.ndarray:
+            self.start(view, source.nbytes)
+            return source.fetch()
+
+        return dataclasses.replace(source, fetch=fetch)
+
+    def start(self, view: TensorView, nbytes: int) -> None:
+        if self.current is None or self.current[0] is not view:
             self.finish()
-            self.current = tensor
+            self.current = (view, nbytes)
 
     def finish(self) -> None:
-        tensor, self.current = self.current, None
-        if tensor is None:
+        current, self.current = self.current, None
+        if current is None:
             return
-        release_pages(tensor.source)
+        release_pages(current[0])
         if self.progress is not None:
-            self.progress(tensor.info.nbytes, self.total)
-
-
-class _Streamed(TensorView):
-    """A source tensor as a writer sees it: the output's dtype and shape, bytes made on demand."""
-
-    __slots__ = ("_tensor", "_meter")
-
-    def __init__(self, tensor: _Tensor, meter: _Meter) -> None:
-        super().__init__(tensor.source._reader, tensor.name, tensor.info)
-        self._tensor, self._meter = tensor, meter
-
-    @property
-    def path(self) -> str:
-        return self._tensor.source.path
-
-    def numpy(self) -> np.ndarray:
-        self._meter.start(self._tensor)
-        return self._tensor.make()
-
-    def raw(self) -> np.ndarray:
-        self._meter.start(self._tensor)
-        if self.info.ggml_type is not None or self.info.dtype in _PACKED:
-            return self._tensor.source.raw()
-        return np.ascontiguousarray(self._tensor.make()).reshape(-1).view(np.uint8)
+            self.progress(current[1], self.total)
 
 
 def release_pages(view: TensorView) -> None:
@@ -257,22 +223,28 @@ def target_dtype(dtype: Any) -> np.dtype | None:
     return target
 
 
-def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: bool) -> _Tensor:
+def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: bool) -> TensorSource:
+    """What is written for `view`: its stored blocks or packed bytes, or its values (cast)."""
     info = view.info
     if info.ggml_type is not None and not dequantize:
         if fmt != "gguf":
             raise UnsupportedDTypeError(f"is {info.ggml_type} block-quantized; pass --dequantize (dequantize=True) "
                                         f"to write it as {dtype_name(cast or np.dtype(np.float32))}, or write .gguf",
                                         path=view.path, tensor=view.name)
-        return _Tensor(view.name, view, info, None)
-    if info.ggml_type is None and info.dtype in _PACKED:
-        return _Tensor(view.name, view, info, None)
+        blocks = block_type(view)
+        if blocks is not None:
+            return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, True),
+                                ggml_type=blocks)
+        cast = None  # blocks that cannot be copied are decoded when read, and say why they cannot be
+    elif info.ggml_type is None and info.dtype in PACKED:
+        return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, True),
+                            code=PACKED[info.dtype].safetensors)
     dtype = view.dtype
     if cast is not None and (dtype in _FLOATS or info.ggml_type is not None):
         dtype = cast
     check_materializable(view, view.path)  # a broadcast view would be written out element by element
-    out = TensorInfo(dtype, info.shape, info.offset, math.prod(info.shape) * dtype.itemsize)
-    return _Tensor(view.name, view, out, dtype if dtype != view.dtype else None)
+    return TensorSource(view.name, dtype, info.shape, math.prod(info.shape) * dtype.itemsize,
+                        partial(make, view, dtype if dtype != view.dtype else None, False))
 
 
 def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
@@ -322,135 +294,12 @@ def _carried_metadata(metadata: Mapping[str, Any], source: str, fmt: str, notes:
 # ----------------------------------------------------------------------------- where to write
 
 
-@dataclass
-class _Layout:
-    """Output file names: `base` is the single-file name; shards and the index derive from it."""
-
-    base: str  # e.g. out/model.safetensors
-    fmt: str
-
-    @property
-    def index(self) -> str:
-        return self.base + ".index.json"
-
-    def shard(self, i: int, n: int) -> str:
-        stem, ext = os.path.splitext(self.base)
-        return f"{stem}-{i:05d}-of-{n:05d}{ext}"
-
-    def stale(self) -> list[str]:
-        """Files from an earlier sharded or single save of the same name (huggingface_hub's pattern)."""
-        directory, name = os.path.split(os.path.abspath(self.base))
-        stem, ext = os.path.splitext(name)
-        pattern = re.compile(re.escape(stem) + r"(-\d{5}-of-\d{5})?" + re.escape(ext) + r"(\.index\.json)?")
-        try:
-            found = sorted(os.listdir(directory))
-        except OSError:
-            return []
-        return [os.path.join(os.path.dirname(self.base), f) for f in found if pattern.fullmatch(f)]
-
-
-def _layout(dst: str, fmt: str | None) -> _Layout:
+def _layout(dst: str, fmt: str | None) -> Outputs:
     if os.path.isdir(dst) or dst.endswith(("/", os.sep)):
         fmt = fmt or "safetensors"
         format_for_path("x" + _EXTENSIONS.get(fmt, ""), fmt)  # validates the format name
-        return _Layout(os.path.join(dst, "model" + _EXTENSIONS[fmt]), fmt)
-    return _Layout(dst, format_for_path(dst, fmt))
-
-
-def _check_outputs(outputs: list[str], inputs: list[str], overwrite: bool) -> None:
-    for out in outputs:
-        for src in inputs:
-            if os.path.exists(out) and os.path.samefile(out, src):
-                raise WriteError("is a file of the checkpoint being converted; write somewhere else "
-                                 "(the source is never modified)", path=out, errno=errno.EINVAL)
-        check_destination(out, overwrite)
-
-
-def _stage_name(final: str) -> str:
-    """A staged output's name: a weightio temporary of `final` (see `remove_stale_temporaries`)."""
-    directory, name = os.path.split(final)
-    return os.path.join(directory, f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
-
-
-class _Staging:
-    """Temporary output files, renamed into place together at `commit` or removed on failure.
-
-    Each staged file stays locked (``flock``) from when it is complete until it is committed or
-    discarded, as `atomic_write` locks a file being written: a convert killed before committing
-    leaves temporaries whose lock is free, which `remove_stale_temporaries` can prove dead.
-    """
-
-    def __init__(self, overwrite: bool) -> None:
-        self.overwrite = overwrite
-        self.staged: list[tuple[str, str]] = []  # (temporary, final)
-        self.created_dirs: list[str] = []
-        self.locks: list[int] = []  # descriptors holding the staged files' locks
-
-    def make_dirs(self, directory: str) -> None:
-        missing = []
-        while directory and not os.path.exists(directory):
-            missing.append(directory)
-            directory = os.path.dirname(directory.rstrip(os.sep))
-        for d in reversed(missing):
-            try:
-                os.mkdir(d)
-            except OSError as e:
-                raise WriteError(f"cannot create the directory: {e.strerror}", path=d, errno=e.errno) from e
-            self.created_dirs.append(d)
-
-    def path_for(self, final: str) -> str:
-        temporary = _stage_name(final)
-        self.staged.append((temporary, final))
-        return temporary
-
-    def hold(self, temporary: str) -> None:
-        """Lock a staged file now complete, until commit or discard (`lock_temporary`)."""
-        fd = lock_temporary(temporary)
-        if fd is not None:
-            self.locks.append(fd)
-
-    def _release(self) -> None:
-        for fd in self.locks:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.locks = []
-
-    def commit(self) -> list[str]:
-        """Rename every staged file into place, in order (the index is staged last)."""
-        done: list[str] = []
-        try:
-            for temporary, final in self.staged:
-                if not self.overwrite and os.path.lexists(final):
-                    raise WriteError("appeared while converting; not replaced", path=final, errno=errno.EEXIST)
-                try:
-                    os.replace(temporary, final)
-                except OSError as e:  # named by the destination, like every other write failure
-                    raise WriteError(f"cannot put the output in place: {e.strerror}", path=final,
-                                     errno=e.errno) from None
-                done.append(final)
-        except BaseException:
-            for final in done:  # a half-committed set is worse than none
-                with contextlib.suppress(OSError):
-                    os.unlink(final)
-            raise
-        finally:
-            self._release()
-        for directory in {os.path.dirname(os.path.abspath(f)) for f in done}:
-            try:
-                fsync_directory(directory)
-            except OSError as e:  # the files are in place; only their durability is in doubt
-                raise WriteError(f"the output is in place, but its directory could not be synced: {e.strerror}",
-                                 path=directory, errno=e.errno) from None
-        return done
-
-    def discard(self) -> None:
-        for temporary, _ in self.staged:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-        self._release()
-        for d in reversed(self.created_dirs):
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
+        return Outputs(os.path.join(dst, "model" + _EXTENSIONS[fmt]), fmt)
+    return Outputs(dst, format_for_path(dst, fmt))
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -492,7 +341,8 @@ def convert(
         WriteError: an output exists (without `overwrite`), is a source file, or cannot be written.
         UnsupportedDTypeError: a tensor the output format cannot store (quantized without
             `dequantize`, a dtype the format lacks).
-        FormatError: an unknown output format or option combination.
+        UsageError: an unknown output format, an option combination that cannot be written, or
+            a `select` that matches no tensor.
         CorruptFileError: `verify` found written bytes that differ from the source.
 
     Example:
@@ -500,11 +350,11 @@ def convert(
     """
     src, dst = os.fspath(src), os.fspath(dst)
     if dst.startswith("hf://"):
-        raise FormatError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
+        raise UsageError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
     layout = _layout(dst, format)
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
-        raise FormatError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
+        raise UsageError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
     cast = target_dtype(dtype)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
@@ -515,11 +365,11 @@ def convert(
     return result
 
 
-def _convert(ckpt: Checkpoint, layout: _Layout, cast: np.dtype | None, dequantize: bool, limit: int | None,
+def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantize: bool, limit: int | None,
              select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None) -> ConvertResult:
     names = ckpt.select(*(select or ()))
     if not names:
-        raise FormatError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
+        raise UsageError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
     notes: list[str] = []
     aliases: dict[str, str] = {}
     tied = _tied_groups(ckpt, names)
@@ -528,26 +378,27 @@ def _convert(ckpt: Checkpoint, layout: _Layout, cast: np.dtype | None, dequantiz
     elif tied:
         notes.append(f"{sum(map(len, tied.values()))} tied tensors written as separate copies "
                      f"({layout.fmt} has no aliases)")
-    tensors = {n: _plan_tensor(ckpt[n], layout.fmt, cast, dequantize) for n in names if n not in aliases}
+    views = {n: ckpt[n] for n in names if n not in aliases}
+    sources = {n: _plan_tensor(view, layout.fmt, cast, dequantize) for n, view in views.items()}
     metadata = _carried_metadata(ckpt.metadata, ckpt.format, layout.fmt, notes)
-    shards = [list(tensors)] if limit is None else plan_shards({n: t.info.nbytes for n, t in tensors.items()}, limit)
-    if layout.fmt == "npy" and len(tensors) != 1:
-        raise FormatError(f".npy holds one tensor and {len(tensors)} are selected; select one (--filter NAME) "
-                          "or write .npz / .safetensors", path=layout.base)
-    total = sum(t.info.nbytes for t in tensors.values()) * (2 if verify else 1)
-    writer = _Writer(ckpt, layout, tensors, _Meter(total, progress), overwrite)
+    sizes = {n: src.nbytes for n, src in sources.items()}
+    shards = [list(sources)] if limit is None else plan_shards(sizes, limit)
+    if layout.fmt == "npy" and len(sources) != 1:
+        raise UsageError(f".npy holds one tensor and {len(sources)} are selected; select one (--filter NAME) "
+                         "or write .npz / .safetensors", path=layout.base)
+    total = sum(sizes.values()) * (2 if verify else 1)
+    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite)
     files = writer.run(shards, metadata, aliases, verify)
-    return ConvertResult(files, layout.fmt, len(tensors), sum(t.info.nbytes for t in tensors.values()),
-                         aliases, notes, verify)
+    return ConvertResult(files, layout.fmt, len(sources), sum(sizes.values()), aliases, notes, verify)
 
 
 class _Writer:
     """Writes the planned tensors as one file or a sharded set, staged then committed."""
 
-    def __init__(self, ckpt: Checkpoint, layout: _Layout, tensors: dict[str, _Tensor], meter: _Meter,
-                 overwrite: bool) -> None:
-        self.ckpt, self.layout, self.tensors, self.meter = ckpt, layout, tensors, meter
-        self.staging = _Staging(overwrite)
+    def __init__(self, ckpt: Checkpoint, layout: Outputs, views: dict[str, TensorView],
+                 sources: dict[str, TensorSource], meter: _Meter, overwrite: bool) -> None:
+        self.ckpt, self.layout, self.views, self.sources, self.meter = ckpt, layout, views, sources, meter
+        self.staging = Staging(overwrite)
 
     def run(self, shards: list[list[str]], metadata: dict[str, Any], aliases: dict[str, str],
             verify: bool) -> list[str]:
@@ -573,7 +424,7 @@ class _Writer:
         return [self.layout.shard(i + 1, n) for i in range(n)] + [self.layout.index]
 
     def _check(self, outputs: list[str]) -> None:
-        _check_outputs(outputs, self.ckpt.files, self.staging.overwrite)
+        check_outputs(outputs, self.ckpt.files, self.staging.overwrite)
         if self.layout.fmt == "safetensors" and not self.staging.overwrite and os.path.lexists(self.layout.index):
             raise WriteError("already exists and would shadow the new file when the directory is opened; "
                              "pass overwrite=True (CLI: --force) to replace it", path=self.layout.index,
@@ -594,16 +445,14 @@ class _Writer:
 
     def _save(self, names: list[str], final: str, metadata: dict[str, Any] | None) -> tuple[str, list[str]]:
         staged = self.staging.path_for(final)
-        views = {n: _Streamed(self.tensors[n], self.meter) for n in names}
-        try:
-            if self.layout.fmt == "gguf":  # keep each key's GGUF type (UINT64 stays UINT64)
-                from .formats import gguf
-                from .formats.gguf import value_types
+        sources = [self.meter.metered(self.views[n], self.sources[n]) for n in names]
+        options: dict[str, Any] = {}
+        if self.layout.fmt == "gguf":  # keep each key's GGUF type (UINT64 stays UINT64)
+            from .formats.gguf import value_types
 
-                types = {k: t for k, t in value_types(self.ckpt).items() if k in (metadata or {})}
-                gguf.write(views, staged, metadata, value_types=types)
-            else:
-                save(views, staged, metadata, self.layout.fmt)
+            options["value_types"] = {k: t for k, t in value_types(self.ckpt).items() if k in (metadata or {})}
+        try:
+            write_sources(sources, staged, metadata, self.layout.fmt, **options)
         except WeightioError as e:
             if e.path == staged:  # name the destination, not its temporary file
                 e.path = final
@@ -612,7 +461,7 @@ class _Writer:
         return staged, names
 
     def _write_index(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any]) -> None:
-        total = sum(self.tensors[n].info.nbytes for shard in shards for n in shard)
+        total = sum(self.sources[n].nbytes for shard in shards for n in shard)
         weight_map = {n: os.path.basename(out) for shard, out in zip(shards, outputs[:-1], strict=True) for n in shard}
         index = {"metadata": {"total_size": total, **metadata}, "weight_map": weight_map}
         staged = self.staging.path_for(outputs[-1])
@@ -629,25 +478,26 @@ class _Writer:
                 raise CorruptFileError(f"verification failed: the file holds {len(stored)} tensors, "
                                        f"{len(names)} were written", path=path)
             for name in names:
-                self._verify_tensor(TensorView(reader, found[name], reader.tensors[found[name]]), self.tensors[name])
+                out = TensorView(reader, found[name], reader.tensors[found[name]])
+                self._verify_tensor(out, self.views[name], self.sources[name])
         finally:
             reader.close()
 
-    def _verify_tensor(self, out: TensorView, tensor: _Tensor) -> None:
-        expected_kind = tensor.info.ggml_type or dtype_name(tensor.info.dtype)
-        if out.shape != tensor.info.shape or (out.ggml_type or dtype_name(out.dtype)) != expected_kind:
+    def _verify_tensor(self, out: TensorView, view: TensorView, src: TensorSource) -> None:
+        expected_kind = src.ggml_type or dtype_name(src.dtype)
+        if out.shape != src.shape or (out.ggml_type or dtype_name(out.dtype)) != expected_kind:
             raise CorruptFileError(f"verification failed: written as {out.ggml_type or dtype_name(out.dtype)} "
-                                   f"{list(out.shape)}, expected {expected_kind} {list(tensor.info.shape)}",
-                                   path=out.path, tensor=tensor.name)
-        written, wanted = out.raw(), little_endian(tensor.make()).reshape(-1).view(np.uint8)
+                                   f"{list(out.shape)}, expected {expected_kind} {list(src.shape)}",
+                                   path=out.path, tensor=src.name)
+        written, wanted = out.raw(), src.little_endian_bytes().reshape(-1).view(np.uint8)
         equal = bytes_equal(written, wanted)
-        release_pages(tensor.source)
+        release_pages(view)
         drop_array_pages(written)
         if not equal:
             raise CorruptFileError("verification failed: the written bytes differ from the source's",
-                                   path=out.path, tensor=tensor.name)
+                                   path=out.path, tensor=src.name)
         if self.meter.progress is not None:
-            self.meter.progress(tensor.info.nbytes, self.meter.total)
+            self.meter.progress(src.nbytes, self.meter.total)
 
     def _remove_stale(self, done: list[str]) -> None:
         """After an overwrite: shards or an index of an earlier save that the new files did not replace."""

@@ -28,7 +28,10 @@ import numpy as np
 
 from .errors import UnsupportedDTypeError
 
-__all__ = ["DType", "by_numpy", "by_safetensors", "by_torch", "parse_dtype", "dtype_name", "is_storable_float"]
+__all__ = [
+    "DType", "ML_DTYPES", "PACKED", "by_numpy", "by_safetensors", "by_torch", "dtype_name",
+    "parse_dtype",
+]
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,11 @@ TABLE: tuple[DType, ...] = (
     _row("F6_E3M2", None, ml_dtypes.float6_e3m2fn, 6),
     _row("F4", "float4_e2m1fn_x2", ml_dtypes.float4_e2m1fn, 4),
 )
+
+# Sub-byte types stored packed several per byte (numpy has no layout for them), by element dtype.
+PACKED: dict[np.dtype, DType] = {row.numpy: row for row in TABLE if row.packed}
+# The ml_dtypes element types (bfloat16, float8_*, …): numpy kind "V", but numbers all the same.
+ML_DTYPES = frozenset(row.numpy for row in TABLE if row.numpy.kind == "V")
 
 _BY_SAFETENSORS = {row.safetensors: row for row in TABLE}
 _BY_NUMPY = {row.numpy: row for row in TABLE}
@@ -161,18 +169,7 @@ def parse_dtype(dtype: object) -> np.dtype:
     return found
 
 
-def is_storable_float(dtype: np.dtype) -> bool:
-    """True for the floating-point types a tensor can be cast to and written one element per byte
-    or more: float16/32/64, bfloat16 and the float8 types (not the packed float6 and float4).
 
-    Example:
-        >>> is_storable_float(parse_dtype("bf16")), is_storable_float(parse_dtype("int8"))
-        (True, False)
-    """
-    return dtype in _STORABLE_FLOATS
-
-
-_STORABLE_FLOATS = frozenset(row.numpy for row in TABLE if not row.packed and row.safetensors.startswith(("F", "BF")))
 
 
 def dtype_name(dtype: np.dtype) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .dtypes import TABLE, dtype_name, parse_dtype
+from .dtypes import PACKED, dtype_name, parse_dtype
 from .errors import UnsupportedDTypeError
 
 if TYPE_CHECKING:
@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from .records import TensorInfo
 
 __all__ = ["TensorView"]
-
-# Sub-byte types stored packed several per byte: numpy has no layout for them.
-_PACKED = {row.numpy: row for row in TABLE if row.packed}
 
 
 class TensorView:
@@ -148,8 +145,8 @@ class TensorView:
     def _stored(self) -> np.ndarray:
         """The stored elements as a numpy view, in stored byte order and alignment (zero-copy)."""
         info = self.info
-        if info.dtype in _PACKED:
-            row = _PACKED[info.dtype]
+        if info.dtype in PACKED:
+            row = PACKED[info.dtype]
             raise UnsupportedDTypeError(
                 f"dtype {row.safetensors} packs {8 // math.gcd(row.bits, 8)} elements per "
                 f"{row.bits // math.gcd(row.bits, 8)} byte(s), which numpy cannot view; "
@@ -165,7 +162,11 @@ class TensorView:
     def _dequantize(self, key: Any) -> np.ndarray:
         from . import quant
 
-        return quant.dequantize_view(self, key)
+        raw = self.raw()  # first: a reader that cannot serve this tensor's bytes says why
+        try:
+            return quant.dequantize_stored(raw, self.info, key)
+        except UnsupportedDTypeError as e:
+            raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
 
 
 def _finish(arr: np.ndarray) -> np.ndarray:

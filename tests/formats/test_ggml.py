@@ -162,12 +162,13 @@ def test_bad_magic(write):
 
 def test_legacy_checkpoint_converts_to_gguf_with_its_vocabulary(tmp_path):
     from weightio.formats import gguf
+    from weightio.writing import write_gguf
 
     out = tmp_path / "model.gguf"
     with wio.open(GGML / "ggjt_v3.bin") as ckpt:
         scores = ckpt.metadata["ggml.scores"].numpy()
         assert scores.dtype == np.float32 and scores.tolist() == [0.0, -1.5, -2.25, -3.0] and not scores.flags.writeable
-        gguf.write(ckpt, str(out), ckpt.metadata)
+        write_gguf(ckpt, str(out), ckpt.metadata)
         with wio.open(out) as back:
             assert back.metadata["ggml.tokens"] == VOCAB and back.metadata["ggml.scores"] == [0.0, -1.5, -2.25, -3.0]
             assert gguf.value_types(back)["ggml.scores"] == "ARRAY[FLOAT32]"

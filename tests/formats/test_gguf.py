@@ -19,6 +19,7 @@ from weightio.formats import gguf as G
 from weightio.formats.gguf import GGUFArray, GGUFReader
 from weightio.quant.types import by_name
 from weightio.view import TensorView
+from weightio.writing import write_gguf
 
 from ..conftest import FIXTURES, manifest
 
@@ -193,7 +194,7 @@ def test_value_strings_that_are_not_utf8_keep_their_bytes(write):
         value = ckpt.metadata["t.s"]
         assert value.encode("utf-8", "surrogateescape") == raw
         assert list(ckpt.metadata["t.a"].raw_strings()) == [raw]
-        G.write({}, str(path.with_suffix(".out.gguf")), ckpt.metadata, value_types=G.value_types(ckpt))
+        write_gguf({}, str(path.with_suffix(".out.gguf")), ckpt.metadata, value_types=G.value_types(ckpt))
     assert path.with_suffix(".out.gguf").read_bytes() == path.read_bytes()
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio.errors import FormatError, UnsupportedDTypeError, WriteError
+from weightio.errors import FormatError, UnsupportedDTypeError, UsageError, WriteError
 from weightio.formats import gguf as G
 from weightio.quant import quantize
 from weightio.view import TensorView
+from weightio.writing import write_gguf
 
 from ..conftest import FIXTURES
 
@@ -73,7 +74,7 @@ def test_byte_identical_to_gguf_writer_for_every_value_and_tensor_type(tmp_path)
     expected = _reference(tmp_path / "ref.gguf", "llama", steps, ref_tensors, alignment=64)
     ours = tmp_path / "ours.gguf"
     tensors = {**plain, "q8_0": quantize(x, "Q8_0"), "q4_0": quantize(x, "Q4_0"), "bf16": quantize(x, "BF16")}
-    G.write(tensors, str(ours), {**OURS, "general.quantization_version": 2})
+    write_gguf(tensors, str(ours), {**OURS, "general.quantization_version": 2})
     # gguf-py writes general.alignment where add_custom_alignment is called: first after the architecture
     assert ours.read_bytes() == expected
 
@@ -86,7 +87,7 @@ def test_types_option_quantizes_like_gguf_py(tmp_path):
                           {"w": (gguf.quants.quantize(x, Q.Q8_0), "Q8_0"), "norm": (norm, None),
                            "h": (gguf.quants.quantize(x, Q.Q4_0), "Q4_0")})
     out = tmp_path / "ours.gguf"
-    G.write({"w": x, "norm": norm, "h": x}, str(out), {"general.architecture": "llama"},
+    write_gguf({"w": x, "norm": norm, "h": x}, str(out), {"general.architecture": "llama"},
             types={"w": "Q8_0", "h": "q4_0"})
     assert out.read_bytes() == expected  # and general.quantization_version was added
 
@@ -95,7 +96,7 @@ def test_one_type_for_every_matrix_keeps_vectors_and_odd_rows(tmp_path):
     out = tmp_path / "q.gguf"
     tensors = {"w": _x((4, 64)), "odd": _x((4, 30)), "bias": _x((64,)),
                "ids": np.arange(64, dtype=np.int32).reshape(2, 32)}
-    G.write(tensors, str(out), {"general.architecture": "llama"}, types="Q8_0")
+    write_gguf(tensors, str(out), {"general.architecture": "llama"}, types="Q8_0")
     with wio.open(out) as ckpt:
         assert [ckpt[n].ggml_type for n in ckpt] == ["Q8_0", None, None, None]
         assert ckpt["odd"].dtype == np.float32 and ckpt["bias"].dtype == np.float32
@@ -125,7 +126,7 @@ def test_save_by_suffix_and_read_back_by_both_readers(tmp_path):
 def test_rewriting_a_gguf_file_from_its_views_reproduces_it(tmp_path, name):
     out = tmp_path / name
     with wio.open(GGUF / name) as ckpt:
-        G.write(ckpt, str(out), ckpt.metadata, value_types=G.value_types(ckpt))
+        write_gguf(ckpt, str(out), ckpt.metadata, value_types=G.value_types(ckpt))
     assert out.read_bytes() == (GGUF / name).read_bytes()
 
 
@@ -133,7 +134,7 @@ def test_older_and_big_endian_files_convert_to_v3_little_endian(tmp_path):
     for name in ("v1.gguf", "big_endian.gguf"):
         out = tmp_path / name
         with wio.open(GGUF / name) as ckpt:
-            G.write(ckpt, str(out), ckpt.metadata, value_types=G.value_types(ckpt))
+            write_gguf(ckpt, str(out), ckpt.metadata, value_types=G.value_types(ckpt))
             with wio.open(out) as back:
                 assert back.readers[0].version == 3 and back.readers[0].byteorder == "<"
                 added = {"general.quantization_version": 2} if name == "v1.gguf" else {}  # v1 holds a Q8_0 tensor
@@ -145,7 +146,7 @@ def test_older_and_big_endian_files_convert_to_v3_little_endian(tmp_path):
 def test_quantized_view_can_be_requantized(tmp_path):
     out = tmp_path / "re.gguf"
     with wio.open(GGUF / "all_types.gguf") as ckpt:
-        G.write({"q4_k": ckpt["q4_k"]}, str(out), types={"q4_k": "Q8_0"})
+        write_gguf({"q4_k": ckpt["q4_k"]}, str(out), types={"q4_k": "Q8_0"})
         source = ckpt["q4_k"].numpy()
     with wio.open(out) as back:
         assert back["q4_k"].ggml_type == "Q8_0"
@@ -156,7 +157,7 @@ def test_metadata_default_types(tmp_path):
     out = tmp_path / "m.gguf"
     md = {"u": 5, "neg": -5, "big": 2**40, "huge": 2**63, "f": 0.5, "b": False, "s": "x", "ints": [1, 2**40],
           "floats": np.array([1.0, 2.0]), "empty": [], "npbool": np.bool_(True)}
-    G.write({}, str(out), md)
+    write_gguf({}, str(out), md)
     with wio.open(out) as ckpt:
         types = ckpt.readers[0].value_types
         assert types == {"u": "UINT32", "neg": "INT32", "big": "INT64", "huge": "UINT64",
@@ -167,12 +168,12 @@ def test_metadata_default_types(tmp_path):
 
 def test_value_types_force_a_type_and_check_the_range(tmp_path):
     out = tmp_path / "v.gguf"
-    G.write({}, str(out), {"n": 3, "a": [1, 2]}, value_types={"n": "UINT16", "a": "ARRAY[UINT8]"})
+    write_gguf({}, str(out), {"n": 3, "a": [1, 2]}, value_types={"n": "UINT16", "a": "ARRAY[UINT8]"})
     with wio.open(out) as ckpt:
         assert ckpt.readers[0].value_types == {"n": "UINT16", "a": "ARRAY[UINT8]"}
         assert ckpt.metadata == {"n": 3, "a": [1, 2]}
     with pytest.raises(FormatError, match=r"metadata 'n': 70000 is out of the UINT16 range 0\.\.65535"):
-        G.write({}, str(tmp_path / "x.gguf"), {"n": 70000}, value_types={"n": "UINT16"})
+        write_gguf({}, str(tmp_path / "x.gguf"), {"n": 70000}, value_types={"n": "UINT16"})
 
 
 @pytest.mark.parametrize("metadata,message", [
@@ -187,22 +188,22 @@ def test_value_types_force_a_type_and_check_the_range(tmp_path):
 def test_metadata_that_cannot_be_stored(tmp_path, metadata, message):
     path = tmp_path / "x.gguf"
     with pytest.raises(FormatError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        G.write({}, str(path), metadata)
+        write_gguf({}, str(path), metadata)
     assert not path.exists()
 
 
 def test_tensors_that_cannot_be_stored(tmp_path):
     path = tmp_path / "x.gguf"
     with pytest.raises(UnsupportedDTypeError, match="tensor 'u': GGUF stores F32, F16, BF16, F64 and I8-I64"):
-        G.write({"u": np.zeros(3, np.uint8)}, str(path))
+        write_gguf({"u": np.zeros(3, np.uint8)}, str(path))
     with pytest.raises(UnsupportedDTypeError, match="tensor 'w': rows of 30 elements are not whole Q8_0 blocks"):
-        G.write({"w": np.zeros((2, 30), np.float32)}, str(path), types={"w": "Q8_0"})
+        write_gguf({"w": np.zeros((2, 30), np.float32)}, str(path), types={"w": "Q8_0"})
     with pytest.raises(UnsupportedDTypeError, match="converts tensors to F32, F16, BF16, Q8_0, Q4_0, not 'Q4_K'"):
-        G.write({"w": np.zeros((2, 32), np.float32)}, str(path), types="Q4_K")
-    with pytest.raises(FormatError, match="types names tensors that are not written: 'nope'"):
-        G.write({"w": np.zeros((2, 32), np.float32)}, str(path), types={"nope": "F16"})
-    with pytest.raises(FormatError, match="tensor names must be non-empty str, got 3"):
-        G.write({3: np.zeros(2, np.float32)}, str(path))
+        write_gguf({"w": np.zeros((2, 32), np.float32)}, str(path), types="Q4_K")
+    with pytest.raises(UsageError, match="types names tensors that are not written: 'nope'"):
+        write_gguf({"w": np.zeros((2, 32), np.float32)}, str(path), types={"nope": "F16"})
+    with pytest.raises(UsageError, match="tensor names must be non-empty str, got 3"):
+        write_gguf({3: np.zeros(2, np.float32)}, str(path))
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -225,7 +226,7 @@ def test_a_failing_tensor_leaves_no_file(tmp_path):
 
     path = tmp_path / "x.gguf"
     with pytest.raises(Exception, match="source went away"):
-        G.write({"a": np.zeros(2, np.float32), "b": Exploding()}, str(path))
+        write_gguf({"a": np.zeros(2, np.float32), "b": Exploding()}, str(path))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -242,5 +243,5 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(TensorView, "numpy", tracking_numpy)
     with wio.open(GGUF / "all_types.gguf") as ckpt:
         plain = {n: ckpt[n] for n in ckpt if ckpt[n].ggml_type is None}
-        G.write(plain, str(tmp_path / "out.gguf"), types="F16")
+        write_gguf(plain, str(tmp_path / "out.gguf"), types="F16")
         assert len(live) == len(plain)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
 from weightio.formats import _zip
 from weightio.formats import numpy as npformat
 from weightio.formats.numpy import NpyReader, NpzReader
@@ -203,9 +203,9 @@ def test_npz_round_trip_from_views_and_determinism(tmp_path):
 def test_writers_refuse_what_numpy_cannot_read_back(tmp_path):
     with pytest.raises(UnsupportedDTypeError, match=r"tensor 'b': bfloat16 has no .npy descr"):
         wio.save({"b": np.zeros(2, ml_dtypes.bfloat16)}, tmp_path / "b.npz")
-    with pytest.raises(FormatError, match=r".npy holds exactly one array; got 2 tensors"):
+    with pytest.raises(UsageError, match=r".npy holds exactly one array; got 2 tensors"):
         wio.save({"a": np.zeros(1), "b": np.zeros(1)}, tmp_path / "two.npy")
-    with pytest.raises(FormatError, match="npz files cannot store metadata"):
+    with pytest.raises(UsageError, match="npz files cannot store metadata"):
         wio.save({"a": np.zeros(1)}, tmp_path / "m.npz", metadata={"k": "v"})
     assert list(tmp_path.iterdir()) == []
 

@@ -1,24 +1,26 @@
 """The format registry: which reader opens a sniffed file, which writer a suffix selects.
 
 One module per format; each exposes a `Reader` subclass and, where the format allows, a
-``write(tensors, path, metadata=None, *, overwrite=False)`` function.
+``write(sources, path, metadata=None, *, overwrite=False)`` function that takes a sequence of
+`weightio.records.TensorSource`s (`weightio.writing` builds them from a user's mapping).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._io import MappedFile
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
+from ..records import TensorSource
 from . import numpy as _numpy
 from . import safetensors as _safetensors
 from . import sniff as _sniff
 from .base import Reader, TensorInfo
 
-__all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "save"]
+__all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "resolve"]
 
 # Readers by sniffed format: a class, or "module:attribute" imported on first use (so that
 # `import weightio` stays cheap and a format's module loads only when such a file is opened).
@@ -32,29 +34,33 @@ READERS: dict[str, Callable[[MappedFile], Reader] | str] = {
 }
 
 
-def _resolve(entry: Any) -> Any:
+def resolve(entry: Any) -> Any:
+    """A `READERS` or `WRITERS` entry itself: "module:attribute" entries are imported now."""
     if not isinstance(entry, str):
         return entry
     module, _, attribute = entry.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
 
+_resolve = resolve  # the name bench/cli.py uses
+
+
 def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
-    def write(tensors: Mapping[str, Any], path: str, metadata: Mapping[str, Any] | None = None, *,
+    def write(sources: Sequence[TensorSource], path: str, metadata: Mapping[str, Any] | None = None, *,
               overwrite: bool = False, **options: Any) -> None:
         if metadata:
-            raise FormatError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
-        writer(tensors, path, overwrite=overwrite, **options)
+            raise UsageError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
+        writer(sources, path, overwrite=overwrite, **options)
 
     return write
 
 
-# Writers by format name: ``write(tensors, path, metadata=None, *, overwrite=False)``.
+# Writers by format name: ``write(sources, path, metadata=None, *, overwrite=False, **options)``.
 WRITERS: dict[str, Callable[..., None] | str] = {
     "safetensors": _safetensors.write,
     "npz": _no_metadata(_numpy.write_npz, "npz"),
     "npy": _no_metadata(_numpy.write_npy, "npy"),
-    "gguf": "weightio.formats.gguf:write",
+    "gguf": "weightio.formats.gguf_writer:write",
 }
 
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".gguf": "gguf"}
@@ -66,7 +72,7 @@ def open_file(path: str | os.PathLike[str]) -> Reader:
     try:
         fmt = _sniff.sniff(file)
         try:
-            reader = _resolve(READERS[fmt])
+            reader = resolve(READERS[fmt])
         except (KeyError, ImportError, AttributeError):
             raise FormatError(f"is a {fmt} file, which this version of weightio cannot read yet",
                               path=file.path) from None
@@ -80,30 +86,12 @@ def format_for_path(path: str | os.PathLike[str], format: str | None = None) -> 
     """The output format: `format` when given, else from the suffix of `path`."""
     if format is not None:
         if format not in WRITERS:
-            raise FormatError(f"cannot write format {format!r}; writable: {', '.join(WRITERS)}", path=os.fspath(path))
+            raise UsageError(f"cannot write format {format!r}; writable: {', '.join(WRITERS)}", path=os.fspath(path))
         return format
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in SUFFIXES:
         known = ", ".join(SUFFIXES)
-        raise FormatError(f"cannot tell the format from suffix {suffix!r} ({known}); pass format=",
-                          path=os.fspath(path))
+        raise UsageError(f"cannot tell the format from suffix {suffix!r} ({known}); pass format=",
+                         path=os.fspath(path))
     return SUFFIXES[suffix]
 
-
-def save(
-    tensors: Mapping[str, Any],
-    path: str | os.PathLike[str],
-    metadata: Mapping[str, Any] | None = None,
-    format: str | None = None,
-    *,
-    overwrite: bool = False,
-    **options: Any,
-) -> None:
-    """Write `tensors` to `path`, atomically; see `weightio.save`. `options` go to the format's
-    writer (e.g. ``types="Q8_0"`` for GGUF)."""
-    fmt = format_for_path(path, format)
-    try:
-        writer = _resolve(WRITERS[fmt])
-    except (ImportError, AttributeError):
-        raise FormatError(f"writing {fmt} is not available in this version of weightio", path=os.fspath(path)) from None
-    writer(tensors, os.fspath(path), metadata, overwrite=overwrite, **options)

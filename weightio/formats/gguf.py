@@ -1,4 +1,4 @@
-"""GGUF (llama.cpp's model format), versions 1-3, little- and big-endian: reader and writer.
+"""GGUF (llama.cpp's model format), versions 1-3, little- and big-endian: the reader.
 
 The format (ggml ``docs/gguf.md``; llama.cpp ``ggml/src/gguf.cpp``)::
 
@@ -57,36 +57,35 @@ against the bytes left in the file before anything is allocated or looped over):
 * unknown ggml types do not make the file unreadable: the tensor is listed (``ggml_type``
   ``"GGML_TYPE_<id>"``) and reading it raises `UnsupportedDTypeError`; so do removed types,
   with the reason. Quantized blocks in big-endian files are refused when read (ambiguous: see
-  `weightio.quant.dequantize_view`).
+  `weightio.quant.decoding`).
 
 Split models (``<stem>-00001-of-00003.gguf`` with ``split.count`` keys, as ``gguf-split`` and
 gguf-py write them) open as one checkpoint from any part: `GGUFReader.siblings` names the
 other parts.
 
-The writer (`write`) produces GGUF v3, little-endian, the same bytes ``gguf.GGUFWriter`` writes
-for the same keys, values and tensors: see `write`.
+The writer is `weightio.formats.gguf_writer`: GGUF v3, little-endian, the same bytes
+``gguf.GGUFWriter`` writes for the same keys, values and tensors.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import struct
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
-from enum import IntEnum
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import layout
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
-from ..limits import exceeded
-from ..quant.types import GGMLType, by_id, by_name
+from ..limits import DEFAULTS, exceeded
+from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
+from .gguf_fields import SCALAR_DTYPES, Fields, GGUFValueType, fields_for
 
-__all__ = ["GGUFReader", "GGUFArray", "GGUFValueType", "write", "value_types", "DEFAULT_ALIGNMENT"]
+__all__ = ["GGUFReader", "GGUFArray", "GGUFValueType", "value_types", "DEFAULT_ALIGNMENT"]
 
 MAGIC = b"GGUF"
 MAGIC_BIG_ENDIAN = b"FUGG"  # proposed in llama.cpp#3957 for big-endian files; never written here
@@ -94,60 +93,12 @@ VERSIONS = (1, 2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 20  # no real file uses more; bounds the padding a file can claim
 MAX_KEY_LENGTH = 65535  # the spec's limit
-MAX_ARRAY_DEPTH = 8  # nested arrays are legal but rare; llama.cpp rejects them outright
+MAX_ARRAY_DEPTH = DEFAULTS.array_depth  # nested arrays are legal but rare; llama.cpp rejects them outright
 MAX_DIMS = 4  # GGML_MAX_DIMS
 # numpy refuses a shape whose non-zero dims times the itemsize (8 at most here) reach 2^63 bytes,
 # even when another dim is 0 and the tensor holds nothing: checked at open, not at numpy().
 MAX_ELEMENTS = 1 << 60
 EAGER_ARRAY_ITEMS = 64  # arrays this short are decoded at open (and stay usable after close)
-
-
-class GGUFValueType(IntEnum):
-    """Metadata value types (``enum gguf_type``)."""
-
-    UINT8 = 0
-    INT8 = 1
-    UINT16 = 2
-    INT16 = 3
-    UINT32 = 4
-    INT32 = 5
-    FLOAT32 = 6
-    BOOL = 7
-    STRING = 8
-    ARRAY = 9
-    UINT64 = 10
-    INT64 = 11
-    FLOAT64 = 12
-
-
-# Fixed-size value types -> little-endian numpy dtype (BOOL is a byte holding 0 or 1).
-_SCALAR_DTYPES = {
-    GGUFValueType.UINT8: np.dtype("u1"), GGUFValueType.INT8: np.dtype("i1"),
-    GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
-    GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"),
-    GGUFValueType.FLOAT32: np.dtype("<f4"), GGUFValueType.BOOL: np.dtype("?"),
-    GGUFValueType.UINT64: np.dtype("<u8"), GGUFValueType.INT64: np.dtype("<i8"),
-    GGUFValueType.FLOAT64: np.dtype("<f8"),
-}
-_STRUCT_CODES = {GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-                 GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-                 GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "B", GGUFValueType.UINT64: "Q",
-                 GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d"}
-
-
-class _Layout(NamedTuple):
-    """The integer fields of one GGUF flavour (byte order x version)."""
-
-    order: str  # "<" or ">"
-    u32: struct.Struct  # version, value types, n_dims, ggml_type
-    count: struct.Struct  # tensor/kv counts, string lengths, array counts, dims: u32 in v1, u64 after
-    u64: struct.Struct  # tensor offsets (u64 in every version)
-    scalars: dict[int, struct.Struct]  # fixed-size metadata values
-
-
-def _layout(order: str, version: int) -> _Layout:
-    return _Layout(order, struct.Struct(order + "I"), struct.Struct(order + ("I" if version == 1 else "Q")),
-                   struct.Struct(order + "Q"), {t: struct.Struct(order + c) for t, c in _STRUCT_CODES.items()})
 
 
 # ----------------------------------------------------------------------------- metadata arrays
@@ -313,7 +264,7 @@ def _decode_value_string(raw: Any, strip_nul: bool) -> str:
 class _Cursor:
     """A position in the file with bounds-checked reads of GGUF fields."""
 
-    def __init__(self, reader: GGUFReader, layout: _Layout, pos: int) -> None:
+    def __init__(self, reader: GGUFReader, layout: Fields, pos: int) -> None:
         self.reader, self.layout, self.pos = reader, layout, pos
         self.buf = memoryview(reader.file.data)
         self.size = reader.file.size
@@ -412,7 +363,7 @@ class GGUFReader(Reader):
         self.version = int.from_bytes(raw_version, "big" if order == ">" else "little")
         if self.version not in VERSIONS:
             raise FormatError(f"GGUF version {self.version} is not supported (1, 2 and 3 are)", path=self.path)
-        cur = _Cursor(self, _layout(order, self.version), 8)
+        cur = _Cursor(self, fields_for(order, self.version), 8)
         n_tensors, n_kv = cur.count("tensor_count"), cur.count("metadata_kv_count")
         # Beyond its length prefix a kv takes at least 1 (key) + 4 (type) + 1 (value) bytes, a tensor
         # info 1 (name) + 4 (n_dims) + 4 (type) + 8 (offset): a count the rest of the file cannot
@@ -464,7 +415,7 @@ class GGUFReader(Reader):
             return arr, "ARRAY[STRING]"
         if etype == GGUFValueType.ARRAY:
             return self._nested_array(cur, key, count, depth)
-        dtype = _SCALAR_DTYPES[etype].newbyteorder(cur.layout.order)
+        dtype = SCALAR_DTYPES[etype].newbyteorder(cur.layout.order)
         cur.need(count * dtype.itemsize, f"array {key!r} of {count} {etype.name}")
         if etype == GGUFValueType.BOOL and count:
             values = np.frombuffer(self.file.data, np.uint8, count, cur.pos)
@@ -597,11 +548,11 @@ class GGUFReader(Reader):
 
 
 def value_types(checkpoint: Any) -> dict[str, str]:
-    """The GGUF type of every metadata key of an open GGUF checkpoint (or reader), for `write`.
+    """The GGUF type of every metadata key of an open GGUF checkpoint (or reader), for the writer.
 
     Example:
         >>> with wio.open("model.gguf") as ckpt:                                   # doctest: +SKIP
-        ...     write(ckpt, "copy.gguf", ckpt.metadata, value_types=value_types(ckpt))
+        ...     wio.save(ckpt, "copy.gguf", ckpt.metadata, value_types=value_types(ckpt))
     """
     types: dict[str, str] = {}
     for reader in getattr(checkpoint, "readers", [checkpoint]):
@@ -628,346 +579,3 @@ def _walk_strings(buf: memoryview, pos: int, count: int, length: struct.Struct) 
     except (struct.error, OverflowError):  # a length pointed past the file
         pos = len(buf) + 1
     return starts, pos
-
-
-# ----------------------------------------------------------------------------- writer
-
-_VERSION = 3
-_LE = _layout("<", _VERSION)
-_INT_RANGES = {  # value type -> (min, max)
-    GGUFValueType.UINT8: (0, 2**8 - 1), GGUFValueType.INT8: (-(2**7), 2**7 - 1),
-    GGUFValueType.UINT16: (0, 2**16 - 1), GGUFValueType.INT16: (-(2**15), 2**15 - 1),
-    GGUFValueType.UINT32: (0, 2**32 - 1), GGUFValueType.INT32: (-(2**31), 2**31 - 1),
-    GGUFValueType.UINT64: (0, 2**64 - 1), GGUFValueType.INT64: (-(2**63), 2**63 - 1),
-}
-_FLOATS = (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64)
-_BY_NUMPY = {dtype.newbyteorder("="): vtype for vtype, dtype in _SCALAR_DTYPES.items()}
-# numpy dtype of a tensor -> the plain ggml type it is stored as
-_PLAIN_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
-                "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64"}
-_REQUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
-
-
-def _string_bytes(text: str | bytes) -> bytes:
-    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
-    return _LE.count.pack(len(raw)) + raw
-
-
-def _auto_type(value: Any, in_array: bool) -> GGUFValueType:
-    """The GGUF type a Python value is written as when none is given (see `write`)."""
-    if isinstance(value, (bool, np.bool_)):
-        return GGUFValueType.BOOL
-    if isinstance(value, np.generic):
-        vtype = _BY_NUMPY.get(value.dtype)
-        if vtype is None:
-            raise TypeError(f"numpy {value.dtype} has no GGUF metadata type")
-        return vtype
-    if isinstance(value, int):
-        if in_array:  # gguf-py's rule for list items, which llama.cpp's token_type arrays follow
-            return GGUFValueType.INT32 if -(2**31) <= value < 2**31 else GGUFValueType.INT64
-        return GGUFValueType.UINT32 if 0 <= value < 2**32 else (
-            GGUFValueType.INT32 if -(2**31) <= value < 0 else
-            GGUFValueType.INT64 if -(2**63) <= value < 2**63 else GGUFValueType.UINT64)
-    if isinstance(value, float):
-        return GGUFValueType.FLOAT32
-    if isinstance(value, (str, bytes)):
-        return GGUFValueType.STRING
-    if isinstance(value, (list, tuple, GGUFArray, np.ndarray)):
-        return GGUFValueType.ARRAY
-    raise TypeError(f"{type(value).__name__} {value!r} has no GGUF metadata type")
-
-
-def _parse_type(spec: str) -> tuple[GGUFValueType, str | None]:
-    """``"UINT32"`` -> (UINT32, None); ``"ARRAY[INT32]"`` -> (ARRAY, "INT32")."""
-    match = re.fullmatch(r"([A-Z0-9]+)(?:\[(.+)\])?", spec.strip().upper())
-    if match is None or match[1] not in GGUFValueType.__members__:
-        raise TypeError(f"unknown GGUF value type {spec!r}")
-    vtype = GGUFValueType[match[1]]
-    if match[2] is not None and vtype != GGUFValueType.ARRAY:
-        raise TypeError(f"only ARRAY takes an element type, not {spec!r}")
-    return vtype, match[2]
-
-
-def _encode_value(value: Any, vtype: GGUFValueType, sub: str | None = None) -> bytes:
-    """The bytes of `value` as `vtype` (without the leading type code)."""
-    if vtype == GGUFValueType.STRING:
-        if not isinstance(value, (str, bytes)):
-            raise TypeError(f"STRING needs a str, got {type(value).__name__}")
-        return _string_bytes(value)
-    if vtype == GGUFValueType.ARRAY:
-        return _encode_array(value, sub)
-    return _encode_scalar(value, vtype)
-
-
-def _encode_scalar(value: Any, vtype: GGUFValueType) -> bytes:
-    if vtype == GGUFValueType.BOOL:
-        if not isinstance(value, (bool, np.bool_, int)) or value not in (0, 1):
-            raise TypeError(f"BOOL needs True or False, got {value!r}")
-        return bytes([int(value)])
-    if vtype in _FLOATS:
-        if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{vtype.name} needs a number, got {value!r}")
-        return _LE.scalars[vtype].pack(float(value))
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{vtype.name} needs an int, got {value!r}")
-    lo, hi = _INT_RANGES[vtype]
-    if not lo <= int(value) <= hi:
-        raise TypeError(f"{int(value)} is out of the {vtype.name} range {lo}..{hi}")
-    return _LE.scalars[vtype].pack(int(value))
-
-
-def _element_type(value: Any, sub: str | None) -> tuple[GGUFValueType, str | None]:
-    """The element type (and its own element type) of an array value."""
-    if sub is not None:
-        etype, inner = _parse_type(sub)
-        return etype, inner
-    if isinstance(value, GGUFArray):
-        return GGUFValueType[value.type], None
-    if isinstance(value, np.ndarray):
-        return _auto_type(value.dtype.type(0), True), None
-    if not len(value):
-        return GGUFValueType.INT32, None  # an empty list says nothing; INT32 is gguf-py's default
-    kinds = {_auto_type(item, True) for item in value}
-    if kinds == {GGUFValueType.INT32, GGUFValueType.INT64}:
-        kinds = {GGUFValueType.INT64}
-    if len(kinds) != 1:
-        raise TypeError("array items must all have one type (bool, int, float, str or array), found "
-                        + ", ".join(sorted(k.name for k in kinds)))
-    return kinds.pop(), None
-
-
-def _encode_array(value: Any, sub: str | None) -> bytes:
-    if not isinstance(value, (list, tuple, GGUFArray, np.ndarray)):
-        raise TypeError(f"ARRAY needs a list, tuple, numpy array or GGUFArray, got {type(value).__name__}")
-    etype, inner = _element_type(value, sub)
-    head = _LE.u32.pack(etype) + _LE.count.pack(len(value))
-    if etype in _SCALAR_DTYPES and isinstance(value, (np.ndarray, GGUFArray)) and (
-            sub is None or isinstance(value, GGUFArray)):
-        items = np.asarray(value.numpy() if isinstance(value, GGUFArray) else value)
-        if items.ndim != 1:
-            raise TypeError(f"numpy metadata arrays must be 1-D, got shape {items.shape}")
-        return head + _numbers(items, etype)
-    if etype == GGUFValueType.STRING and isinstance(value, GGUFArray) and value.type == "STRING":
-        return head + b"".join(_string_bytes(raw) for raw in value.raw_strings())
-    return head + b"".join(_encode_value(item, etype, inner) for item in value)
-
-
-def _numbers(items: np.ndarray, etype: GGUFValueType) -> bytes:
-    """A 1-D array's values as `etype` elements, checked to survive the conversion."""
-    dtype = _SCALAR_DTYPES[etype]
-    if etype == GGUFValueType.BOOL:
-        return np.asarray(items, dtype=bool).astype(np.uint8).tobytes()
-    converted = items.astype(dtype)
-    if etype not in _FLOATS and not np.array_equal(converted, items):
-        raise TypeError(f"values do not fit {etype.name}")
-    return converted.tobytes()
-
-
-def _metadata_bytes(metadata: Mapping[str, Any], value_types: Mapping[str, str], path: str) -> list[bytes]:
-    """One encoded key/value per entry of `metadata`, in order."""
-    encoded = []
-    for key, value in metadata.items():
-        try:
-            if not isinstance(key, str) or not key:
-                raise TypeError(f"keys must be non-empty str, got {key!r}")
-            if len(key.encode("utf-8")) > MAX_KEY_LENGTH:
-                raise TypeError(f"key is longer than {MAX_KEY_LENGTH} bytes")
-            spec = value_types.get(key)
-            vtype, sub = _parse_type(spec) if spec is not None else (_auto_type(value, False), None)
-            if key == "general.alignment":
-                vtype, sub = GGUFValueType.UINT32, None
-            encoded.append(_string_bytes(key) + _LE.u32.pack(vtype) + _encode_value(value, vtype, sub))
-        except (TypeError, OverflowError) as e:  # OverflowError: a float or int FLOAT32/64 cannot hold
-            raise FormatError(f"metadata {key!r}: {e}", path=path) from None
-    return encoded
-
-
-class _Plan(NamedTuple):
-    """One tensor to write: its ggml type, numpy-order shape, stored size and a fetch of its bytes."""
-
-    name: str
-    ggml_type: GGMLType
-    shape: tuple[int, ...]
-    nbytes: int
-    fetch: Any  # () -> uint8 array or bytes of exactly nbytes
-
-
-def _stored_size(t: GGMLType, shape: tuple[int, ...]) -> int:
-    return math.prod(shape[:-1]) * t.row_bytes(shape[-1]) if shape else t.type_size
-
-
-def _target(name: str, shape: tuple[int, ...], floating: bool, types: Any) -> str | None:
-    """The ggml type asked for tensor `name`, or None to keep its own (see `write`)."""
-    if types is None:
-        return None
-    if isinstance(types, str):  # one type for every tensor it suits: floating, 2+ dims, whole blocks
-        t = _convertible(types)
-        return t.name if floating and len(shape) >= 2 and shape[-1] % t.block_size == 0 else None
-    wanted = types.get(name)
-    return None if wanted is None else _convertible(wanted).name
-
-
-def _convertible(name: str) -> GGMLType:
-    t = by_name(name)
-    if t is None or t.name not in _REQUANTIZABLE:
-        raise UnsupportedDTypeError(f"the GGUF writer converts tensors to {', '.join(_REQUANTIZABLE)}, not {name!r}")
-    return t
-
-
-def _plan(name: str, value: Any, types: Any, path: str) -> _Plan:
-    """How tensor `name` is written: as given, block for block, or converted (see `write`)."""
-    from ..quant import QuantizedTensor
-    from .sources import tensor_sources
-
-    if isinstance(value, QuantizedTensor):
-        t = by_name(value.ggml_type)
-        return _Plan(name, t, value.shape, _stored_size(t, value.shape), lambda: value.blocks)
-    copied = _copied_blocks(name, value, types)
-    if copied is not None:
-        return copied
-    src = tensor_sources({name: value}, path=path)[0]
-    floating = src.dtype.kind == "f" or src.dtype.name == "bfloat16"
-    wanted = _target(name, src.shape, floating, types)
-    if wanted is None:
-        plain = _PLAIN_TYPES.get(src.dtype.name)
-        if plain is None:
-            raise UnsupportedDTypeError(f"GGUF stores F32, F16, BF16, F64 and I8-I64 tensors (and ggml blocks), not "
-                                        f"{src.dtype.name}; convert it first", path=path, tensor=name)
-        return _Plan(name, by_name(plain), src.shape, src.nbytes, src.little_endian_bytes)
-    return _converted(src, by_name(wanted), path)
-
-
-def _copied_blocks(name: str, value: Any, types: Any) -> _Plan | None:
-    """A quantized tensor of an open checkpoint, kept in its type: its stored blocks, as they are."""
-    from ..view import TensorView
-
-    if not isinstance(value, TensorView) or value.ggml_type is None or value.info.dtype.byteorder == ">":
-        return None  # big-endian blocks are ambiguous: decoding them raises, with the reason
-    t = by_name(value.ggml_type)
-    if t is None or not t.quantized or t.removed is not None:
-        return None
-    if _target(name, value.shape, True, types) not in (None, t.name):
-        return None
-    return _Plan(name, t, value.shape, value.nbytes, value.raw)
-
-
-def _converted(src: Any, t: GGMLType, path: str) -> _Plan:
-    """A tensor converted to `t` while it is written (one bounded group of rows at a time)."""
-    row = src.shape[-1] if src.shape else 1
-    if row % t.block_size:
-        raise UnsupportedDTypeError(f"rows of {row} elements are not whole {t.name} blocks of {t.block_size}",
-                                    path=path, tensor=src.name)
-    if src.dtype.kind not in "fiu" and src.dtype.name != "bfloat16":
-        raise UnsupportedDTypeError(f"cannot convert {src.dtype.name} to {t.name}", path=path, tensor=src.name)
-
-    def fetch() -> np.ndarray:
-        from ..quant.quantize import quantize_rows
-
-        return quantize_rows(src.array(), t.name)
-
-    return _Plan(src.name, t, src.shape, _stored_size(t, src.shape), fetch)
-
-
-def _writer_alignment(metadata: Mapping[str, Any], path: str) -> int:
-    value = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
-            0 < value <= MAX_ALIGNMENT and not value & (value - 1)):
-        raise FormatError(f"general.alignment must be a power of two up to {MAX_ALIGNMENT}, got {value!r}", path=path)
-    return int(value)
-
-
-def _check_types(types: Any, tensors: Mapping[str, Any], path: str) -> None:
-    if types is None or isinstance(types, str):
-        return
-    if not isinstance(types, Mapping):
-        raise FormatError(f"types must be a ggml type name or a mapping of tensor name -> type, got {types!r}",
-                          path=path)
-    unknown = [name for name in types if name not in tensors]
-    if unknown:
-        raise FormatError(f"types names tensors that are not written: {', '.join(map(repr, unknown[:5]))}", path=path)
-
-
-def _header(kvs: list[bytes], plans: list[_Plan], alignment: int) -> bytes:
-    """Everything before the data section, padding included."""
-    parts = [MAGIC, _LE.u32.pack(_VERSION), _LE.count.pack(len(plans)), _LE.count.pack(len(kvs)), *kvs]
-    offset = 0
-    for plan in plans:
-        ne = plan.shape[::-1]
-        parts += [_string_bytes(plan.name), _LE.u32.pack(len(ne)), *(_LE.count.pack(d) for d in ne),
-                  _LE.u32.pack(plan.ggml_type.id), _LE.u64.pack(offset)]
-        offset += plan.nbytes + (-plan.nbytes % alignment)
-    head = b"".join(parts)
-    return head + bytes(-len(head) % alignment)
-
-
-def write(
-    tensors: Mapping[str, Any],
-    path: str,
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    overwrite: bool = False,
-    types: str | Mapping[str, str] | None = None,
-    value_types: Mapping[str, str] | None = None,
-) -> None:
-    """Write a GGUF v3 file (little-endian), atomically, one tensor in memory at a time.
-
-    Args:
-        tensors: name -> numpy array, `TensorView`, torch tensor or `weightio.quant.QuantizedTensor`.
-            float32/float16/bfloat16/float64/int8-int64 arrays are stored as F32/F16/BF16/F64/I8-I64;
-            quantized views of a GGUF checkpoint are copied block for block; `QuantizedTensor`s
-            (from `weightio.quant.quantize`) are stored as they are.
-        path: destination file.
-        metadata: key -> value, written in order. Values: bool (BOOL), int (UINT32 when it fits,
-            else INT32/INT64/UINT64), float (FLOAT32), str (STRING), numpy scalars (their own
-            type), lists/tuples (ARRAY; int items INT32, as gguf-py writes them), 1-D numpy arrays
-            and `GGUFArray`s (their own element type). ``general.alignment`` (UINT32, a power
-            of two) sets the alignment, 32 by default.
-        overwrite: replace an existing file (atomically) instead of refusing.
-        types: convert tensors while writing: one of ``"F32"``, ``"F16"``, ``"BF16"``, ``"Q8_0"``,
-            ``"Q4_0"`` for every tensor of two or more dimensions whose rows are whole blocks (the
-            others keep their type, as llama.cpp keeps norms and biases in F32), or a mapping of
-            tensor name -> type for exactly those tensors (an error if one cannot be converted).
-        value_types: key -> GGUF type name (``"UINT16"``, ``"ARRAY[INT64]"``) for keys that must
-            not get the default type; ``value_types(ckpt)`` reproduces a GGUF file's own types.
-
-    When any tensor is block-quantized and ``general.quantization_version`` is not given, it is
-    added (UINT32 2), as llama.cpp requires. For the same keys, types and tensors, the bytes
-    equal those ``gguf.GGUFWriter`` writes.
-
-    Example:
-        >>> wio.save({"w": w}, "x.gguf", {"general.architecture": "llama"})            # doctest: +SKIP
-        >>> gguf.write(ckpt, "x-q8.gguf", ckpt.metadata, types="Q8_0")                 # doctest: +SKIP
-    """
-    from .._io import atomic_write
-
-    if not isinstance(tensors, Mapping):
-        raise FormatError(f"tensors must be a mapping of name -> array, got {type(tensors).__name__}", path=path)
-    metadata = dict(metadata or {})
-    alignment = _writer_alignment(metadata, path)
-    _check_types(types, tensors, path)
-    plans = [_plan(_tensor_name(name, path), value, types, path) for name, value in tensors.items()]
-    if any(p.ggml_type.quantized for p in plans):
-        metadata.setdefault("general.quantization_version", np.uint32(2))
-    kvs = _metadata_bytes(metadata, dict(value_types or {}), path)
-    with atomic_write(path, overwrite=overwrite) as out:
-        out.write(_header(kvs, plans, alignment))
-        for plan in plans:
-            _write_tensor(out, plan, alignment, path)
-
-
-def _write_tensor(out: Any, plan: _Plan, alignment: int, path: str) -> None:
-    """One tensor's bytes and padding; its data is released when this returns (streaming)."""
-    from .._io import write_all
-
-    data = plan.fetch()
-    size = data.nbytes if isinstance(data, np.ndarray) else len(data)
-    if size != plan.nbytes:  # a source changed under us (or a bug): never write a wrong file
-        raise FormatError(f"produced {size} bytes, {plan.nbytes} expected", path=path, tensor=plan.name)
-    write_all(out, data)
-    out.write(bytes(-plan.nbytes % alignment))
-
-
-def _tensor_name(name: Any, path: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise FormatError(f"tensor names must be non-empty str, got {name!r}", path=path)
-    return name

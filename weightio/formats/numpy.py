@@ -44,7 +44,7 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -52,12 +52,12 @@ import numpy as np
 
 from .._io import atomic_write, write_all
 from ..dtypes import dtype_name
-from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError
+from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
+from ..records import TensorSource
 from . import _zip
 from .base import MAX_NDIM, Reader, TensorInfo
-from .sources import TensorSource, tensor_sources
 
 __all__ = ["NpyReader", "NpzReader", "write_npy", "write_npz", "npy_header", "MAX_HEADER_SIZE"]
 
@@ -280,11 +280,14 @@ def _npy_source(src: TensorSource, path: str) -> TensorSource:
     return src
 
 
-def write_npy(tensors: Mapping[str, Any], path: str, *, overwrite: bool = False) -> None:
-    """Write the single tensor of `tensors` as an ``.npy`` file (C order, little-endian), atomically."""
-    sources = tensor_sources(tensors, path=path)
+def write_npy(sources: Sequence[TensorSource], path: str, *, overwrite: bool = False) -> None:
+    """Write the single tensor of `sources` as an ``.npy`` file (C order, little-endian), atomically.
+
+    Raises:
+        UsageError: `sources` holds more or fewer than one tensor.
+    """
     if len(sources) != 1:
-        raise FormatError(f".npy holds exactly one array; got {len(sources)} tensors (write .npz or "
+        raise UsageError(f".npy holds exactly one array; got {len(sources)} tensors (write .npz or "
                           ".safetensors for several)", path=path)
     src = _npy_source(sources[0], path)
     with atomic_write(path, overwrite=overwrite) as out:
@@ -314,14 +317,14 @@ class _Entry:
     offset: int
 
 
-def write_npz(tensors: Mapping[str, Any], path: str, *, overwrite: bool = False) -> None:
-    """Write `tensors` as an uncompressed ``.npz``, atomically, one tensor in memory at a time.
+def write_npz(sources: Sequence[TensorSource], path: str, *, overwrite: bool = False) -> None:
+    """Write `sources` as an uncompressed ``.npz``, atomically, one tensor in memory at a time.
 
     Each member's array data starts on a 64-byte boundary of the archive (an alignment extra
     field pads the local header), so `NpzReader` maps every member zero-copy; ``numpy.load``
     reads the archive as usual. ZIP64 records are written only when a size or offset needs them.
     """
-    sources = [_npy_source(s, path) for s in tensor_sources(tensors, path=path)]
+    sources = [_npy_source(s, path) for s in sources]
     entries: list[_Entry] = []
     with atomic_write(path, overwrite=overwrite) as out:
         for src in sources:

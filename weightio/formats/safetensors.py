@@ -44,7 +44,7 @@ import json
 import math
 import struct
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._io import atomic_write, write_all
@@ -52,8 +52,8 @@ from .._json import IntegersOnly, decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioWarning
 from ..limits import exceeded
+from ..records import TensorSource
 from .base import MAX_NDIM, Reader, TensorInfo
-from .sources import TensorSource, tensor_sources
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 
@@ -325,23 +325,24 @@ def _coded(src: TensorSource, path: str) -> TensorSource:
 
 
 def write(
-    tensors: Mapping[str, Any],
+    sources: Sequence[TensorSource],
     path: str,
     metadata: Mapping[str, str] | None = None,
     *,
     overwrite: bool = False,
 ) -> None:
-    """Write `tensors` as a safetensors file, atomically, one tensor in memory at a time.
+    """Write `sources` as a safetensors file, atomically, one tensor in memory at a time.
 
     Args:
-        tensors: name -> numpy array, `TensorView` or anything `numpy.asarray` accepts
-            (torch tensors included). Views are read one at a time while writing.
+        sources: the tensors (`weightio.writing.tensor_sources` builds them from a mapping);
+            each is fetched when its turn comes. They are stored in the reference writer's
+            order: by dtype alignment, then name.
         path: destination file.
         metadata: the ``__metadata__`` strings.
         overwrite: replace an existing file (atomically) instead of refusing.
     """
     _check_metadata(metadata, path)
-    sources = [_coded(src, path) for src in tensor_sources(tensors, path=path, packed_ok=True)]
+    sources = [_coded(src, path) for src in sources]
     sources.sort(key=lambda s: (-_WRITE_RANK[s.code], s.name))
     head = header_bytes(sources, metadata)
     if len(head) > MAX_HEADER_SIZE:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedDTypeError
+from .decoding import dequantize
 from .types import by_name
 
 __all__ = ["QuantizedTensor", "quantize", "QUANTIZERS", "quantize_rows"]
@@ -127,8 +128,6 @@ class QuantizedTensor:
 
     def numpy(self) -> np.ndarray:
         """The values back as float32 (dequantized)."""
-        from . import dequantize
-
         return dequantize(self.blocks, self.ggml_type, self.shape)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
