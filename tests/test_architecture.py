@@ -198,6 +198,14 @@ def test_no_module_over_the_line_limit():
     assert long == {}
 
 
+def test_every_package_is_listed_for_the_wheel():
+    # setuptools installs only the packages pyproject.toml lists; a new sub-package left out of
+    # the list works in an editable install and is missing from the wheel.
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert {name for name, (_, is_package) in modules().items() if is_package} == listed
+
+
 @pytest.mark.parametrize("module", sorted(ALLOWED) + sorted(CORE))
 def test_each_layer_rule_names_modules_that_exist(module):
     assert any(m == module or m.startswith(module + ".") for m in modules())
