@@ -156,9 +156,9 @@ def _has(module: str) -> bool:
 
 def _pytorch_reader() -> bool:
     try:
-        from weightio.formats import READERS, _resolve
+        from weightio.formats import READERS, resolve
 
-        _resolve(READERS["pytorch"])
+        resolve(READERS["pytorch"])
         return True
     except Exception:  # noqa: BLE001 - any failure means: not available in this checkout
         return False

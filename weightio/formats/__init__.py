@@ -42,7 +42,6 @@ def resolve(entry: Any) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-_resolve = resolve  # the name bench/cli.py uses
 
 
 def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
