@@ -143,8 +143,9 @@ class MissingDependencyError(WeightioError, ImportError):
             or None when the package is not one of weightio's extras.
     """
 
-    def __init__(self, package: str, *, extra: str | None = None, purpose: str = "") -> None:
-        how = f"pip install 'weightio[{extra}]'" if extra else f"pip install {package}"
+    def __init__(self, package: str, *, extra: str | None = None, purpose: str = "",
+                 install: str | None = None) -> None:
+        how = install or (f"pip install 'weightio[{extra}]'" if extra else f"pip install {package}")
         purpose = f" to {purpose}" if purpose else ""
         super().__init__(f"{package} is not installed; install it ({how}){purpose}")
         self.extra = extra

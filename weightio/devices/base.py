@@ -80,12 +80,9 @@ def import_framework(name: str) -> Any:
 
 
 def _missing(name: str) -> MissingDependencyError:
-    purpose = f"use {name} devices"
-    err = MissingDependencyError(name, extra=_EXTRAS.get(name), purpose=purpose)
-    if name == "cupy":  # no extra to name: say which wheel to pick instead
-        err.message = f"cupy is not installed; install it ({_CUPY_INSTALL}) to {purpose}"
-        err.args = (err.message,)
-    return err
+    # cupy has no extra to name: say which wheel to pick instead
+    return MissingDependencyError(name, extra=_EXTRAS.get(name), purpose=f"use {name} devices",
+                                  install=_CUPY_INSTALL if name == "cupy" else None)
 
 
 def is_floating(dtype: np.dtype) -> bool:
