@@ -26,6 +26,7 @@ import click
 
 import weightio
 from weightio import UsageError, WeightioError
+from weightio.text import printable
 
 from ._options import apply_environment, common_options, echo, settings, style
 from .convert import convert_command
@@ -58,7 +59,7 @@ def exit_code(error: BaseException) -> int | None:
 
 
 def _fail(message: str, code: int) -> None:
-    echo(style("weightio: error:", fg="red", bold=True) + " " + message, essential=True, err=True)
+    echo(style("weightio: error:", fg="red", bold=True), " " + message, essential=True, err=True)
     sys.exit(code)
 
 
@@ -101,6 +102,7 @@ def _report(error: BaseException, code: int) -> None:
     if isinstance(error, BrokenPipeError):
         _quiet_broken_pipe()
     if isinstance(error, click.ClickException):
+        error.message = printable(error.message, lines=True)  # it may quote an argument: a file name, a tensor name
         error.show()
         sys.exit(code)
     if isinstance(error, KeyboardInterrupt):

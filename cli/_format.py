@@ -9,7 +9,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "kind", "plural"]
+from weightio.text import dims, printable
+from weightio.text import number as exact
+
+__all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "json_text", "kind",
+           "plural"]
 
 MAX_VALUE = 80  # characters of a metadata value shown before eliding
 MAX_ITEMS = 3  # items of a long list shown before eliding
@@ -27,6 +31,8 @@ def human_bytes(n: int) -> str:
 
 def human_count(n: int) -> str:
     """A parameter count with thousands separators and a short form: ``102,176 (102.2K)``."""
+    if n >= 10**15:  # a count no real model has (a forged shape): exact digits, bounded, and no float overflow
+        return exact(n, grouping=True)
     for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
         if n >= div:
             return f"{n:,} ({n / div:.1f}{suffix})"
@@ -34,7 +40,9 @@ def human_count(n: int) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """Columns padded to their widest cell; columns listed in `right` are right-aligned."""
+    """Columns padded to their widest cell; columns listed in `right` are right-aligned. Every cell
+    is made printable (a tensor name with a newline or ESC in it stays one harmless cell)."""
+    rows = [[printable(str(c)) for c in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
@@ -46,12 +54,12 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 
 def plural(n: int, word: str) -> str:
     """``1 tensor``, ``39 tensors``, ``1,024 params``."""
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
+    return f"{exact(n, grouping=True)} {word}{'' if n == 1 else 's'}"
 
 
 def shape_text(shape: Sequence[int]) -> str:
     """``[32, 768]``; ``[]`` for a scalar."""
-    return "[" + ", ".join(map(str, shape)) + "]"
+    return dims(shape)
 
 
 def kind(view: Any) -> str:
@@ -64,7 +72,7 @@ def kind(view: Any) -> str:
 def number(x: float | int) -> str:
     """A statistic, short: ints exactly, floats to 6 significant digits."""
     if isinstance(x, (int, np.integer)):
-        return f"{int(x):,}"
+        return exact(int(x), grouping=True)
     if math.isnan(x) or math.isinf(x):
         return str(x)
     return f"{x:.6g}"
@@ -91,10 +99,11 @@ def _is_list(value: Any) -> bool:
 def _one_line(value: Any, limit: int) -> str:
     if isinstance(value, dict):
         text = json.dumps(json_value(value), ensure_ascii=False)
-    elif isinstance(value, str) and (len(value) > limit or not value.isprintable()):
-        text = value.encode("unicode_escape").decode("ascii") if not value.isprintable() else value
-    else:
+    elif isinstance(value, bool) or not isinstance(value, int):
         text = str(value)
+    else:
+        text = exact(value)
+    text = printable(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -112,6 +121,15 @@ def json_value(value: Any) -> Any:
         return {str(k): json_value(v) for k, v in value.items()}
     if isinstance(value, (bytes, bytearray)):
         return value.hex()
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return exact(value)  # json.dumps cannot write an int of more than 4300 digits; a forged one, as text
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def json_text(doc: Any) -> str:
+    """`doc` as indented JSON for a terminal or a pipe: UTF-8 text as it is, but every character a
+    terminal acts on or cannot encode (DEL, C1 controls, bidirectional overrides, lone surrogates;
+    json.dumps already escapes C0 controls) written as a ``\\uXXXX`` escape: the same JSON value."""
+    return printable(json.dumps(doc, indent=2, ensure_ascii=False), lines=True, json=True)

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 import click
 
-__all__ = ["common_options", "limit_options", "settings", "quiet", "echo", "style", "progress_bar",
+from weightio.text import printable
+
+__all__ = ["common_options", "limit_options", "settings", "quiet", "echo", "style", "Styled", "progress_bar",
            "apply_environment"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,19 +93,30 @@ def apply_environment(ctx: click.Context) -> None:
         ctx.color = False
 
 
-def style(text: str, **styles: Any) -> str:
-    """`click.style`; the ANSI codes are stripped by `echo` when colour is off."""
-    return click.style(text, **styles)
+class Styled(str):
+    """Text that `style` coloured: the one kind of text `echo` prints without escaping it."""
 
 
-def echo(text: str = "", *, essential: bool = False, err: bool = False, nl: bool = True) -> None:
-    """Print `text`; with --quiet only what is `essential` (the command's answer) is printed."""
+def style(text: str, **styles: Any) -> Styled:
+    """`click.style` of `text` escaped (`weightio.text.printable`); pass the result to `echo` as a
+    part of its own (``echo("result: ", style("safe", fg="green"))``): concatenated with other
+    text it becomes plain text again, and its colour codes are shown escaped. The codes are
+    stripped by click when colour is off."""
+    return Styled(click.style(printable(text, lines=True), **styles))
+
+
+def echo(*parts: str, essential: bool = False, err: bool = False, nl: bool = True) -> None:
+    """Print `parts` joined; with --quiet only what is `essential` (the command's answer) is printed.
+
+    This is the command line's one way out to the terminal, so it is where text read from files
+    (tensor names, metadata, pickle globals, file names, error messages) is made harmless: every
+    part but the `Styled` ones goes through `weightio.text.printable` (ESC, BEL, C1 controls,
+    bidirectional overrides and lone surrogates escaped; newlines and tabs kept), piped or not.
+    """
     if quiet() and not essential:
         return
-    try:
-        click.echo(text, err=err, nl=nl)
-    except UnicodeEncodeError:  # a lone surrogate in a name read from a file: print it escaped, not a traceback
-        click.echo(text.encode("utf-8", "backslashreplace").decode("utf-8"), err=err, nl=nl)
+    text = "".join(p if isinstance(p, Styled) else printable(p, lines=True) for p in parts)
+    click.echo(text, err=err, nl=nl)
 
 
 def progress_bar(total: int, description: str) -> Any:

@@ -10,6 +10,7 @@ import click
 from weightio import UsageError, WeightioError
 from weightio.convert import ConvertResult, convert, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
+from weightio.text import printable
 
 from ._format import human_bytes, plural
 from ._options import common_options, echo, limit_options, progress_bar
@@ -53,7 +54,7 @@ def _report(result: ConvertResult) -> None:
         echo(f"  tied: {plural(len(result.aliases), 'name')} of shared tensors written once, as aliases in the "
              "metadata:")
         for removed, kept in sorted(result.aliases.items()):
-            echo(f"    {removed} -> {kept}")
+            echo(f"    {printable(removed)} -> {printable(kept)}")
     for note in result.notes:
         echo(f"  note: {note}")
 

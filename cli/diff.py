@@ -7,6 +7,7 @@ import sys
 import click
 
 import weightio
+from weightio.text import printable
 from weightio.stats import CheckpointDiff, TensorDiff, diff_checkpoints
 
 from ._format import number, plural, shape_text, table
@@ -27,20 +28,20 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
     if renamed:
         echo(f"paired by alias or position ({len(renamed)}):")
         for x, y in renamed.items():
-            echo(f"  = {x} ~ {y}")
+            echo(f"  = {printable(x)} ~ {printable(y)}")
     for title, names, mark, colour in (("only in A", result.only_a, "-", "red"),
                                        ("only in B", result.only_b, "+", "green")):
         if names:
             echo(f"{title} ({len(names)}):")
             for name in names:
-                echo("  " + style(f"{mark} {name}", fg=colour))
+                echo("  ", style(f"{mark} {printable(name)}", fg=colour))
     diffs = result.diffs
     changed = [d for d in diffs if d.type_changed]
     if changed:
         echo(f"changed dtype or shape ({len(changed)}):")
         for d in changed:
-            echo("  " + style(f"~ {d.name}: {d.kinds[0]} {shape_text(d.shapes[0])} -> {d.kinds[1]} "
-                              f"{shape_text(d.shapes[1])}", fg="yellow"))
+            echo("  ", style(f"~ {printable(d.name)}: {d.kinds[0]} {shape_text(d.shapes[0])} -> {d.kinds[1]} "
+                             f"{shape_text(d.shapes[1])}", fg="yellow"))
     different = [d for d in diffs if d.compared and not d.equal]
     if different:
         echo(f"different values ({len(different)}):")
@@ -80,5 +81,5 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
     with weightio.open(a) as ca, weightio.open(b) as cb:
         result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
         _report(a, b, ca, cb, result)
-    echo("result: " + (style("equal", fg="green") if result.equal else style("different", fg="red")))
+    echo("result: ", style("equal", fg="green") if result.equal else style("different", fg="red"))
     sys.exit(0 if result.equal else 1)

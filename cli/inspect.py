@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -11,9 +10,10 @@ import click
 
 import weightio
 from weightio import Checkpoint
+from weightio.text import printable
 
 from . import _tree
-from ._format import elide, human_bytes, human_count, json_value, kind, plural, shape_text, table
+from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
 from ._options import common_options, echo, limit_options
 
 SCHEMA = "weightio.inspect/1"
@@ -36,7 +36,7 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
     if len(ckpt.files) > 1:
         lines.append(f"  files       {len(ckpt.files)}")
     if patterns:
-        lines.append(f"  filter      {' '.join(patterns)}  ({len(names):,} of {len(ckpt):,} tensors)")
+        lines.append(f"  filter      {printable(' '.join(patterns))}  ({len(names):,} of {len(ckpt):,} tensors)")
     params = sum(math.prod(ckpt[n].shape) for n in names)
     lines += [f"  tensors     {len(names):,}", f"  parameters  {human_count(params)}",
               f"  size        {human_bytes(sum(ckpt[n].nbytes for n in names))}"]
@@ -47,7 +47,7 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
         for i, line in enumerate(table(("",) * 4, rows, right=(1, 2, 3)).splitlines()[1:]):
             lines.append(("  dtypes      " if i == 0 else " " * 14) + line)
     for key, value in ckpt.metadata.items():
-        lines.append(f"  metadata    {key} = {elide(value)}")
+        lines.append(f"  metadata    {printable(str(key))} = {elide(value)}")
     return lines
 
 
@@ -126,7 +126,7 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
         names = ckpt.select(*patterns)
         if as_json:
             doc = inspect_json(path, ckpt, names, patterns, tree, depth)
-            echo(json.dumps(doc, indent=2, ensure_ascii=False), essential=True)
+            echo(json_text(doc), essential=True)
             return
         echo("\n".join(_summary_lines(path, ckpt, names, patterns)), essential=True)
         if names:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 import weightio
 
+from ._format import json_text
 from ._options import common_options, echo, limit_options, style
 
 
@@ -33,8 +33,8 @@ def scan_command(path: str, as_json: bool) -> None:
     """
     report = weightio.scan(path)
     if as_json:
-        echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False), essential=True)
+        echo(json_text(report.to_dict()), essential=True)
     else:
         echo(str(report))
-        echo("result: " + (style("safe", fg="green") if report.safe else style("UNSAFE", fg="red", bold=True)))
+        echo("result: ", style("safe", fg="green") if report.safe else style("UNSAFE", fg="red", bold=True))
     sys.exit(0 if report.safe else 1)

@@ -10,6 +10,7 @@ import numpy as np
 import weightio
 from weightio.dtypes import dtype_name
 from weightio.stats import first_values, is_packed, tensor_stats
+from weightio.text import printable
 
 from ._format import human_bytes, kind, number, shape_text
 from ._options import common_options, echo, limit_options
@@ -51,7 +52,7 @@ def show_command(path: str, name: str, count: int) -> None:
     """
     with weightio.open(path) as ckpt:
         view = ckpt[name]
-        lines = [f"{path}: {name}", f"  dtype     {kind(view)}"]
+        lines = [f"{path}: {printable(name)}", f"  dtype     {kind(view)}"]
         if view.ggml_type is not None:
             lines[-1] += f" (block-quantized; values dequantized to {dtype_name(view.dtype)})"
         size = math.prod(view.shape)

@@ -42,12 +42,14 @@ def g(module: str, name: str) -> bytes:
 
 
 def i(n: int) -> bytes:
-    """An int: BININT1, BININT or LONG1."""
+    """An int: BININT1, BININT, LONG1 or LONG4."""
     if 0 <= n < 256:
         return b"K" + bytes([n])
     if -(2**31) <= n < 2**31:
         return b"J" + struct.pack("<i", n)
     raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    if len(raw) > 255:
+        return b"\x8b" + struct.pack("<I", len(raw)) + raw  # LONG4
     return b"\x8a" + bytes([len(raw)]) + raw
 
 

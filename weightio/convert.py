@@ -43,6 +43,7 @@ import errno
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -288,7 +289,32 @@ def _carried_metadata(metadata: Mapping[str, Any], source: str, fmt: str, notes:
         dropped = [k for k in kept if k not in scalars]
         notes.append(f"metadata not kept: {len(dropped)} entries that are not scalars "
                      f"({', '.join(map(str, dropped[:3]))}{' …' if len(dropped) > 3 else ''})")
-    return scalars if fmt == "gguf" else {k: v if isinstance(v, str) else str(v) for k, v in scalars.items()}
+    carried = scalars if fmt == "gguf" else {k: v if isinstance(v, str) else str(v) for k, v in scalars.items()}
+    return _escape_surrogates(carried, fmt, notes)
+
+
+# Lone surrogates: U+DC80-U+DCFF stand for undecodable bytes (GGUF strings are read with
+# surrogateescape), the others for nothing at all (a pickle may hold any str).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_A_BYTE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
+def _escape_surrogates(metadata: dict[str, Any], fmt: str, notes: list[str]) -> dict[str, Any]:
+    """String values that are not valid Unicode, made storable: GGUF writes undecodable bytes back
+    as the bytes they were; JSON (safetensors) cannot hold them, so they become backslash
+    escapes, ``\\x80`` for a byte, ``\\ud800`` for another lone surrogate (as Python writes them)."""
+    pattern = _NOT_A_BYTE if fmt == "gguf" else _SURROGATE
+    escaped = [k for k, v in metadata.items() if isinstance(v, str) and pattern.search(v)]
+    if not escaped:
+        return metadata
+    notes.append(f"metadata: {len(escaped)} string(s) held text that is not valid Unicode ({escaped[0]!r}"
+                 f"{' …' if len(escaped) > 1 else ''}); written with backslash escapes (\\x80 for an undecodable byte)")
+    return {k: pattern.sub(_surrogate_escape, v) if isinstance(v, str) else v for k, v in metadata.items()}
+
+
+def _surrogate_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 # ----------------------------------------------------------------------------- where to write

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .text import dims, number
+
 __all__ = ["MAX_NDIM", "TensorInfo", "TensorSource", "byte_extent", "little_endian"]
 
 MAX_NDIM = 64  # numpy's own limit; a larger rank cannot be viewed
@@ -48,6 +50,11 @@ class TensorInfo(NamedTuple):
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    def __repr__(self) -> str:  # every number bounded (weightio.text): a repr never fails
+        strides = "None" if self.strides is None else dims(self.strides, "()")
+        return (f"TensorInfo(dtype={self.dtype!r}, shape={dims(self.shape, '()')}, offset={number(self.offset)}, "
+                f"nbytes={number(self.nbytes)}, strides={strides}, ggml_type={self.ggml_type!r})")
 
     def stored_range(self) -> tuple[int, int]:
         """The half-open byte range ``[start, stop)`` of the buffer this tensor's elements touch."""

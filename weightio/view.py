@@ -14,6 +14,7 @@ import numpy as np
 
 from .dtypes import PACKED, dtype_name, parse_dtype
 from .errors import UnsupportedDTypeError
+from .text import dims
 
 if TYPE_CHECKING:
     from .formats.base import Reader
@@ -86,7 +87,7 @@ class TensorView:
 
     def __repr__(self) -> str:
         kind = self.info.ggml_type or dtype_name(self.info.dtype)
-        return f"TensorView({self.name!r}, shape={self.info.shape}, dtype={kind})"
+        return f"TensorView({self.name!r}, shape={dims(self.info.shape, '()')}, dtype={kind})"
 
     # ------------------------------------------------------------------ data
     def numpy(self) -> np.ndarray:

@@ -20,11 +20,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._io import MappedFile
+from ..errors import UsageError
 from ..limits import Limits
 from ..limits import current as current_limits
 from ..records import MAX_NDIM, TensorInfo
 
-__all__ = ["MAX_NDIM", "Reader", "TensorInfo"]
+__all__ = ["MAX_NDIM", "Reader", "TensorInfo", "stored_name"]
 
 
 class Reader:
@@ -70,3 +71,28 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path!r}: {len(self.tensors)} tensors>"
+
+
+def stored_name(name: object, path: str, fmt: str, *, what: str = "tensor name", extra: int = 0) -> bytes:
+    """`name` as the UTF-8 bytes a writer stores, when every reader of its format can read it back:
+    a non-empty str, valid Unicode (no lone surrogates, which no UTF-8 file can hold), and within
+    the ``name_bytes`` limit in force (`extra`: bytes the writer adds, ``.npy`` for npz members).
+    Writers call it for every name before they write anything.
+
+    Raises:
+        UsageError: naming the tensor (or the metadata key) and why it cannot be stored.
+    """
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{what}s must be non-empty str, got {name!r}", path=path)
+    tensor = name if what == "tensor name" else None
+    key = "" if tensor is not None else f"{what} {name[:40]!r}: "
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"{key}{fmt} cannot store a name holding a lone surrogate ({name[e.start]!r}, not valid "
+                         "Unicode); rename it", path=path, tensor=tensor) from None
+    limit = current_limits().name_bytes
+    if len(raw) + extra > limit:
+        raise UsageError(f"{key}{fmt} readers refuse names over {limit:,} bytes (limits.name_bytes); this one is "
+                         f"{len(raw) + extra:,}", path=path, tensor=tensor)
+    return raw

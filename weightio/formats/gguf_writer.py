@@ -25,6 +25,7 @@ from ..quant import dequantize
 from ..quant.quantize import quantize_rows
 from ..quant.types import GGMLType, by_name
 from ..records import TensorSource
+from .base import stored_name
 from .gguf import DEFAULT_ALIGNMENT, MAGIC, MAX_ALIGNMENT, MAX_KEY_LENGTH, GGUFArray
 from .gguf_fields import SCALAR_DTYPES, GGUFValueType, fields_for
 
@@ -47,7 +48,13 @@ REQUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 
 
 def _string_bytes(text: str | bytes) -> bytes:
-    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+    """A GGUF string. Text the reader decoded from bytes that are not UTF-8 (``surrogateescape``)
+    is written back as those bytes; any other lone surrogate has no bytes to stand for."""
+    try:
+        raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise TypeError(f"string holds a lone surrogate ({text[e.start]!r}) that stands for no byte; GGUF "
+                        "strings are bytes: escape it") from None
     return _LE.count.pack(len(raw)) + raw
 
 
@@ -168,6 +175,7 @@ def _metadata_bytes(metadata: Mapping[str, Any], value_types: Mapping[str, str],
         try:
             if not isinstance(key, str) or not key:
                 raise TypeError(f"keys must be non-empty str, got {key!r}")
+            stored_name(key, path, "GGUF", what="metadata key")  # the reader wants keys in strict UTF-8
             if len(key.encode("utf-8")) > MAX_KEY_LENGTH:
                 raise TypeError(f"key is longer than {MAX_KEY_LENGTH} bytes")
             spec = value_types.get(key)
@@ -286,9 +294,9 @@ def check_types(types: Any, names: Sequence[str], path: str) -> None:
 
 
 def check_name(name: Any, path: str) -> str:
-    """`name` if it can name a GGUF tensor (a non-empty str), else `UsageError`."""
-    if not isinstance(name, str) or not name:
-        raise UsageError(f"tensor names must be non-empty str, got {name!r}", path=path)
+    """`name` if it can name a GGUF tensor that the reader reads back (a non-empty str in strict
+    UTF-8 within ``limits.name_bytes``), else `UsageError`."""
+    stored_name(name, path, "GGUF")
     return name
 
 

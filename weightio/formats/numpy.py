@@ -56,8 +56,9 @@ from ..errors import CorruptFileError, FormatError, UnsafePickleError, Unsupport
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 from ..records import TensorSource
+from ..text import describe, dims
 from . import _zip
-from .base import MAX_NDIM, Reader, TensorInfo
+from .base import MAX_NDIM, Reader, TensorInfo, stored_name
 
 __all__ = ["NpyReader", "NpzReader", "write_npy", "write_npz", "npy_header", "MAX_HEADER_SIZE"]
 
@@ -129,13 +130,13 @@ def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = N
     fields = _literal_header(prefix[start : start + hlen], encoding, fail)
     dtype = _header_dtype(fields["descr"], path, tensor)
     if math.prod(d for d in fields["shape"] if d) * dtype.itemsize >= 1 << 63:  # numpy's limit, even for 0 elements
-        raise fail(f"shape {fields['shape']!r} is too large for numpy (the non-zero dimensions times the "
+        raise fail(f"shape {dims(fields['shape'], '()')} is too large for numpy (the non-zero dimensions times the "
                    f"itemsize reach 2^63 bytes)")
     header = NpyHeader(dtype, fields["shape"], fields["fortran_order"], start + hlen)
     available = total - header.data_offset
     if header.nbytes != available:
         what = "missing" if header.nbytes > available else "trailing"
-        raise fail(f"header declares {dtype_name(dtype)} {header.shape} = {header.nbytes} data bytes but "
+        raise fail(f"header declares {dtype_name(dtype)} {dims(header.shape, '()')} = {header.nbytes} data bytes but "
                    f"{available} follow ({abs(header.nbytes - available)} bytes {what})")
     return header
 
@@ -150,20 +151,21 @@ def _literal_header(raw: bytes, encoding: str, fail: Any) -> dict[str, Any]:
         # literal_eval keeps the last of repeated keys; a reader that keeps the first sees another array
         raise fail(".npy header repeats a key (readers disagree on which value wins)")
     if not isinstance(fields, dict) or set(fields) != _KEYS:
-        keys = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
+        keys = sorted(k if isinstance(k, str) else describe(k) for k in fields) if isinstance(fields, dict) else (
+            type(fields).__name__)
         raise fail(f".npy header must be a dict with keys descr, fortran_order, shape; found {keys}")
     shape = fields["shape"]
     if type(fields["fortran_order"]) is not bool:
-        raise fail(f"fortran_order must be True or False, found {fields['fortran_order']!r}")
+        raise fail(f"fortran_order must be True or False, found {describe(fields['fortran_order'])}")
     if (not isinstance(shape, tuple) or len(shape) > MAX_NDIM
             or not all(type(d) is int and d >= 0 for d in shape)):
-        raise fail(f"shape must be a tuple of at most {MAX_NDIM} non-negative ints, found {shape!r}")
+        raise fail(f"shape must be a tuple of at most {MAX_NDIM} non-negative ints, found {describe(shape)}")
     return fields
 
 
 def _header_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
     if not isinstance(descr, str):
-        raise UnsupportedDTypeError(f"structured dtype {descr!r} is not supported (plain numeric dtypes are)",
+        raise UnsupportedDTypeError(f"structured dtype {describe(descr)} is not supported (plain numeric dtypes are)",
                                     path=path, tensor=tensor)
     if not _DESCR.fullmatch(descr):
         raise UnsupportedDTypeError(f"dtype {descr!r} is not a plain numeric dtype", path=path, tensor=tensor)
@@ -248,10 +250,15 @@ def _tensor_name(member: str, path: str) -> str:
     if not member.endswith(".npy"):
         raise CorruptFileError(f"member {member!r} is not an .npy array", path=path)
     name = member[:-4]
-    parts = name.split("/")
-    if not name or "\x00" in name or name.startswith("/") or ".." in parts:
+    if _unsafe_member(name):
         raise CorruptFileError(f"member name {member!r} is not a safe tensor name", path=path)
     return name
+
+
+def _unsafe_member(name: str) -> bool:
+    """A tensor name that no npz reader should turn into a path: empty, NUL, absolute, or climbing
+    out of the archive (``..``). The reader refuses such members; the writer refuses such names."""
+    return not name or "\x00" in name or name.startswith("/") or ".." in name.split("/")
 
 
 # ----------------------------------------------------------------------------- writers
@@ -270,6 +277,17 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
         if len(padded) < 1 << (8 * field.size):
             return MAGIC + bytes(version) + field.pack(len(padded)) + padded
     raise FormatError(f"shape {shape} makes an .npy header too large")
+
+
+def _member_source(src: TensorSource, path: str) -> TensorSource:
+    """`src` when its name makes an npz member that every npz reader reads back (checked as the
+    reader checks members: a name that would be a zip-slip path is refused, never written)."""
+    stored_name(src.name, path, "npz", extra=len(".npy"))
+    if _unsafe_member(src.name):
+        raise UsageError(f"cannot be an .npz member name: npz readers refuse member {src.name + '.npy'!r} (empty, "
+                         "NUL, absolute or '..' path: it would unpack outside the directory); rename the tensor or "
+                         "write safetensors", path=path, tensor=src.name)
+    return _npy_source(src, path)
 
 
 def _npy_source(src: TensorSource, path: str) -> TensorSource:
@@ -324,7 +342,7 @@ def write_npz(sources: Sequence[TensorSource], path: str, *, overwrite: bool = F
     field pads the local header), so `NpzReader` maps every member zero-copy; ``numpy.load``
     reads the archive as usual. ZIP64 records are written only when a size or offset needs them.
     """
-    sources = [_npy_source(s, path) for s in sources]
+    sources = [_member_source(s, path) for s in sources]
     entries: list[_Entry] = []
     with atomic_write(path, overwrite=overwrite) as out:
         for src in sources:

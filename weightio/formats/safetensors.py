@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import struct
 import warnings
 from collections.abc import Mapping, Sequence
@@ -50,10 +51,11 @@ from typing import Any
 from .._io import atomic_write, write_all
 from .._json import IntegersOnly, decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
-from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioWarning
+from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
 from ..limits import exceeded
 from ..records import TensorSource
-from .base import MAX_NDIM, Reader, TensorInfo
+from ..text import describe, dims, number
+from .base import MAX_NDIM, Reader, TensorInfo, stored_name
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 
@@ -155,7 +157,7 @@ class SafetensorsReader(Reader):
             raise self._fail(f"__metadata__ must be an object of strings, found {type(raw).__name__}")
         for key, value in raw.items():
             if not isinstance(value, str):
-                raise self._fail(f"__metadata__[{key!r}] must be a string, found {type(value).__name__} {value!r}")
+                raise self._fail(f"__metadata__[{key!r}] must be a string, found {type(value).__name__} {describe(value)}")
         return raw
 
     def _read_entry(self, name: str, entry: Any) -> tuple[int, int, DType, tuple[int, ...]]:
@@ -172,28 +174,28 @@ class SafetensorsReader(Reader):
             warnings.warn(f"{self.path}: tensor {name!r}: ignoring unknown fields {extra}", WeightioWarning, 3)
         code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(code, str):
-            raise self._fail(f"dtype must be a string, found {code!r}", name)
+            raise self._fail(f"dtype must be a string, found {describe(code)}", name)
         try:
             row = by_safetensors(code)
         except UnsupportedDTypeError as e:
             raise UnsupportedDTypeError(e.message, path=self.path, tensor=name) from None
         if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_count(d) for d in shape):
-            raise self._fail(f"shape must be a list of at most {MAX_NDIM} non-negative integers, found {shape!r}", name)
+            raise self._fail(f"shape must be a list of at most {MAX_NDIM} non-negative integers, found {describe(shape)}", name)
         if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
-            raise self._fail(f"data_offsets must be two non-negative integers, found {offsets!r}", name)
+            raise self._fail(f"data_offsets must be two non-negative integers, found {describe(offsets)}", name)
         begin, end = offsets
         if end < begin:
-            raise self._fail(f"data_offsets end {end} is before begin {begin}", name)
+            raise self._fail(f"data_offsets end {number(end)} is before begin {number(begin)}", name)
         bits = math.prod(shape) * row.bits
         if not bits and not _numpy_can_hold(shape, row.numpy.itemsize):
-            raise self._fail(f"shape {shape} is too large for numpy (the non-zero dimensions times the itemsize "
+            raise self._fail(f"shape {dims(shape)} is too large for numpy (the non-zero dimensions times the itemsize "
                              "reach 2^63 bytes), though it holds no elements", name)
         if bits % 8:
-            raise self._fail(f"{code} shape {shape} is {bits} bits, not a whole number of bytes", name)
+            raise self._fail(f"{code} shape {dims(shape)} is {number(bits)} bits, not a whole number of bytes", name)
         if end - begin != bits // 8:
             raise self._fail(
-                f"data_offsets [{begin}, {end}] span {end - begin} bytes but {code} shape {shape} "
-                f"needs {bits // 8}", name)
+                f"data_offsets [{number(begin)}, {number(end)}] span {number(end - begin)} bytes but {code} shape "
+                f"{dims(shape)} needs {number(bits // 8)}", name)
         return begin, end, row, tuple(shape)
 
     def _check_coverage(self, entries: list[tuple[int, int, str, TensorInfo]], data_size: int) -> None:
@@ -202,12 +204,12 @@ class SafetensorsReader(Reader):
             if begin != expected:
                 where = f"after {previous!r}" if previous else "at the start of the data section"
                 kind = ("overlaps the tensor before it" if begin < expected
-                        else f"leaves a hole of {begin - expected} bytes")
-                raise self._fail(f"data_offsets begin {begin} {kind} (expected {expected}, {where})", name)
+                        else f"leaves a hole of {number(begin - expected)} bytes")
+                raise self._fail(f"data_offsets begin {number(begin)} {kind} (expected {number(expected)}, {where})", name)
             expected, previous = end, name
         if expected != data_size:
             if expected > data_size:
-                raise self._fail(f"tensors need {expected} data bytes but the file holds {data_size} (truncated?)")
+                raise self._fail(f"tensors need {number(expected)} data bytes but the file holds {data_size} (truncated?)")
             raise self._fail(f"{data_size - expected} bytes after the last tensor belong to no tensor")
 
 
@@ -310,12 +312,22 @@ def _check_metadata(metadata: Mapping[str, str] | None, path: str) -> None:
                 "(convert values with str() or json.dumps())",
                 path=path,
             )
+        if _SURROGATE.search(key) or _SURROGATE.search(value):  # JSON in UTF-8 cannot hold one; readers refuse \ud800
+            raise UsageError(f"metadata {key[:40]!r}: safetensors cannot store a lone surrogate (text that is not "
+                             "valid Unicode, such as undecodable bytes); escape it (weightio convert writes "
+                             "backslash escapes)", path=path)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _coded(src: TensorSource, path: str) -> TensorSource:
-    """`src` with its safetensors dtype code set (derived from its dtype unless the source fixed it)."""
-    if "\x00" in src.name or not src.name:
-        raise FormatError(f"tensor name {src.name!r} cannot be stored (empty or containing NUL)", path=path)
+    """`src` with its safetensors dtype code set (derived from its dtype unless the source fixed it);
+    its name one that the reader accepts back."""
+    stored_name(src.name, path, "safetensors")
+    if "\x00" in src.name or src.name == "__metadata__":
+        raise UsageError(f"tensor name {src.name!r} cannot be stored (a NUL, or the header's metadata key)",
+                         path=path, tensor=src.name)
     if src.code is not None:
         return src
     try:

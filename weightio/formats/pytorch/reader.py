@@ -55,6 +55,7 @@ TorchScript archives (a ``constants.pkl`` record, beside ``code/``) hold code an
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from typing import Any
@@ -63,6 +64,7 @@ import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedDTypeError, WeightioError
 from ...limits import exceeded
+from ...text import dims, number
 from .. import _zip
 from ..base import MAX_NDIM, Reader, TensorInfo
 from .allowlist import NumpyArray, StorageRef, TensorRef, Token, short_repr
@@ -214,12 +216,18 @@ class _Builder:
         size_of, storage_size = ITEMSIZES[torch_dtype], ITEMSIZES[storage.dtype]
         start = span.offset + storage.view_offset * storage_size
         if numel and (last + 1) * size_of > storage.view_numel * storage_size:
-            raise self.fail(name, f"view (offset {offset:,}, size {size}, stride {stride}) reaches element {last:,} "
-                                  f"of a {storage.view_numel * storage_size // size_of:,}-element storage "
-                                  f"{storage.key!r}")
+            raise self.fail(name, f"view ({_geometry_text(offset, size, stride)}) reaches element "
+                                  f"{number(last, grouping=True)} of a "
+                                  f"{number(storage.view_numel * storage_size // size_of, grouping=True)}-element "
+                                  f"storage {short_repr(storage.key)}")
         if numel * size_of > _MAX_VIEW_BYTES:  # inside its storage, yet (stride 0: broadcast) of any size
-            raise self.fail(name, f"view of {numel:,} elements (size {size}, stride {stride}) is too large for an "
-                                  f"array ({_MAX_VIEW_BYTES:,} bytes at most)")
+            raise self.fail(name, f"view of {number(numel, grouping=True)} elements (size {_dims(size)}, stride "
+                                  f"{_dims(stride)}) is too large for an array ({_MAX_VIEW_BYTES:,} bytes at most)")
+        if not numel and math.prod(d for d in size if d) * size_of > _MAX_VIEW_BYTES:
+            # torch holds an empty tensor of any other dimensions; numpy cannot shape one: listed, not read
+            why = (f"empty view of size {_dims(size)}: numpy cannot shape an array whose non-zero dimensions "
+                   "reach 2^63 bytes")
+            return self._info(torch_dtype, size, stride, start, 0), why, span.record
         if torch_dtype in _PLAIN and not ref.metadata and not self.big:  # the common case
             dtype = NUMPY_DTYPES[torch_dtype]
             strides = None if contiguous else tuple(s * size_of for s in stride)
@@ -267,7 +275,7 @@ class _Builder:
             raise self.fail(name, f"offset, size or stride beyond 256 bits (offset {short_repr(offset)}, "
                                   f"size {short_repr(size)}, stride {short_repr(stride)})")
         if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
-            raise self.fail(name, f"negative offset, size or stride (offset {offset}, size {size}, stride {stride})")
+            raise self.fail(name, f"negative offset, size or stride ({_geometry_text(offset, size, stride, False)})")
         return offset, size, stride
 
     def _span(self, name: str, storage: StorageRef) -> Span:
@@ -290,8 +298,26 @@ class _Builder:
             ref.dtype if isinstance(ref.dtype, str) else "uint8")
         if torch_dtype not in ITEMSIZES:
             raise self.fail(name, f"dtype {short_repr(ref.dtype)} is not a torch dtype")
+        numel = math.prod(size) if max(size, default=0) <= _MAX_VIEW_BYTES else None  # then < 2^(63*64)
+        # torch's sizes are int64, and dense (meta) storage sizes too ("Storage size calculation overflowed");
+        # a sparse tensor's logical size may exceed any storage
+        dense_bytes = 0 if numel is None or ref.kind == "sparse" else numel * ITEMSIZES[torch_dtype]
+        if numel is None or dense_bytes > _MAX_VIEW_BYTES:
+            count = "a dimension of 2^63 or more" if numel is None else f"{number(numel, grouping=True)} elements"
+            raise self.fail(name, f"size {_dims(size)} ({count} of {torch_dtype}) is too large for any tensor "
+                                  f"(torch refuses more than {_MAX_VIEW_BYTES:,} bytes)")
         dtype = NUMPY_DTYPES.get(torch_dtype) or np.dtype(f"V{itemsize(torch_dtype)}")
         return TensorInfo(dtype, size, 0, 0)
+
+
+def _dims(shape: tuple[int, ...], limit: int = 200) -> str:
+    """A size or stride as torch writes it, each number bounded (`weightio.text`), the whole cut to `limit`."""
+    text = dims(shape, "()")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _geometry_text(offset: int, size: tuple[int, ...], stride: tuple[int, ...], grouping: bool = True) -> str:
+    return f"offset {number(offset, grouping=grouping)}, size {_dims(size)}, stride {_dims(stride)}"
 
 
 def _ints(value: Any) -> tuple[int, ...] | None:
