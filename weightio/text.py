@@ -83,7 +83,7 @@ def describe(value: object, limit: int = 80) -> str:
 
 
 def _describe(value: object, depth: int) -> str:
-    if isinstance(value, bool) or value is None or isinstance(value, float):
+    if isinstance(value, (bool, float, complex)) or value is None or value is Ellipsis:
         return repr(value)
     if isinstance(value, int):
         return number(value)
