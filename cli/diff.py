@@ -7,8 +7,8 @@ import sys
 import click
 
 import weightio
-from weightio.text import printable
 from weightio.stats import CheckpointDiff, TensorDiff, diff_checkpoints
+from weightio.text import printable
 
 from ._format import number, plural, shape_text, table
 from ._options import common_options, echo, limit_options, style

@@ -8,6 +8,7 @@ import struct
 import threading
 import tracemalloc
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from weightio.limits import Limits
 from .conftest import FIXTURES
 from .hostile import (
     ARRAY,
+    STRING,
     U8,
     U32,
     deflate_unfinished,
@@ -42,6 +44,7 @@ from .hostile import (
     gguf,
     ginfo,
     gkv,
+    gstr,
     npy,
     npy_dict,
     npy_of,
@@ -412,8 +415,42 @@ def _legacy_header(n: int) -> bytes:
     return legacy_file(state_dict(entries), [str(i) for i in range(n)], [(1, f32(1.0))] * n)
 
 
+def _gguf_arrays(version: int, inner: Callable[[str], bytes], depth: int = 1) -> Callable[[int], bytes]:
+    """A GGUF file (`version` 1 or 3) of n keys, each an array of arrays (`depth` levels of 4 below the
+    outer one) of the `inner` array, whose counts and lengths are u32 in v1 and u64 after."""
+    width = "I" if version == 1 else "Q"
+
+    def build(n: int) -> bytes:  # about 8n items per key, whatever the depth: files of about 0.5-3 MB
+        body = inner(width)
+        for _ in range(depth - 1):
+            body = struct.pack(f"<I{width}", ARRAY, 4) + body * 4
+        count = max(1, 8 * n // 4 ** (depth - 1))
+        value = struct.pack(f"<I{width}", ARRAY, count) + body * count
+        kvs = [gstr(f"k{i}", width=width) + struct.pack("<I", ARRAY) + value for i in range(4)]
+        return b"GGUF" + struct.pack(f"<I{width}{width}", version, 0, len(kvs)) + b"".join(kvs)
+
+    return build
+
+
+def _u8s(count: int) -> Callable[[str], bytes]:
+    return lambda width: struct.pack(f"<I{width}", U8, count) + bytes(count)
+
+
+def _strings(count: int, text: bytes = b"") -> Callable[[str], bytes]:
+    return lambda width: struct.pack(f"<I{width}", STRING, count) + gstr(text, width=width) * count
+
+
+# Files that are nearly all GGUF metadata arrays of small arrays: what once cost 36 bytes of heap per
+# byte (an object per nested array, built at open). (name, builder)
+NESTED = [(f"v{v} {name}", _gguf_arrays(v, inner, depth)) for v in (1, 3) for name, inner, depth in [
+    ("arrays of 0 u8", _u8s(0), 1), ("arrays of 1 u8", _u8s(1), 1), ("arrays of 0 strings", _strings(0), 1),
+    ("arrays of 1 empty string", _strings(1), 1), ("arrays of 3 one-byte strings", _strings(3, b"x"), 1),
+    ("arrays of arrays 7 deep (the depth limit)", _u8s(0), 7), ("arrays of 16 u8", _u8s(16), 1)]]
+
+
 @pytest.mark.parametrize("build", [_safetensors_header, _gguf_header, _ggml_header, _npz_header, _pytorch_header,
-                                   _legacy_header])
+                                   _legacy_header] + [b for _, b in NESTED],
+                         ids=["safetensors", "gguf", "ggml", "npz", "pytorch", "legacy"] + [n for n, _ in NESTED])
 def test_memory_while_opening_is_a_small_multiple_of_the_header(tmp_path, build):
     """Opening costs at most 16 bytes of Python heap per byte of header present (every byte of the
     file counts as header here, data included: the files are nearly all header)."""

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import weightio as wio
 from weightio.errors import CorruptFileError, FormatError, InputError, UnsupportedDTypeError, WeightioError
 from weightio.formats import gguf as G
+from weightio.formats import gguf_arrays as GA
 from weightio.formats.gguf import GGUFArray, GGUFReader
 from weightio.quant.types import by_name
 from weightio.view import TensorView
@@ -159,8 +160,9 @@ def test_every_value_type_decodes_to_typed_python_values():
 
 def test_large_arrays_are_located_at_open_and_decoded_on_demand(monkeypatch):
     calls = []
-    real = G._decode_value_string
-    monkeypatch.setattr(G, "_decode_value_string", lambda raw, strip: calls.append(1) or real(raw, strip))
+    real = GA.decode_value_string
+    for module in (G, GA):  # the reader (scalar strings) and the arrays
+        monkeypatch.setattr(module, "decode_value_string", lambda raw, strip: calls.append(1) or real(raw, strip))
     with wio.open(GGUF / "metadata.gguf") as ckpt:
         assert calls == [] or len(calls) < 10  # only the short strings of the file, never the vocabulary
         opened = len(calls)
@@ -604,3 +606,27 @@ def test_metadata_a_gguf_value_cannot_hold_is_a_format_error(tmp_path):
     with pytest.raises(FormatError, match="metadata 'k': float too large to pack"):
         wio.save({"x": np.zeros(2, np.float32)}, tmp_path / "o.gguf", {"k": 1e300})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("copies", [1, 400])  # a short array of arrays (copied at open) and a long one (read lazily)
+def test_arrays_of_arrays_are_validated_at_open_and_built_when_read(write, copies):
+    item = (struct.pack("<IQ", ARRAY, 2) + struct.pack("<IQ", U8, 2) + b"\x01\x00"
+            + struct.pack("<IQ", STRING, 2) + s("α") + s(b"\xff"))
+    path = write("n.gguf", gguf_file([kv("n", ARRAY, struct.pack("<IQ", ARRAY, copies) + item * copies)]))
+    expected = [[[1, 0], ["α", "\udcff"]]] * copies
+    with wio.open(path) as ckpt:
+        arr = ckpt.metadata["n"]
+        assert arr._items is None and len(arr) == copies  # nothing built at open
+        assert ckpt.readers[0].value_types["n"] == "ARRAY[ARRAY[ARRAY]]"
+        if copies > 1:
+            assert arr.tolist() == expected and arr[copies - 1].tolist() == [[1, 0], ["α", "\udcff"]]
+            assert list(arr[0][1].raw_strings()) == ["α".encode(), b"\xff"]
+    if copies == 1:  # its bytes were copied at open: readable after close
+        assert arr.tolist() == expected and arr[0][0].numpy().tolist() == [1, 0]
+
+
+def test_a_bool_deep_in_an_array_of_arrays_is_still_checked_at_open(write):
+    value = struct.pack("<IQ", ARRAY, 1) + struct.pack("<IQ", ARRAY, 1) + struct.pack("<IQ", BOOL, 1) + b"\x02"
+    path = write("b.gguf", gguf_file([kv("b", ARRAY, value)]))
+    with pytest.raises(CorruptFileError, match="BOOL array 'b' holds a value other than 0 or 1"):
+        wio.open(path)

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio.errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning, WriteError
+from weightio.errors import (
+    CorruptFileError,
+    FormatError,
+    UnsupportedDTypeError,
+    UsageError,
+    WeightioWarning,
+    WriteError,
+)
 from weightio.formats.safetensors import SafetensorsReader
 from weightio.view import TensorView
 

@@ -72,8 +72,6 @@ from __future__ import annotations
 import math
 import os
 import struct
-from array import array
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +81,7 @@ from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import DEFAULTS, exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
+from .gguf_arrays import EAGER_ARRAY_ITEMS, GGUFArray, decode_value_string, skip_strings, walk_strings
 from .gguf_fields import SCALAR_DTYPES, Fields, GGUFValueType, fields_for
 
 __all__ = ["GGUFReader", "GGUFArray", "GGUFValueType", "value_types", "DEFAULT_ALIGNMENT"]
@@ -98,164 +97,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # numpy refuses a shape whose non-zero dims times the itemsize (8 at most here) reach 2^63 bytes,
 # even when another dim is 0 and the tensor holds nothing: checked at open, not at numpy().
 MAX_ELEMENTS = 1 << 60
-EAGER_ARRAY_ITEMS = 64  # arrays this short are decoded at open (and stay usable after close)
-
-
-# ----------------------------------------------------------------------------- metadata arrays
-
-
-class GGUFArray(Sequence):
-    """A GGUF metadata array: located at open, decoded when asked for.
-
-    A read-only `Sequence`: ``len(a)``, ``a[i]``, ``a[i:j]`` (a list), iteration, and ``==``
-    against lists and tuples. ``tolist()`` decodes everything (vectorized for numbers) and
-    ``numpy()`` views numeric and BOOL arrays without copying (big-endian files: a native copy).
-
-    Attributes:
-        type: the element type name (``"STRING"``, ``"INT32"``, ``"ARRAY"``).
-
-    Arrays longer than `EAGER_ARRAY_ITEMS` read the file when decoded, so decode them before
-    closing the checkpoint; shorter ones are decoded at open.
-    """
-
-    __slots__ = ("type", "_file", "_count", "_dtype", "_offset", "_array", "_starts", "_end", "_gap",
-                 "_strip_nul", "_items")
-
-    def __init__(self, vtype: GGUFValueType, file: Any, count: int) -> None:
-        self.type = vtype.name
-        self._file, self._count = file, count
-        self._dtype: np.dtype | None = None
-        self._array: np.ndarray | None = None
-        self._offset = self._end = self._gap = 0
-        self._starts: array | None = None
-        self._strip_nul = False
-        self._items: tuple | None = None
-
-    @classmethod
-    def numbers(cls, vtype: GGUFValueType, file: Any, count: int, dtype: np.dtype, offset: int) -> GGUFArray:
-        """`count` fixed-size values of `dtype` stored from `offset`."""
-        arr = cls(vtype, file, count)
-        arr._dtype, arr._offset = dtype, offset
-        return arr
-
-    @classmethod
-    def from_array(cls, vtype: GGUFValueType, values: np.ndarray) -> GGUFArray:
-        """Numbers already gathered in memory (a read-only 1-D array of `vtype`'s dtype)."""
-        arr = cls(vtype, None, len(values))
-        arr._dtype, arr._array = values.dtype, values
-        values.flags.writeable = False
-        return arr
-
-    @classmethod
-    def strings(cls, file: Any, starts: array, end: int, gap: int, strip_nul: bool = False) -> GGUFArray:
-        """Strings whose bytes start at `starts`; each ends `gap` bytes before the next one starts
-        (its successor's length prefix, and whatever else sits between), the last at `end`."""
-        arr = cls(GGUFValueType.STRING, file, len(starts))
-        arr._starts, arr._end, arr._gap, arr._strip_nul = starts, end, gap, strip_nul
-        return arr
-
-    @classmethod
-    def of(cls, vtype: GGUFValueType, items: list) -> GGUFArray:
-        """An array of already decoded items (nested arrays)."""
-        arr = cls(vtype, None, len(items))
-        arr._items = tuple(items)
-        return arr
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._count))]
-        i = int(index)
-        if not -self._count <= i < self._count:
-            raise IndexError(f"GGUF array index {index} out of range ({self._count} items)")
-        i %= self._count
-        if self._items is not None:
-            return self._items[i]
-        if self._dtype is not None:
-            return self.numpy()[i].item()
-        return self._string(i)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._decoded())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, GGUFArray):
-            other = other.tolist()
-        if not isinstance(other, (list, tuple)):
-            return NotImplemented
-        return len(other) == self._count and self.tolist() == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # compares equal to lists, which are unhashable
-
-    def __repr__(self) -> str:
-        head = ", ".join(repr(x) for x in self[:3])
-        more = ", …" if self._count > 3 else ""
-        return f"GGUFArray({self.type} × {self._count}: [{head}{more}])"
-
-    def tolist(self) -> list:
-        """Every item as Python values (nested arrays as nested lists)."""
-        return [x.tolist() if isinstance(x, GGUFArray) else x for x in self._decoded()]
-
-    def numpy(self) -> np.ndarray:
-        """The items as a read-only numpy array: a zero-copy view for numbers and BOOL.
-
-        Raises:
-            TypeError: for arrays of strings or of arrays (use `tolist`).
-        """
-        if self._dtype is None:
-            raise TypeError(f"a GGUF array of {self.type} has no numpy view; use tolist()")
-        if self._array is not None:
-            return self._array
-        return self._numbers(self._file.data)
-
-    def _numbers(self, data: Any) -> np.ndarray:
-        view = np.frombuffer(data, self._dtype, self._count, self._offset)
-        if not view.dtype.isnative:
-            view = view.astype(view.dtype.newbyteorder("="))
-            view.flags.writeable = False
-        return view
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        arr = self.numpy() if self._dtype is not None else np.array(self.tolist())
-        return arr if dtype is None else arr.astype(dtype)
-
-    def raw_strings(self) -> Iterator[bytes]:
-        """The stored bytes of each item of a STRING array (what `write` copies back)."""
-        if self._starts is None:
-            raise TypeError(f"a GGUF array of {self.type} holds no stored strings")
-        data = self._file.data
-        for i, start in enumerate(self._starts):
-            yield data[start:self._stop(i)].tobytes()
-
-    def _decoded(self, data: Any = None) -> tuple:
-        """Every item, decoded once. `data`: the file's bytes when the caller already holds them
-        (the reader at open), else one checked access to the mapping."""
-        if self._items is None:
-            if self._dtype is not None:
-                self._items = tuple(self.numpy().tolist() if data is None else self._numbers(data).tolist())
-            elif self._count:  # one read of the mapping, then slices of it
-                starts, gap, base = self._starts, self._gap, self._starts[0]
-                blob = bytes((self._file.data if data is None else data)[base:self._end])
-                stops = [*(s - gap - base for s in starts[1:]), self._end - base]
-                text = (blob[a - base:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, stops, strict=True))
-                self._items = tuple(t.rstrip("\x00") for t in text) if self._strip_nul else tuple(text)
-            else:
-                self._items = ()
-        return self._items
-
-    def _stop(self, i: int) -> int:
-        return self._starts[i + 1] - self._gap if i + 1 < self._count else self._end
-
-    def _string(self, i: int) -> str:
-        return _decode_value_string(self._file.data[self._starts[i]:self._stop(i)], self._strip_nul)
-
-
-def _decode_value_string(raw: Any, strip_nul: bool) -> str:
-    """A metadata string; invalid UTF-8 is kept as lone surrogates (``surrogateescape``)."""
-    text = str(memoryview(raw), "utf-8", "surrogateescape")
-    return text.rstrip("\x00") if strip_nul else text
+_ARRAY_TYPES = {t: f"ARRAY[{t.name}]" for t in GGUFValueType}  # one string per type, not one per key
 
 
 # ----------------------------------------------------------------------------- the reader
@@ -394,7 +236,7 @@ class GGUFReader(Reader):
 
     def _read_value(self, cur: _Cursor, vtype: GGUFValueType, key: str, depth: int) -> tuple[Any, str]:
         if vtype == GGUFValueType.STRING:
-            return _decode_value_string(cur.string(f"the value of {key!r}"), self.version == 1), "STRING"
+            return decode_value_string(cur.string(f"the value of {key!r}"), self.version == 1), "STRING"
         if vtype == GGUFValueType.ARRAY:
             return self._read_array(cur, key, depth)
         value = cur.take(cur.layout.scalars[vtype], f"the value of {key!r}")
@@ -405,50 +247,79 @@ class GGUFReader(Reader):
         return value, vtype.name
 
     def _read_array(self, cur: _Cursor, key: str, depth: int) -> tuple[GGUFArray, str]:
+        etype, count = self._array_head(cur, key, depth)
+        if etype == GGUFValueType.STRING:
+            return self._string_array(cur, key, count), "ARRAY[STRING]"
+        if etype == GGUFValueType.ARRAY:
+            return self._nested_array(cur, key, count, depth)
+        start = self._skip_numbers(cur, key, etype, count)
+        dtype = SCALAR_DTYPES[etype].newbyteorder(cur.layout.order)
+        arr = GGUFArray.numbers(etype, self.file, count, dtype, start)
+        if count <= EAGER_ARRAY_ITEMS:
+            arr._decoded(cur.buf)
+        return arr, _ARRAY_TYPES[etype]
+
+    def _array_head(self, cur: _Cursor, key: str, depth: int) -> tuple[GGUFValueType, int]:
         if depth >= self.limits.array_depth:
             raise cur.fail(f"metadata {key!r} nests arrays more than {self.limits.array_depth} deep "
                            "(limits.array_depth)")
         etype = self._value_type(cur, cur.u32(f"the element type of {key!r}"), key)
-        count = cur.count(f"the length of array {key!r}")
-        if etype == GGUFValueType.STRING:
-            arr = self._string_array(cur, key, count)
-            return arr, "ARRAY[STRING]"
-        if etype == GGUFValueType.ARRAY:
-            return self._nested_array(cur, key, count, depth)
-        dtype = SCALAR_DTYPES[etype].newbyteorder(cur.layout.order)
-        cur.need(count * dtype.itemsize, f"array {key!r} of {count} {etype.name}")
+        return etype, cur.count(f"the length of array {key!r}")
+
+    def _skip_numbers(self, cur: _Cursor, key: str, etype: GGUFValueType, count: int) -> int:
+        """Check `count` fixed-size values (BOOLs 0 or 1) and move past them; where they start."""
+        itemsize = SCALAR_DTYPES[etype].itemsize
+        cur.need(count * itemsize, f"array {key!r} of {count} {etype.name}")
         if etype == GGUFValueType.BOOL and count:
             values = np.frombuffer(self.file.data, np.uint8, count, cur.pos)
             if values.max() > 1:
                 raise cur.fail(f"BOOL array {key!r} holds a value other than 0 or 1")
-        arr = GGUFArray.numbers(etype, self.file, count, dtype, cur.pos)
-        cur.pos += count * dtype.itemsize
-        if count <= EAGER_ARRAY_ITEMS:
-            arr._decoded(cur.buf)
-        return arr, f"ARRAY[{etype.name}]"
+        start = cur.pos
+        cur.pos += count * itemsize
+        return start
 
     def _string_array(self, cur: _Cursor, key: str, count: int) -> GGUFArray:
         width = cur.layout.count.size
         cur.need(count * width, f"array {key!r} of {count} strings")  # O(1) refusal of absurd counts
-        starts, pos = _walk_strings(cur.buf, cur.pos, count, cur.layout.count)
-        if pos > cur.size:
-            raise cur.fail(f"array {key!r} of {count} strings runs past the end of the file")
-        cur.need(pos - cur.pos, f"array {key!r} of {count} strings")  # the header limit, now the length is known
+        starts, pos = walk_strings(cur.buf, cur.pos, count, cur.layout.count)
+        self._end_strings(cur, key, count, pos)
         arr = GGUFArray.strings(self.file, starts, pos, width, strip_nul=self.version == 1)
-        cur.pos = pos
         if count <= EAGER_ARRAY_ITEMS:
             arr._decoded(cur.buf)
         return arr
 
+    def _end_strings(self, cur: _Cursor, key: str, count: int, pos: int) -> None:
+        if pos > cur.size:
+            raise cur.fail(f"array {key!r} of {count} strings runs past the end of the file")
+        cur.need(pos - cur.pos, f"array {key!r} of {count} strings")  # the header limit, now the length is known
+        cur.pos = pos
+
     def _nested_array(self, cur: _Cursor, key: str, count: int, depth: int) -> tuple[GGUFArray, str]:
-        cur.need(count * (4 + cur.layout.count.size), f"array {key!r} of {count} arrays")
-        items, inner = [], None
-        for _ in range(count):  # each item: its own element type, count and elements
-            item, name = self._read_array(cur, key, depth + 1)
-            items.append(item)
-            inner = name if inner in (None, name) else "ARRAY"
-        arr = GGUFArray.of(GGUFValueType.ARRAY, items)
+        """An array of arrays: every item validated now, none built (see `weightio.formats.gguf_arrays`)."""
+        start = cur.pos
+        inner = self._skip_arrays(cur, key, count, depth + 1)
+        arr = GGUFArray.nested(self.file, count, start, cur.pos, cur.layout, self.version == 1)
         return arr, f"ARRAY[{inner or 'ARRAY'}]"
+
+    def _skip_arrays(self, cur: _Cursor, key: str, count: int, depth: int) -> str | None:
+        """Validate `count` arrays from the cursor and move past them, allocating nothing per item;
+        their common type name (``ARRAY[INT32]``), ``ARRAY`` when they differ, None when there are none."""
+        width = cur.layout.count.size
+        cur.need(count * (4 + width), f"array {key!r} of {count} arrays")
+        common = None
+        for _ in range(count):  # each item: its own element type, count and elements
+            etype, n = self._array_head(cur, key, depth)
+            if etype == GGUFValueType.STRING:
+                cur.need(n * width, f"array {key!r} of {n} strings")
+                self._end_strings(cur, key, n, skip_strings(cur.buf, cur.pos, n, cur.layout.count))
+                name = _ARRAY_TYPES[etype]
+            elif etype == GGUFValueType.ARRAY:
+                name = f"ARRAY[{self._skip_arrays(cur, key, n, depth + 1) or 'ARRAY'}]"
+            else:
+                self._skip_numbers(cur, key, etype, n)
+                name = _ARRAY_TYPES[etype]
+            common = name if common in (None, name) else "ARRAY"
+        return common
 
     def _alignment(self) -> int:
         if "general.alignment" not in self.metadata:
@@ -560,22 +431,3 @@ def value_types(checkpoint: Any) -> dict[str, str]:
             types.setdefault(key, vtype)
     return types
 
-
-def _walk_strings(buf: memoryview, pos: int, count: int, length: struct.Struct) -> tuple[array, int]:
-    """Start offsets of `count` length-prefixed strings from `pos`, and the position after them.
-
-    The loop is the one per-item cost of opening a GGUF file (a 150k-token vocabulary), so it
-    does the minimum: a length that points past the file makes the next ``unpack_from`` fail
-    (the buffer is the whole file), and the caller checks the final position.
-    """
-    starts = array("q")
-    append, unpack, width = starts.append, length.unpack_from, length.size
-    try:
-        for _ in range(count):
-            (n,) = unpack(buf, pos)
-            pos += width
-            append(pos)
-            pos += n
-    except (struct.error, OverflowError):  # a length pointed past the file
-        pos = len(buf) + 1
-    return starts, pos

@@ -157,7 +157,8 @@ class SafetensorsReader(Reader):
             raise self._fail(f"__metadata__ must be an object of strings, found {type(raw).__name__}")
         for key, value in raw.items():
             if not isinstance(value, str):
-                raise self._fail(f"__metadata__[{key!r}] must be a string, found {type(value).__name__} {describe(value)}")
+                raise self._fail(f"__metadata__[{key!r}] must be a string, found {type(value).__name__} "
+                                 f"{describe(value)}")
         return raw
 
     def _read_entry(self, name: str, entry: Any) -> tuple[int, int, DType, tuple[int, ...]]:
@@ -180,7 +181,8 @@ class SafetensorsReader(Reader):
         except UnsupportedDTypeError as e:
             raise UnsupportedDTypeError(e.message, path=self.path, tensor=name) from None
         if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_count(d) for d in shape):
-            raise self._fail(f"shape must be a list of at most {MAX_NDIM} non-negative integers, found {describe(shape)}", name)
+            raise self._fail(f"shape must be a list of at most {MAX_NDIM} non-negative integers, found "
+                             f"{describe(shape)}", name)
         if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
             raise self._fail(f"data_offsets must be two non-negative integers, found {describe(offsets)}", name)
         begin, end = offsets
@@ -205,11 +207,13 @@ class SafetensorsReader(Reader):
                 where = f"after {previous!r}" if previous else "at the start of the data section"
                 kind = ("overlaps the tensor before it" if begin < expected
                         else f"leaves a hole of {number(begin - expected)} bytes")
-                raise self._fail(f"data_offsets begin {number(begin)} {kind} (expected {number(expected)}, {where})", name)
+                raise self._fail(f"data_offsets begin {number(begin)} {kind} (expected {number(expected)}, {where})",
+                                 name)
             expected, previous = end, name
         if expected != data_size:
             if expected > data_size:
-                raise self._fail(f"tensors need {number(expected)} data bytes but the file holds {data_size} (truncated?)")
+                raise self._fail(f"tensors need {number(expected)} data bytes but the file holds {data_size} "
+                                 "(truncated?)")
             raise self._fail(f"{data_size - expected} bytes after the last tensor belong to no tensor")
 
 
