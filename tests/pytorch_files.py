@@ -178,3 +178,9 @@ def bounded(seconds: float = 15.0, extra_mib: int = 512):
         signal.signal(signal.SIGALRM, previous)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     assert time.perf_counter() - start < seconds
+
+
+def meta_tensor(size: tuple[int, ...], dtype: str = "float32") -> bytes:
+    """A tensor saved from ``device="meta"``: a shape and no storage (ints of any size, as a pickle may hold)."""
+    return call("torch._utils", "_rebuild_meta_tensor_no_storage", g("torch", dtype), ints(size),
+                ints((1,) * len(size)), NEWFALSE)

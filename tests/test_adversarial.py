@@ -85,6 +85,7 @@ from .pytorch_files import (
     f32,
     legacy_file,
     legacy_pid,
+    meta_tensor,
     pid,
     s,
     short,
@@ -545,7 +546,52 @@ CONFUSION = [
     _c("confusion", "an empty file", lambda m: b"", CorruptFileError, "empty file (0 bytes)", suffix=".safetensors"),
 ]
 
-CATALOGUE = SAFETENSORS + NPY + NPZ + GGUF + GGML + PYTORCH + CONFUSION
+# Numbers too large to print (issue 12, class 4): Python refuses int -> str beyond 4300 digits, so a
+# message, a repr or the command line that formats such a number from a file raised ValueError.
+# Every reader now bounds shapes where it parses them and formats file numbers through
+# weightio.text.number (exact up to 2^256, ~1.00e5000 beyond). Each case also goes through
+# `inspect` and `convert` in tests/test_cli.py::test_numbers_too_large_to_print_reach_the_cli_cleanly.
+HEX_4000 = "0x" + "f" * 4000  # parses as a literal (no digit limit for hex), prints as 4817 digits
+BIG = 10**5000
+HUGE_NUMBERS = [
+    _c("safetensors", "dims of 4000 digits each (their product has 8000)",
+       lambda m: safetensors(b'{"a":{"dtype":"F32","shape":[' + b"9" * 4000 + b"," + b"9" * 4000
+                             + b'],"data_offsets":[0,4]}}', D4), CorruptFileError,
+       "F32 shape [~1.00e4000, ~1.00e4000] needs ~4.00e8000"),
+    _c("safetensors", "data_offsets of 4000 digits", lambda m: safetensors(
+        b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[' + b"9" * 4000 + b"," + b"9" * 4001 + b']}}', D4),
+       CorruptFileError, "data_offsets [~1.00e4000, ~1.00e4001] span ~9.00e4000 bytes"),
+    _c("npy", "hexadecimal dimension of 16 000 bits",
+       lambda m: npy("{'descr': '<f4', 'fortran_order': False, 'shape': (" + HEX_4000 + ",), }", D4),
+       CorruptFileError, "shape (~3.02e4816,) is too large for numpy", suffix=".npy"),
+    _c("npy", "hexadecimal fortran_order", lambda m: npy("{'descr': '<f4', 'fortran_order': " + HEX_4000
+                                                          + ", 'shape': (1,), }", D4),
+       CorruptFileError, "fortran_order must be True or False, found ~3.02e4816", suffix=".npy"),
+    _c("npz", "member with a hexadecimal dimension beside a zero", lambda m: zip_of([(
+        "w.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, " + HEX_4000 + "), }"))]),
+       CorruptFileError, "tensor 'w': shape (0, ~3.02e4816) is too large for numpy", suffix=".npz"),
+    _c("gguf", "four dims of 2^64-1", lambda m: gguf(infos=[ginfo("t", (2**64 - 1,) * 4)], data=GG_DATA),
+       CorruptFileError, "dimensions [18446744073709551615, 18446744073709551615, 18446744073709551615, "
+                         "18446744073709551615] overflow a 64-bit element count"),
+    _c("ggml", "dims 2^31-1 x 2^31-1", lambda m: ggml_file(GGJT, [(ggml_tensor(b"t", (2**31 - 1, 2**31 - 1)),
+                                                                   bytes(16))]),
+       CorruptFileError, "2147483647"),
+    _c("pytorch", "meta tensor with a dimension of 16 610 bits", lambda m: torch_zip(state_dict(
+        {"w": meta_tensor((BIG,))}), {}), CorruptFileError,
+       "tensor 'w': size (~1.00e5000,) (a dimension of 2^63 or more of float32) is too large for any tensor",
+       suffix=".pt"),
+    _c("pytorch", "meta tensor of 2^80 elements (torch: 'Storage size calculation overflowed')",
+       lambda m: torch_zip(state_dict({"w": meta_tensor((2**40, 2**40))}), {}), CorruptFileError,
+       "1,208,925,819,614,629,174,706,176 elements of float32) is too large for any tensor", suffix=".pt"),
+    _c("pytorch", "60-dimension view of 2^255 per dim on zero strides",
+       lambda m: _pt(tensor(W3, 0, (2**255,) * 60, (0,) * 60)), CorruptFileError,
+       "view of ~5.74e4605 elements", suffix=".pt"),
+    _c("pytorch", "empty view with a 2^255 dimension (numpy cannot shape it)",
+       lambda m: _pt(tensor(W3, 0, (0, 2**255), (1, 1))), UnsupportedDTypeError,
+       "numpy cannot shape an array whose non-zero dimensions reach 2^63 bytes", stage="read", suffix=".pt"),
+]
+
+CATALOGUE = SAFETENSORS + NPY + NPZ + GGUF + GGML + PYTORCH + CONFUSION + HUGE_NUMBERS
 
 
 def _read_everything(ckpt: wio.Checkpoint) -> None:
