@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import struct
 import subprocess
@@ -21,6 +22,18 @@ from weightio.cli import main
 import weightio as wio
 
 from .conftest import FIXTURES
+from .hostile import STRING as _GSTRING
+from .hostile import f32_entry as _f32_entry
+from .hostile import gguf as _gguf
+from .hostile import ginfo as _ginfo
+from .hostile import gkv as _gkv
+from .hostile import gstr as _gstr
+from .hostile import safetensors as _safetensors
+from .pytorch_files import MARK, P2, SETITEMS, STACK_GLOBAL, STOP, f32, meta_tensor, pid, short, state_dict
+from .pytorch_files import call as _call
+from .pytorch_files import tensor as _tensor
+from .pytorch_files import torch_zip as _torch_zip
+from .test_adversarial import HUGE_NUMBERS
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -617,3 +630,143 @@ def test_progress_bar_only_on_a_terminal_and_not_quiet(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     with click.Context(main, obj={}):
         assert _options.progress_bar(10, "x").disable
+
+
+# ------------------------------------------------------------------------ hostile text and names (issue 12, class 6)
+
+ESC_NAME = "w\x1b]0;owned\x07\x1b[2J\x1b[1;1Hresult: safe\x9b2K\u202e"  # OSC title, clear screen, C1 CSI, bidi
+_UNSAFE_OUTPUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+_F4 = np.arange(4, dtype="<f4").tobytes()
+
+
+def _escapes_in_names() -> bytes:
+    return _safetensors({"__metadata__": {"title\x1b]2;x\x07": "v\x1b[31m\u202e"}, ESC_NAME: _f32_entry(0)}, bytes(4))
+
+
+def _zip_slip_names() -> bytes:
+    return _safetensors({"../../../tmp/weightio-slip": _f32_entry(0), "/etc/abs": _f32_entry(4)}, bytes(8))
+
+
+def _gguf_not_utf8() -> bytes:
+    return _gguf([_gkv("general.name", _GSTRING, _gstr(b"caf\xe9 \xff")), _gkv("t\x1b[2J", _GSTRING, _gstr("x\x07"))],
+                 [_ginfo("t", (4,))], _F4 + bytes(16))
+
+
+def _pickle_surrogate_metadata() -> bytes:
+    w = _tensor(pid("FloatStorage", "0", 3), 0, (3,), (1,))
+    return _torch_zip(P2 + b"}" + MARK + short("w") + w + short("note") + b"X\x03\x00\x00\x00\xed\xa0\x80"
+                      + SETITEMS + STOP, {"0": f32(1, 2, 3)})
+
+
+def _giant_meta_shape() -> bytes:
+    return _torch_zip(state_dict({"w": meta_tensor((10**5000, 2))}), {})
+
+
+def _escape_in_a_pickle_global() -> bytes:
+    return P2 + short("os\x1b[2J") + short("system\x07") + STACK_GLOBAL + _call("builtins", "tuple") + b"R" + STOP
+
+
+# (name, file name, bytes, arguments ({path}, {out}), exit status, words the output must hold)
+CLI_HOSTILE = [
+    ("inspect: ESC, OSC, C1 and bidi in a name and metadata", "e.safetensors", _escapes_in_names,
+     ["inspect", "{path}"], 0, ["w\\x1b]0;owned\\x07\\x1b[2J", "\\x9b2K\\u202e", "title\\x1b]2;x\\x07 = v\\x1b[31m"]),
+    ("inspect --tree: the same name", "e.safetensors", _escapes_in_names, ["inspect", "{path}", "--tree"], 0,
+     ["w\\x1b]0;owned"]),
+    ("inspect --json: valid JSON, controls as \\u escapes", "e.safetensors", _escapes_in_names,
+     ["inspect", "{path}", "--json"], 0, ['"w\\u001b]0;owned\\u0007\\u001b[2J', "\\u009b2K\\u202e"]),
+    ("show: the name in the header line", "e.safetensors", _escapes_in_names, ["show", "{path}", ESC_NAME], 0,
+     ["w\\x1b]0;owned"]),
+    ("show: a missing name in the error message", "e.safetensors", _escapes_in_names,
+     ["show", "{path}", "nope\x1b[2J"], 1, ["tensor 'nope\\x1b[2J': no such tensor"]),
+    ("diff: names only in one file", "e.safetensors", _escapes_in_names,
+     ["diff", "{path}", str(FIXTURES / "numpy.safetensors")], 1, ["- w\\x1b]0;owned", "result: different"]),
+    ("scan: a pickle global holding ESC and BEL", "g.pkl", _escape_in_a_pickle_global, ["scan", "{path}"], 1,
+     ["os\\x1b[2J", "result: UNSAFE"]),
+    ("convert: a file name with ESC in the summary", "e.safetensors", _escapes_in_names,
+     ["convert", "{path}", "{out}\x1b[2J.safetensors"], 0, ["wrote ", "\\x1b[2J.safetensors"]),
+    ("convert to npz: a zip-slip name is refused before anything is written", "s.safetensors", _zip_slip_names,
+     ["convert", "{path}", "{out}.npz"], 2, ["tensor '../../../tmp/weightio-slip': cannot be an .npz member name"]),
+    ("convert to safetensors: GGUF metadata that is not UTF-8, escaped", "m.gguf", _gguf_not_utf8,
+     ["convert", "{path}", "{out}.safetensors"], 0, ["written with backslash escapes"]),
+    ("convert to GGUF: GGUF metadata that is not UTF-8, kept as its bytes", "m.gguf", _gguf_not_utf8,
+     ["convert", "{path}", "{out}.gguf"], 0, ["wrote "]),
+    ("convert to safetensors: a lone surrogate in pickle metadata", "p.pt", _pickle_surrogate_metadata,
+     ["convert", "{path}", "{out}.safetensors"], 0, ["'note'", "written with backslash escapes"]),
+    ("inspect: a meta tensor of a 16 610-bit dimension", "meta.pt", _giant_meta_shape, ["inspect", "{path}"], 1,
+     ["size (~1.00e5000, 2) (a dimension of 2^63 or more of float32) is too large for any tensor"]),
+    ("convert: a meta tensor of a 16 610-bit dimension", "meta.pt", _giant_meta_shape,
+     ["convert", "{path}", "{out}.safetensors"], 1, ["is too large for any tensor"]),
+]
+
+
+@pytest.mark.parametrize("case", CLI_HOSTILE, ids=[c[0] for c in CLI_HOSTILE])
+def test_hostile_text_and_names_reach_the_terminal_harmless(tmp_path, case):
+    """Every human-readable output escapes what a terminal acts on (the escapes stay visible); JSON
+    stays valid JSON holding the same strings; no traceback; writers refuse names their readers refuse."""
+    _, file_name, build, args, code, words = case
+    path = tmp_path / file_name
+    path.write_bytes(build())
+    argv = [a.format(path=path, out=tmp_path / "out") for a in args]
+    result = CliRunner().invoke(main, argv, color=True)
+    assert result.exit_code == code, (result.output, result.exception)
+    assert not isinstance(result.exception, (ValueError, UnicodeError)) or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    output = result.output
+    if "--json" in args:
+        doc = json.loads(output)
+        assert ESC_NAME in [t["name"] for t in doc["tensors"]]
+    else:
+        output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # weightio's own colours (click.style) are allowed
+    assert _UNSAFE_OUTPUT.search(output) is None, repr(output)
+    for word in words:
+        assert word in output, (word, output)
+    outputs = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out"))
+    assert bool(outputs) == (args[0] == "convert" and code == 0), outputs
+    for out in outputs:  # what convert wrote, its own reader reads back
+        with wio.open(tmp_path / out) as ckpt:
+            list(ckpt.metadata.items())
+
+
+def test_convert_keeps_undecodable_gguf_bytes_for_gguf_and_escapes_them_for_safetensors(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_not_utf8())
+    for suffix in (".gguf", ".safetensors"):
+        assert _run("convert", path, tmp_path / f"o{suffix}").exit_code == 0
+    with wio.open(tmp_path / "o.gguf") as ckpt:
+        assert ckpt.metadata["general.name"].encode("utf-8", "surrogateescape") == b"caf\xe9 \xff"
+    with wio.open(tmp_path / "o.safetensors") as ckpt:
+        assert ckpt.metadata["general.name"] == "caf\\xe9 \\xff"
+
+
+@pytest.mark.parametrize("suffix, name", [(".npz", "../x"), (".npz", "/abs"), (".npz", "a/../../b"), (".npz", ""),
+                                          (".safetensors", "__metadata__"), (".safetensors", "a\x00b"),
+                                          (".safetensors", "x\ud800"), (".gguf", "x\udcff"), (".npz", "x\ud800"),
+                                          (".gguf", "n" * 70_000)])
+def test_every_writer_refuses_names_its_reader_refuses_before_writing(tmp_path, suffix, name):
+    out = tmp_path / f"x{suffix}"
+    with pytest.raises(wio.UsageError) as info:
+        wio.save({name: np.zeros(2, np.float32)}, out)
+    assert info.value.tensor == name or "names must be non-empty" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_library_writers_refuse_metadata_they_cannot_store(tmp_path):
+    with pytest.raises(wio.UsageError, match="metadata 'k': safetensors cannot store a lone surrogate"):
+        wio.save({"a": np.zeros(1, np.float32)}, tmp_path / "x.safetensors", {"k": "a\ud800"})
+    with pytest.raises(wio.UsageError, match="metadata key 'k\\\\ud800': GGUF cannot store a name holding a lone"):
+        wio.save({"a": np.zeros(1, np.float32)}, tmp_path / "x.gguf", {"k\ud800": "v"})
+    with pytest.raises(wio.FormatError, match="stands for no byte"):
+        wio.save({"a": np.zeros(1, np.float32)}, tmp_path / "x.gguf", {"k": "a\ud800"})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", HUGE_NUMBERS, ids=lambda c: f"{c.fmt}: {c.name}")
+def test_numbers_too_large_to_print_reach_the_cli_cleanly(tmp_path, case):
+    path = tmp_path / f"hostile{case.suffix}"
+    path.write_bytes(case.build(tmp_path / "marker"))
+    for args in (["inspect", path], ["inspect", path, "--json"], ["convert", path, tmp_path / "o.safetensors"]):
+        result = _run(*args)
+        assert result.exit_code in (0, 1), (args, result.output, result.exception)
+        assert "Traceback" not in result.output and not isinstance(result.exception, ValueError)
+        if result.exit_code == 1:
+            assert case.message in result.output, result.output
