@@ -617,6 +617,7 @@ def test_arrays_of_arrays_are_validated_at_open_and_built_when_read(write, copie
     with wio.open(path) as ckpt:
         arr = ckpt.metadata["n"]
         assert arr._items is None and len(arr) == copies  # nothing built at open
+        assert arr[0][0].tolist() == [1, 0] and repr(arr).startswith("GGUFArray(ARRAY × ")
         assert ckpt.readers[0].value_types["n"] == "ARRAY[ARRAY[ARRAY]]"
         if copies > 1:
             assert arr.tolist() == expected and arr[copies - 1].tolist() == [[1, 0], ["α", "\udcff"]]

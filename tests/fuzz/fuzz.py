@@ -37,6 +37,7 @@ import struct
 import sys
 import tempfile
 import traceback
+import tracemalloc
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -58,11 +59,13 @@ MATERIALIZE_LIMIT = 1 << 24  # bytes of a view the checks copy out (zero strides
 _INSTRUMENT = __name__ == "__main__" and atheris is not None and "--replay" not in sys.argv
 with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contextlib.nullcontext():
     import numpy as np
+    import weightio.cli
     import weightio.cli._format
 
     import weightio
     import weightio._json
     import weightio.checkpoint
+    import weightio.convert
     import weightio.formats._zip
     import weightio.formats.ggml
     import weightio.formats.gguf
@@ -86,12 +89,14 @@ class Harness(NamedTuple):
         max_len: libFuzzer's -max_len (the largest input it generates).
         suffix: the scratch file's name (the npy reader names its tensor after the file; a
             split-GGUF name makes the GGUF reader work out its siblings).
+        run: when set, what one input does instead of opening it with `open` and reading it.
     """
 
     open: Callable[[MappedFile], Any]
     seeds: Callable[[str, bytes], bool]
     max_len: int
     suffix: str
+    run: Callable[[str], None] | None = None  # does the whole input itself (cli_convert), instead of `_exercise`
 
 
 def _ggml(file: MappedFile) -> Any:
@@ -119,8 +124,11 @@ HARNESSES: dict[str, Harness] = {
     "pytorch_zip": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "zip", 16384, "input.pt"),
     "pytorch_legacy": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "pickle", 16384, "input.pt"),
     "pytorch_tar": Harness(_PT, lambda f, h: f == "pytorch" and _pytorch_kind(h) == "tar", 16384, "input.pt"),
-    "gguf": Harness(weightio.formats.gguf.GGUFReader, lambda f, h: f == "gguf", 16384, "input-00001-of-00002.gguf"),
+    "gguf": Harness(lambda file: _within_heap_bound(weightio.formats.gguf.GGUFReader, file), lambda f, h: f == "gguf",
+                    16384, "input-00001-of-00002.gguf"),
     "ggml": Harness(_ggml, lambda f, h: f == "ggml", 8192, "input.bin"),
+    "cli_convert": Harness(MappedFile, lambda f, h: True, 16384, "input.bin",
+                           run=lambda path: _convert_everywhere(path)),
 }
 
 
@@ -137,7 +145,10 @@ skip_known = False
 def run_one(harness: Harness, path: str) -> None:
     """Open `path` with `harness` and use everything it exposes; only a `WeightioError` may escape."""
     try:
-        _exercise(harness, path)
+        if harness.run is not None:
+            harness.run(path)
+        else:
+            _exercise(harness, path)
     except WeightioError as e:
         _check_error(e)
     except Exception as e:
@@ -176,6 +187,7 @@ def _exercise(harness: Harness, path: str) -> None:
             arr.flat[0], arr.flat[arr.size - 1]  # noqa: B018 - touching the first and last element is the check
     if kept and ckpt.readers[0].file.closed:
         _expect_closed_error(ckpt)
+    _render_cli(path)
 
 
 def _read_everything(ckpt: Any) -> list[np.ndarray]:
@@ -202,7 +214,7 @@ def _read_metadata(key: str, value: Any) -> None:
 
 
 def _read_tensor(view: Any) -> np.ndarray:
-    repr(view)
+    repr(view), repr(view.info)  # reprs format every number from the file (issue 12, class 4)
     whole = view.numpy()
     assert isinstance(whole, np.ndarray) and whole.shape == view.shape, (view.name, whole.shape, view.shape)
     assert whole.dtype == view.dtype and not whole.flags.writeable, (view.name, whole.dtype, view.dtype)
@@ -238,6 +250,76 @@ def _expect_closed_error(ckpt: Any) -> None:
         _check_error(e)
     else:
         raise AssertionError("a view read after close() returned data")
+
+
+# ----------------------------------------------------------------------------- what a user sees (issue 12, classes 4-6)
+
+# What a terminal acts on or cannot encode: human output may hold no such character but \n and \t
+# (weightio's own colours are off: CliRunner is no terminal). JSON output must parse.
+_UNSAFE_OUTPUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+_CLI = None
+HEAP_PER_BYTE, HEAP_SLACK = 16, 64 << 10  # docs/security.md: 16 bytes per header byte (+1 MiB; tighter here)
+
+
+def _render_cli(path: str) -> None:
+    """``weightio inspect`` and ``inspect --json`` of the input, in-process: the command must end
+    with status 0 or a one-line error (1), print nothing a terminal acts on, and JSON must parse."""
+    global _CLI
+    if _CLI is None:
+        from click.testing import CliRunner
+
+        _CLI = CliRunner()
+    for args in ([path], [path, "--json"]):
+        result = _CLI.invoke(weightio.cli.main, ["inspect", *args])
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception.with_traceback(result.exc_info[2])
+        output = result.output
+        if result.exit_code not in (0, 1) or (result.exit_code == 1 and not output.startswith("weightio: error: ")):
+            raise AssertionError(f"inspect {args[1:]} exited {result.exit_code}: {output[:300]!r}")
+        if _UNSAFE_OUTPUT.search(output):
+            raise AssertionError(f"inspect {args[1:]} printed a control character: {output[:300]!r}")
+        if result.exit_code == 0 and "--json" in args:
+            __import__("json").loads(output)
+
+
+def _within_heap_bound(open_reader: Callable[[MappedFile], Any], file: MappedFile) -> Any:
+    """Open with `open_reader` under tracemalloc: the Python heap opening takes stays within
+    `HEAP_PER_BYTE` bytes per file byte (plus `HEAP_SLACK`) whatever the file claims."""
+    tracemalloc.start()
+    try:
+        reader = open_reader(file)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if peak > HEAP_PER_BYTE * file.size + HEAP_SLACK:
+        reader.close()
+        raise AssertionError(f"opening took {peak} bytes of heap for a {file.size}-byte file")
+    return reader
+
+
+def _convert_everywhere(path: str) -> None:
+    """The `cli_convert` harness: an input weightio opens is converted to every writable format,
+    and each output must open again with its own reader (a writer that writes what its reader
+    refuses — a zip-slip npz member, a name with a lone surrogate — is a finding)."""
+    try:
+        weightio.open(path).close()
+    except WeightioError as e:
+        _check_error(e)
+        return
+    out = tempfile.mkdtemp(prefix="weightio-fuzz-out-", dir=os.path.dirname(path))
+    try:
+        for suffix in (".safetensors", ".npz", ".gguf", ".npy"):
+            target = os.path.join(out, "out" + suffix)
+            try:
+                weightio.convert.convert(path, target)
+            except WeightioError as e:  # a tensor the format cannot hold, a name it refuses: said cleanly
+                _check_error(e)
+                continue
+            with weightio.open(target) as ckpt:  # anything but success here is a finding
+                for name in ckpt:
+                    ckpt[name].raw()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- scratch file and seeds

@@ -74,8 +74,12 @@ GGUF = [b"GGUF", b"FUGG", u32(1), u32(2), u32(3), u32(3 << 24), b"general.alignm
 GGML = [b"lmgg", b"fmgg", b"tjgg", u32(1), u32(2), u32(3), u32(4), u32(1000), u32(2000), u32(32), u32(256),
         b"\x00\x00\x80\x3f"] + GGML_TYPE_IDS + NUMBERS
 
+# Names that writers must refuse or escape, and text a terminal acts on (the cli_convert harness).
+HOSTILE_TEXT = [b"../", b"/", b"..", b"\x1b[", b"\x1b]0;", b"\x07", b"\xc2\x9b", b"\xe2\x80\xae", b"\xed\xa0\x80",
+                b"\\ud800", b"__metadata__", b"\\u001b"]
 DICTS = {"safetensors": SAFETENSORS, "npy": NPY, "npz": NPZ, "pytorch_zip": PYTORCH_ZIP,
-         "pytorch_legacy": PYTORCH_LEGACY, "pytorch_tar": PYTORCH_TAR, "gguf": GGUF, "ggml": GGML}
+         "pytorch_legacy": PYTORCH_LEGACY, "pytorch_tar": PYTORCH_TAR, "gguf": GGUF, "ggml": GGML,
+         "cli_convert": SAFETENSORS + NPZ + GGUF + PYTORCH_ZIP + HOSTILE_TEXT}
 
 
 def quote(token: bytes) -> str:

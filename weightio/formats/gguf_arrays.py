@@ -97,8 +97,8 @@ class GGUFArray(Sequence):
         if not -self._count <= i < self._count:
             raise IndexError(f"GGUF array index {index} out of range ({self._count} items)")
         i %= self._count
-        if self._items is not None:
-            return self._items[i]
+        if self._items is not None or self._layout is not None:  # an array of arrays: built on first access
+            return self._decoded()[i]
         if self._dtype is not None:
             return self.numpy()[i].item()
         return self._string(i)
