@@ -212,7 +212,7 @@ def test_dunder_attribute_state_is_refused(write, marker, state):
 
 def test_build_on_a_token_is_refused_and_on_a_builtin_is_malformed(write, marker):
     _refused(write, P2 + g("torch", "float32") + EMPTY_DICT + BUILD + STOP, UnsafePickleError,
-             "BUILD on torch.float32 is not allowed")
+             "BUILD on torch.float32 (an allowlisted global) is not allowed")
     _refused(write, P2 + EMPTY_LIST + EMPTY_DICT + BUILD + STOP, CorruptFileError,
              "pickle 1 is malformed (AttributeError: 'list' object has no attribute '__dict__')")
 
