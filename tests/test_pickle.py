@@ -259,7 +259,7 @@ HOSTILE_STREAMS = [
     ("STOP with two objects", P2 + NONE + NONE + STOP, "STOP at offset 4 leaves 2 objects on the stack, not 1"),
     ("STOP inside a MARK", P2 + NONE + MARK + STOP, "STOP at offset 4 with a MARK still open"),
     ("PROTO twice", P2 + P2 + NONE + STOP, "PROTO at offset 2 is not the first opcode"),
-    ("underflow", P2 + b"\x85" + STOP, "pickle 1 is malformed (UnpicklingError: unpickling stack underflow)"),
+    ("underflow", P2 + b"\x85" + STOP, "pickle 1: TUPLE1 at offset 2 pops more than the stack holds"),
     ("pop below the mark", P2 + NONE + MARK + b"\x85" + STOP, "STOP at offset 5 with a MARK still open"),
     ("TUPLE without MARK", P2 + NONE + TUPLE + STOP, "TUPLE at offset 3 has no MARK to pop to"),
 ]
