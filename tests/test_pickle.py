@@ -927,3 +927,71 @@ def test_a_file_nested_to_the_limit_still_reads(write):
     body = NONE + TUPLE1 * 999
     ckpt = wio.open(write("deep.pkl", P2 + EMPTY_DICT + s("t") + body + SETITEM + STOP))
     assert list(ckpt.metadata) == ["t" + ".0" * 998]
+
+
+# ----------------------------------------------------------------------------- issue 12, class 5: flattening work
+# A pickle references one object any number of times for two bytes each (BINGET). Flattening
+# walks (and copies list leaves) at every reference: its budget counts that work, so a 100 kB
+# file is refused, or read, in bounded time and memory — never expanded to gigabytes.
+
+N_ITEMS = 10_000
+
+
+def _shared(container: bytes, references: int = N_ITEMS, as_dict: bool = False) -> bytes:
+    """`container` memoized in slot 0, then referenced `references` times from a list (or dict)."""
+    refs = b"".join((i(k) if as_dict else b"") + b"h\x00" for k in range(references))
+    outer = (EMPTY_DICT if as_dict else EMPTY_LIST) + MARK + refs + (SETITEMS if as_dict else APPENDS)
+    return container + b"q\x00" + POP + outer
+
+
+def _many(item: bytes, n: int = N_ITEMS) -> bytes:
+    return b"".join(item for _ in range(n))
+
+
+_INTS = _many(b"K\x07")
+FLATTEN_WORK = [
+    ("10k-item list referenced 10k times", _shared(EMPTY_LIST + MARK + _INTS + APPENDS), "takes more than"),
+    ("10k-item tuple referenced 10k times", _shared(MARK + _INTS + TUPLE), "takes more than"),
+    ("10k-item list referenced from 10k dict values", _shared(EMPTY_LIST + MARK + _INTS + APPENDS, as_dict=True),
+     "takes more than"),
+    ("10k-entry dict referenced 10k times", _shared(EMPTY_DICT + MARK + b"".join(i(k) + NONE for k in range(N_ITEMS))
+                                                    + SETITEMS), "takes more than"),
+    ("Namespace of 10k fields referenced 10k times",
+     _shared(g("argparse", "Namespace") + EMPTY_TUPLE + NEWOBJ + EMPTY_DICT + MARK
+             + b"".join(s(f"f{k}") + NONE for k in range(N_ITEMS)) + SETITEMS + BUILD), "takes more than"),
+    ("list of 100 lists of 10k items, each list referenced 100 times",
+     EMPTY_LIST + MARK + _INTS + APPENDS + b"q\x00" + POP + EMPTY_LIST + MARK + _many(b"h\x00", 100) + APPENDS
+     + b"q\x01" + POP + EMPTY_LIST + MARK + _many(b"h\x01", 100) + APPENDS, "takes more than"),
+    ("10k-member set referenced 10k times (read: each reference is a short description)",
+     _shared(EMPTY_SET + MARK + b"".join(i(k) for k in range(N_ITEMS)) + ADDITEMS), None),
+    ("10k-member frozenset referenced 10k times (read)",
+     _shared(MARK + b"".join(i(k) for k in range(N_ITEMS)) + FROZENSET), None),
+]
+
+
+@pytest.mark.parametrize("body,message", [c[1:] for c in FLATTEN_WORK], ids=[c[0] for c in FLATTEN_WORK])
+def test_flattening_work_is_bounded_by_the_file_size(write, marker, body, message):
+    payload = P2 + body + STOP
+    assert len(payload) < 150_000
+    path = write("shared.pkl", payload)
+    with bounded(seconds=10, extra_mib=256):
+        if message is None:
+            ckpt = wio.open(path)
+            assert len(ckpt.metadata) == N_ITEMS and all(len(v) <= 80 for v in ckpt.metadata.values())
+        else:
+            with pytest.raises(CorruptFileError, match=f"flattening the pickled object {message} [0-9,]+ steps "
+                                                        r"\(entries visited and list items copied"):
+                wio.open(path)
+
+
+def test_a_list_shared_a_few_times_still_reads(write):
+    payload = P2 + _shared(EMPTY_LIST + MARK + _INTS + APPENDS, references=3) + STOP
+    ckpt = wio.open(write("few.pkl", payload))
+    assert list(ckpt.metadata) == ["0", "1", "2"] and ckpt.metadata["2"] == [7] * N_ITEMS
+
+
+def test_short_descriptions_never_copy_a_container():
+    big = set(range(1_000_000))
+    with bounded(seconds=5, extra_mib=16):
+        for _ in range(1000):
+            assert allowlist.short_repr(big).startswith("set({0, 1, 2, 3, …")
