@@ -995,3 +995,36 @@ def test_short_descriptions_never_copy_a_container():
     with bounded(seconds=5, extra_mib=16):
         for _ in range(1000):
             assert allowlist.short_repr(big).startswith("set({0, 1, 2, 3, …")
+
+
+# ----------------------------------------------------------------------------- the fuzz harnesses find these classes
+
+
+def test_the_pytorch_fuzz_harnesses_call_a_changed_global_a_finding(tmp_path):
+    from .test_fuzz import _load_fuzz_module
+
+    fuzz = _load_fuzz_module()
+    harness = fuzz.HARNESSES["pytorch_legacy"]
+    path = tmp_path / "input.pt"
+    path.write_bytes(P2 + EMPTY_DICT + s("w") + g("torch", "float32") + SETITEM + STOP)
+    fuzz.run_one(harness, str(path))  # baseline taken, input read
+    token = allowlist.ALLOWLIST[("torch", "float32")]
+    object.__setattr__(token, "value", "float16")  # what a BUILD on a live stand-in did
+    try:
+        with pytest.raises(AssertionError, match="changed an allowlisted global"):
+            fuzz.run_one(harness, str(path))
+    finally:
+        object.__setattr__(token, "value", "float32")
+
+
+def test_the_pytorch_fuzz_harnesses_call_a_flatten_blow_up_a_finding(tmp_path, monkeypatch):
+    from weightio.formats.pytorch import reader
+
+    from .test_fuzz import _load_fuzz_module
+
+    fuzz = _load_fuzz_module()
+    monkeypatch.setattr(reader, "_NODE_FLOOR", 10**9)  # the reader's budget off: the harness must notice
+    path = tmp_path / "input.pt"
+    path.write_bytes(P2 + _shared(EMPTY_LIST + MARK + _many(b"K\x07", 1000) + APPENDS, references=1000) + STOP)
+    with pytest.raises(AssertionError, match="emitted 1,000,000 metadata items and tensors"):
+        fuzz.run_one(fuzz.HARNESSES["pytorch_legacy"], str(path))
