@@ -146,8 +146,9 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
     tail = file.read(start, size - start, "the end of the archive")
     pos = _find_eocd(tail)
     if pos < 0:
-        raise _fail(file, "no end-of-central-directory record ends the file (truncated, bytes appended, or another "
-                          "end signature that zipfile or torch would pick instead)")
+        raise _fail(file, "no end-of-central-directory record ends the file (truncated, or bytes appended)"
+                    if pos == -1 else "another end-of-central-directory signature follows the end record, which "
+                                      "zipfile or torch would take instead")
     eocd = start + pos
     fields = _EOCD.unpack_from(tail, pos)
     _, disk, cd_disk, _, count, cd_size, cd_offset, _ = fields
@@ -156,16 +157,18 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
         count, cd_size, cd_offset, cd_end = _read_zip64_end(file, eocd, fields)
     elif disk or cd_disk:
         raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
-    if cd_offset + cd_size != cd_end:  # zipfile would shift every offset by the gap; miniz would not
-        raise _fail(file, f"central directory ({cd_size} bytes at {cd_offset}) does not end where the end records "
-                          f"begin ({cd_end})")
+    if cd_offset + cd_size > cd_end:
+        raise _fail(file, f"central directory ({cd_size} bytes at {cd_offset}) overruns the end records at {cd_end}")
+    if cd_offset + cd_size < cd_end:  # zipfile would shift every offset by the gap; miniz would not
+        raise _fail(file, f"{cd_end - cd_offset - cd_size} bytes lie between the central directory and the end "
+                          "records (zipfile would read the archive as if shifted by them, torch would not)")
     if count * _CENTRAL.size > cd_size:  # (the member count's limit is weightio.limits.tensors)
         raise _fail(file, f"{count} entries cannot fit in a {cd_size}-byte central directory")
     return cd_offset, cd_size, count
 
 
 def _find_eocd(tail: bytes) -> int:
-    """Offset in `tail` of the EOCD record, or -1 when the readers could disagree on it.
+    """Offset in `tail` of the EOCD record; -1 if there is none, -2 if the readers could disagree.
 
     `zipfile` takes the last 22 bytes when they are a comment-less EOCD, else the last signature;
     miniz the last signature with 22 bytes after it. Accepted only when both pick the same one
@@ -179,7 +182,7 @@ def _find_eocd(tail: bytes) -> int:
         if pos < 0 or pos > last or pos + _EOCD.size + _EOCD.unpack_from(tail, pos)[7] != len(tail):
             return -1
     if tail.rfind(b"PK\x05\x06", pos + 1, last + 4) >= 0:
-        return -1
+        return -2
     return pos
 
 

@@ -92,11 +92,13 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
 
 
 def _sniff_zip(file: MappedFile) -> str:
-    names = [m.name for m in _zip.read_members(file)]
-    if any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in names):
+    members = _zip.read_members(file)
+    names = [m.name for m in members]
+    folded = [m.raw_name.lower() for m in members]  # torch finds records without regard to ASCII case
+    if any(n == b"constants.pkl" or n.endswith(b"/constants.pkl") for n in folded):
         raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
                           "loaded — save the module's state_dict() with torch.save instead", path=file.path)
-    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+    if any(n == b"data.pkl" or n.endswith(b"/data.pkl") for n in folded):
         return "pytorch"
     if all(n.endswith(".npy") for n in names):
         return "npz"

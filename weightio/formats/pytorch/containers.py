@@ -112,25 +112,48 @@ class Container:
 
 
 class ZipContainer(Container):
-    """``torch.save``'s zip format."""
+    """``torch.save``'s zip format, whose records are found the way torch finds them.
+
+    torch's reader (miniz) takes the archive prefix from the *first* central-directory entry (up to
+    its first ``/``), refuses an archive with any member outside that prefix (``torch.load`` lists
+    every record), and looks each record up by ``prefix + name`` with ASCII letters folded. The
+    same rule here, over the raw name bytes, with names that fold equal refused by `_zip`, reads
+    the same record torch reads or refuses the file.
+    """
 
     kind = "zip"
 
     def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
         super().__init__(file, limits)
-        self.records = {m.name: m for m in members}
-        self.prefix = _archive_prefix(file, members)
+        self.raw_prefix = _archive_prefix(file, members)
+        self.prefix = self.raw_prefix.decode("utf-8", "replace")
+        self.records = {m.raw_name.lower(): m for m in members}
+        pickle_record = self.record("data.pkl")
+        if pickle_record is None:
+            raise CorruptFileError(f"a PyTorch zip checkpoint has a {self.prefix}data.pkl record (torch looks it up "
+                                   "without regard to case); there is none", path=file.path)
         self.byteorder = self._byteorder()
         self._check_version()
-        pickle_record = self.records[self.prefix + "data.pkl"]
         self.pickles = [(pickle_record.name, self._read_record(pickle_record, limits.header_bytes))]
         self.root = self._unpickle(self.pickles[0][1], pickle_record.name)
+        self._check_prefix(members)
+
+    def _check_prefix(self, members: list[_zip.ZipMember]) -> None:
+        """Every member lies under the prefix (after the pickle, whose refusal says more)."""
+        outside = next((m for m in members if not m.raw_name.startswith(self.raw_prefix)), None)
+        if outside is not None:
+            raise self._fail(f"member {outside.name!r} is not under the archive prefix {self.prefix!r} of the first "
+                             "member (torch.load refuses such archives)")
+
+    def record(self, name: str) -> _zip.ZipMember | None:
+        """The member torch reads for record `name` (``data.pkl``, ``data/0`` …), or None."""
+        return self.records.get((self.raw_prefix + name.encode("utf-8", "surrogatepass")).lower())
 
     def _read_record(self, record: _zip.ZipMember, limit: int) -> bytes:
         return _zip.read_member(self.file, record, limit, what="record")
 
     def _small_record(self, name: str) -> bytes | None:
-        record = self.records.get(self.prefix + name)
+        record = self.record(name)
         if record is None:
             return None
         if record.size > 64:
@@ -146,9 +169,9 @@ class ZipContainer(Container):
         return raw.decode()
 
     def _check_version(self) -> None:
-        raw = self._small_record("version")
+        raw = self._small_record(".data/version")  # torch's order: .data/version, then version
         if raw is None:
-            raw = self._small_record(".data/version")
+            raw = self._small_record("version")
         if raw is None:
             return
         text = raw.strip()
@@ -165,28 +188,32 @@ class ZipContainer(Container):
 
     def locate(self, storage: StorageRef) -> Span:
         name = f"{self.prefix}data/{storage.key}"
-        record = self.records.get(name)
+        if storage.key.endswith(_DEBUG_SUFFIX):  # torch's reader answers such records with no bytes
+            raise self._fail(f"its storage key {storage.key!r} ends in {_DEBUG_SUFFIX!r}, which torch never reads")
+        record = self.record(f"data/{storage.key}")
         if record is None:
             raise self._fail(f"its storage {storage.key!r} has no record {name!r} in the archive")
         nbytes = storage.numel * itemsize(storage.dtype)
         if record.size != nbytes:
             raise self._fail(f"its storage {storage.key!r} is declared as {storage.numel:,} x {storage.dtype} = "
-                             f"{nbytes:,} bytes but record {name!r} holds {record.size:,}")
+                             f"{nbytes:,} bytes but record {record.name!r} holds {record.size:,}")
         if record.method == _zip.METHOD_STORED:
             return Span(record.data_offset, nbytes)
         return Span(0, nbytes, record)
 
 
-def _archive_prefix(file: MappedFile, members: list[_zip.ZipMember]) -> str:
-    """The prefix of the one ``<prefix>/data.pkl`` record; TorchScript archives are refused."""
-    pickles = [m.name for m in members if m.name.endswith("data.pkl")
-               and (m.name == "data.pkl" or (m.name.count("/") == 1 and m.name.endswith("/data.pkl")))]
-    if len(pickles) != 1:
-        found = ", ".join(repr(n) for n in pickles) or "none"
-        raise CorruptFileError(f"a PyTorch zip checkpoint has one <prefix>/data.pkl record; found {found}",
-                               path=file.path)
-    prefix = pickles[0][: -len("data.pkl")]
-    if any(m.name == prefix + "constants.pkl" for m in members):  # what torch.load calls TorchScript
+_DEBUG_SUFFIX = ".debug_pkl"  # records torch's reader skips unless asked for debug symbols
+
+
+def _archive_prefix(file: MappedFile, members: list[_zip.ZipMember]) -> bytes:
+    """torch's archive prefix (``archive/``): the first central-directory entry's name up to its
+    first ``/``. TorchScript archives are refused."""
+    first = members[0].raw_name if members else b""
+    if b"/" not in first:
+        raise CorruptFileError(f"the first zip member {members[0].name if members else None!r} is not in a folder; "
+                               "torch names a checkpoint's records <prefix>/<record> after it", path=file.path)
+    prefix = first[: first.index(b"/") + 1]
+    if any(m.raw_name.lower() == (prefix + b"constants.pkl").lower() for m in members):  # torch.load: TorchScript
         raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
                           "loaded — save the module's state_dict() with torch.save instead", path=file.path)
     return prefix
