@@ -59,7 +59,8 @@ from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 
-__all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
+__all__ = ["ZipMember", "read_members", "case_collisions", "inflate", "inflate_prefix", "METHOD_STORED",
+           "METHOD_DEFLATED"]
 
 METHOD_STORED, METHOD_DEFLATED = 0, 8
 _METHODS = (METHOD_STORED, METHOD_DEFLATED)
@@ -104,7 +105,7 @@ class ZipMember(NamedTuple):
 _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
 
 
-def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
+def read_members(file: MappedFile, limits: Limits | None = None, *, case_collisions: bool = False) -> list[ZipMember]:
     """Every member of the zip archive `file`, in central-directory order (the order of `zipfile`'s
     ``namelist()`` and of miniz's index, whose first entry names torch's archive prefix), fully
     validated (see module doc).
@@ -112,23 +113,42 @@ def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMemb
     The member count is bounded by ``limits.tensors`` and the central directory's size by
     ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
     is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
+    `case_collisions` lets names that fold equal through (for `weightio.scan`, which lists them).
     """
     limits = limits or current_limits()
     cached = _CACHE.get(file)
+    if case_collisions and cached is None:
+        return _walk(file, limits, case_collisions=True)
     if cached is not None:
         if len(cached) > limits.tensors:
             raise exceeded("member count", len(cached), "tensors", limits.tensors, path=file.path, unit="")
         return list(cached)
+    located = _walk(file, limits)
+    _CACHE[file] = tuple(located)
+    return located
+
+
+def _walk(file: MappedFile, limits: Limits, *, case_collisions: bool = False) -> list[ZipMember]:
     cd_offset, cd_size, count = _find_central_directory(file)
     if count > limits.tensors:
         raise exceeded("member count", count, "tensors", limits.tensors, path=file.path, unit="")
     if cd_size > limits.header_bytes:
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
-    members = _read_central_directory(file, cd_offset, cd_size, count)
+    members = _read_central_directory(file, cd_offset, cd_size, count, case_collisions)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
-    _CACHE[file] = tuple(located)
     return located
+
+
+def case_collisions(members: list[ZipMember]) -> list[tuple[str, str]]:
+    """Every pair of member names that are equal once ASCII letters are folded (miniz's lookup)."""
+    first: dict[bytes, str] = {}
+    pairs = []
+    for m in members:
+        other = first.setdefault(m.raw_name.lower(), m.name)
+        if other is not m.name:
+            pairs.append((other, m.name))
+    return pairs
 
 
 _CACHE: weakref.WeakKeyDictionary[MappedFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
@@ -221,8 +241,8 @@ def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[in
     return count, cd_size, cd_offset, record
 
 
-def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
-                            count: int) -> list[tuple[ZipMember, bytes, int]]:
+def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, count: int,
+                            case_collisions: bool = False) -> list[tuple[ZipMember, bytes, int]]:
     """Parse the central directory from one read (its size is bounded by the file's).
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
@@ -249,7 +269,8 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
             _check_entry(file, name, flags, method)
         if name in names:
             raise _fail(file, f"member {name!r} appears twice")
-        _check_fold(file, folded, raw_name, name)
+        if not case_collisions:
+            _check_fold(file, folded, raw_name, name)
         names.add(name)
         members.append((_member((name, method, crc, csize, usize, offset, -1, raw_name)), raw_name, flags))
         pos = start + nlen + xlen + clen

@@ -16,7 +16,7 @@ from .. import _zip
 from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .allowlist import StorageRef, TensorRef, Token, short_repr
-from .opcodes import PROTO
+from .opcodes import OPCODE_NAMES, PROTO
 from .torch_dtypes import itemsize
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "open_container", "pickles"]
@@ -431,9 +431,10 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     pickle) and unpickle its object, within `limits` (the current `weightio.limits` by default)."""
     limits = limits or current_limits()
     head = file.read(0, min(file.size, 512), "the first bytes")
-    if _is_zip(head):
+    kind = _container_kind(head)
+    if kind == "zip":
         return ZipContainer(file, _zip.read_members(file, limits), limits)
-    if tar.looks_like_tar(head):
+    if kind == "tar":
         return TarContainer(file, limits)
     data = memoryview(file.data)
     end = lexer.prepass(data, 0, path=file.path, what="pickle 1", limits=limits)
@@ -449,8 +450,16 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     return container
 
 
-def _is_zip(head: bytes) -> bool:
-    return head.startswith((b"PK\x03\x04", b"PK\x05\x06"))
+def _container_kind(head: bytes) -> str:
+    """``"zip"``, ``"tar"`` or ``"pickle"``, decided as ``torch.load`` decides: a zip only when the
+    file starts with a local header, then whatever ``tarfile`` opens is a tar (never a raw pickle)."""
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if tar.opens_as_tar(head):
+        return "tar"
+    if head.startswith(b"PK\x05\x06"):  # an empty zip: refused as a checkpoint by the zip reader
+        return "zip"
+    return "pickle"
 
 
 # ----------------------------------------------------------------------------- the pickles a file holds
@@ -461,47 +470,85 @@ def pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     well formed: what `weightio scan` inspects. A pickle that cannot be read is listed with the
     reason in its location and empty (zip) or its first bytes (stacked pickles)."""
     head = file.read(0, min(file.size, 512), "the first bytes")
-    if _is_zip(head):
+    kind = _container_kind(head)
+    if kind == "zip":
         return _zip_pickles(file)
-    if tar.looks_like_tar(head):
+    if kind == "tar":
         return _tar_pickles(file)
     return _stacked_pickles(file)
 
 
 def _zip_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """Every ``.pkl``/``.pickle`` record, read within the limit the reader applies."""
+    """Every member that holds a pickle, found by its bytes (a PROTO opcode first, or a small member
+    that lexes as one whole pickle) or its name (``*.pkl``/``*.pickle`` in any case), read within
+    the limit the reader applies. Names that fold equal are listed too (the reader refuses them)."""
     try:
-        members = _zip.read_members(file)
+        members = _zip.read_members(file, case_collisions=True)
     except WeightioError:
         return _stacked_pickles(file)  # e.g. a pickle with a zip appended: look at the front
+    limit = current_limits().header_bytes
     found = []
     for m in members:
-        if not m.name.endswith((".pkl", ".pickle")):
-            continue
         try:
-            found.append((m.name, _zip.read_member(file, m, current_limits().header_bytes)))
+            if not _holds_pickle(file, m):
+                continue
+            found.append((m.name, _zip.read_member(file, m, limit)))
         except WeightioError as e:
             found.append((f"{m.name} ({e.message})", b""))
     return found
 
 
+_SMALL_MEMBER = 1 << 20  # members up to this size are lexed whole to find protocol 0/1 pickles
+
+
+def _holds_pickle(file: MappedFile, member: _zip.ZipMember) -> bool:
+    if member.raw_name.lower().endswith((b".pkl", b".pickle")):
+        return True
+    head = _zip.inflate_prefix(file, member, 2)
+    if len(head) == 2 and head[0] == PROTO and 2 <= head[1] <= 5:
+        return True
+    if not head or head[0] not in OPCODE_NAMES or member.size > _SMALL_MEMBER:
+        return False
+    data = _zip.read_member(file, member, _SMALL_MEMBER)
+    try:
+        return lexer.lex(data, path=file.path, what=member.name, collect=True).pos == len(data)
+    except WeightioError:
+        return False
+
+
 def _tar_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """The pickles the tar reader walked (up to any error), plus the two whole-member pickles."""
+    """The pickles the tar reader walked (up to any error), the first pickle of every other member
+    (found by its bytes, whatever the member is called), and — since torch falls back to reading
+    the file as a raw pickle when ``tarfile`` fails past its first header — any pickles at offset 0."""
     found: list[tuple[str, bytes]] = []
     try:
         TarContainer(file, current_limits(), found)
     except WeightioError:
         pass  # the pickles read up to the failure are still listed
+    walked = {loc.split(" (")[0] for loc, _ in found}
     try:
-        members = {m.name: m for m in tar.read_members(file)}
+        members = tar.read_members(file)
     except WeightioError:
-        return found
-    for name in ("sys_info", "pickle"):
-        label = f"member {name!r}"
-        if name in members and label not in {loc for loc, _ in found}:
-            m = members[name]
-            found.append((label, file.read(m.data_offset, m.size, label)))
+        members = []
+    for m in members:
+        label = f"member {m.name!r}"
+        if label not in walked and (raw := _first_pickle(file, m.data_offset, m.size, label)) is not None:
+            found.append((label, raw))
+    found += [(f"read as a raw pickle, {loc}", data) for loc, data in _stacked_pickles(file)]
     return found
+
+
+def _first_pickle(file: MappedFile, offset: int, size: int, label: str) -> bytes | None:
+    """The pickle at the start of a member, or its first bytes if it starts with PROTO but does not
+    lex; None when the member does not start with a pickle."""
+    if size == 0:
+        return None
+    data = memoryview(file.data)[: offset + size]
+    try:
+        end = lexer.lex(data, offset, path=file.path, what=label, collect=True).pos
+    except WeightioError:
+        return bytes(data[offset: offset + min(size, 1 << 16)]) if data[offset] == PROTO else None
+    return bytes(data[offset:end])
 
 
 def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
