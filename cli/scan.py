@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -31,7 +32,10 @@ def scan_command(path: str, as_json: bool) -> None:
       weightio scan path/to/downloads/ -q || echo "do not torch.load these"
       weightio scan hf://org/model --json
     """
-    report = weightio.scan(path)
+    # Whatever a library prints while scanning (fickling has printed warnings) goes to stderr, so
+    # that --json writes one JSON document and nothing else to stdout.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = weightio.scan(path)
     if as_json:
         echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False), essential=True)
     else:
