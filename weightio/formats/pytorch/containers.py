@@ -526,11 +526,7 @@ def _tar_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     except WeightioError:
         pass  # the pickles read up to the failure are still listed
     walked = {loc.split(" (")[0] for loc, _ in found}
-    try:
-        members = tar.read_members(file)
-    except WeightioError:
-        members = []
-    for m in members:
+    for m in tar.read_members(file, partial=True):
         label = f"member {m.name!r}"
         if label not in walked and (raw := _first_pickle(file, m.data_offset, m.size, label)) is not None:
             found.append((label, raw))

@@ -58,9 +58,22 @@ class TarMember:
     size: int
 
 
-def read_members(file: MappedFile) -> list[TarMember]:
-    """Every member of the tar archive `file`, in order, validated (see the module docstring)."""
+def read_members(file: MappedFile, *, partial: bool = False) -> list[TarMember]:
+    """Every member of the tar archive `file`, in order, validated (see the module docstring).
+
+    With `partial` (for `weightio.scan`), the members read before any error are returned instead,
+    and whatever follows the end blocks is not looked at.
+    """
     members: list[TarMember] = []
+    try:
+        return _walk(file, members, partial)
+    except CorruptFileError:
+        if partial:
+            return members
+        raise
+
+
+def _walk(file: MappedFile, members: list[TarMember], partial: bool) -> list[TarMember]:
     names: set[str] = set()
     pos, pax = 0, None
     while True:
@@ -70,7 +83,8 @@ def read_members(file: MappedFile) -> list[TarMember]:
         if header == bytes(BLOCK):
             if pax is not None:
                 raise _fail(file, f"the PAX header before offset {pos} describes no member")
-            _check_tail(file, pos)
+            if not partial:
+                _check_tail(file, pos)
             return members
         name, size, kind = _parse_header(file, header, pos)
         data = pos + BLOCK
