@@ -103,7 +103,8 @@ def _zip64_disagrees() -> bytes:
     eocd = raw.rfind(b"PK\x05\x06")
     if raw[eocd - 20: eocd - 16] != b"PK\x06\x07":  # zipfile writes no ZIP64 records here: add them
         cd_count, cd_size, cd_offset = struct.unpack_from("<HII", raw, eocd + 10)
-        record = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, cd_count, cd_count + 1, cd_size, cd_offset)
+        record = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, cd_count + 1, cd_count + 1, cd_size,
+                             cd_offset)
         locator = struct.pack("<IIQI", 0x07064B50, 0, eocd, 1)
         raw[eocd:eocd] = record + locator
     return bytes(raw)
@@ -121,6 +122,14 @@ def _second_eocd_in_comment() -> bytes:
     comment = b"PK\x05\x06" + bytes(8)
     raw[-2:] = struct.pack("<H", len(comment))
     return bytes(raw) + comment
+
+
+def _npz_counting(this_disk: int, total: int) -> bytes:
+    """An npz of two arrays whose end record counts `this_disk` and `total` entries (zipfile reads
+    the central directory by its size and counts neither; miniz wants the two equal)."""
+    raw = bytearray(zip_of([("a.npy", npy_of(np.zeros(1))), ("b.npy", npy_of(np.ones(1)))]))
+    struct.pack_into("<HH", raw, len(raw) - 22 + 8, this_disk, total)
+    return bytes(raw)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,10 @@ DIFFERENTIAL = [
          "no end-of-central-directory record ends the file"),  # zipfile takes the last signature, miniz the real one
     Case("npz: a.npy and A.npy", lambda m: zip_of([("a.npy", npy_of(np.zeros(1))), ("A.npy", npy_of(np.ones(1)))]),
          CorruptFileError, "members 'a.npy' and 'A.npy' have the same name when case is ignored", suffix=".npz"),
+    Case("npz: end record counts 2 here, 0 in all (found by pytorch_differential)", lambda m: _npz_counting(2, 0),
+         CorruptFileError, "the end record counts 2 entries on this disk but 0 in all", suffix=".npz"),
+    Case("npz: end record counts 1 entry of 2 (zipfile reads both)", lambda m: _npz_counting(1, 1),
+         CorruptFileError, "bytes after its 1 entries", suffix=".npz"),
     Case("tar: legacy raw pickle that is also a v7 tar with a storages payload", pickle_tar_polyglot,
          CorruptFileError, "tar archive: non-zero bytes follow the end of the archive", torch="payload"),
     Case("tar: the same polyglot with GNU magic", lambda m: pickle_tar_polyglot(m, magic=b"ustar  \0"),

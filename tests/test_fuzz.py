@@ -22,7 +22,8 @@ import weightio as wio
 from weightio.errors import CorruptFileError, WeightioError
 
 FUZZ = Path(__file__).resolve().parent / "fuzz" / "fuzz.py"
-HARNESSES = ("safetensors", "npy", "npz", "pytorch_zip", "pytorch_legacy", "pytorch_tar", "gguf", "ggml")
+HARNESSES = ("safetensors", "npy", "npz", "pytorch_zip", "pytorch_legacy", "pytorch_tar", "gguf", "ggml",
+             "pytorch_differential")
 RUNS, SECONDS = 1500, 6
 
 

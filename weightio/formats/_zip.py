@@ -171,7 +171,9 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
                                       "zipfile or torch would take instead")
     eocd = start + pos
     fields = _EOCD.unpack_from(tail, pos)
-    _, disk, cd_disk, _, count, cd_size, cd_offset, _ = fields
+    _, disk, cd_disk, count_here, count, cd_size, cd_offset, _ = fields
+    if count_here != count:  # miniz refuses such an archive; zipfile counts neither (it reads cd_size bytes)
+        raise _fail(file, f"the end record counts {count_here} entries on this disk but {count} in all")
     cd_end = eocd
     if _has_zip64_locator(file, eocd) or 0xFFFF in (count, disk, cd_disk) or 0xFFFFFFFF in (cd_size, cd_offset):
         count, cd_size, cd_offset, cd_end = _read_zip64_end(file, eocd, fields)
@@ -231,7 +233,9 @@ def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[in
         raise _fail(file, f"no ZIP64 end record at offset {record}")
     if disks > 1 or fields[4] or fields[5]:
         raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
-    _, _, _, _, _, _, _, count, cd_size, cd_offset = fields
+    _, _, _, _, _, _, count_here, count, cd_size, cd_offset = fields
+    if count_here != count:
+        raise _fail(file, f"the ZIP64 end record counts {count_here} entries on this disk but {count} in all")
     _, _, _, _, count32, size32, offset32, _ = eocd_fields
     for what, small, big, sentinel in (("entry count", count32, count, 0xFFFF),
                                        ("central directory size", size32, cd_size, 0xFFFFFFFF),
@@ -274,6 +278,8 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, coun
         names.add(name)
         members.append((_member((name, method, crc, csize, usize, offset, -1, raw_name)), raw_name, flags))
         pos = start + nlen + xlen + clen
+    if pos != cd_size:  # zipfile reads entries until cd_size bytes are used, whatever the count says
+        raise _fail(file, f"the central directory holds {cd_size - pos} bytes after its {count} entries")
     return members
 
 
