@@ -4,8 +4,9 @@ For a file (or every file under a directory), the report gives:
 
 * the file's format and weightio's **verdict**: whether `weightio.open` reads it, or the exact
   error it raises (an `UnsafePickleError` names the refused global);
-* for **every pickle** the file holds — a torch zip's ``data.pkl`` and any other ``*.pkl``
-  member (TorchScript's ``constants.pkl`` included), each of the five stacked pickles of a
+* for **every pickle** the file holds — every zip member holding one, found by its bytes or a
+  ``.pkl`` name in any case (``data.pkl``, TorchScript's ``constants.pkl``, a payload under any
+  other name), each of the five stacked pickles of a
   legacy ``torch.save`` file, the pickles of a legacy tar's members, a plain pickle and any
   pickles stacked after it:
 
