@@ -212,7 +212,7 @@ def test_dunder_attribute_state_is_refused(write, marker, state):
 
 def test_build_on_a_token_is_refused_and_on_a_builtin_is_malformed(write, marker):
     _refused(write, P2 + g("torch", "float32") + EMPTY_DICT + BUILD + STOP, UnsafePickleError,
-             "BUILD on torch.float32 is not allowed")
+             "BUILD on torch.float32 (an allowlisted global) is not allowed")
     _refused(write, P2 + EMPTY_LIST + EMPTY_DICT + BUILD + STOP, CorruptFileError,
              "pickle 1 is malformed (AttributeError: 'list' object has no attribute '__dict__')")
 
@@ -259,7 +259,7 @@ HOSTILE_STREAMS = [
     ("STOP with two objects", P2 + NONE + NONE + STOP, "STOP at offset 4 leaves 2 objects on the stack, not 1"),
     ("STOP inside a MARK", P2 + NONE + MARK + STOP, "STOP at offset 4 with a MARK still open"),
     ("PROTO twice", P2 + P2 + NONE + STOP, "PROTO at offset 2 is not the first opcode"),
-    ("underflow", P2 + b"\x85" + STOP, "pickle 1 is malformed (UnpicklingError: unpickling stack underflow)"),
+    ("underflow", P2 + b"\x85" + STOP, "pickle 1: TUPLE1 at offset 2 pops more than the stack holds"),
     ("pop below the mark", P2 + NONE + MARK + b"\x85" + STOP, "STOP at offset 5 with a MARK still open"),
     ("TUPLE without MARK", P2 + NONE + TUPLE + STOP, "TUPLE at offset 3 has no MARK to pop to"),
 ]
@@ -604,3 +604,427 @@ def test_the_opcode_table_is_the_pickle_protocols():
     for name in ("MARK", "STOP", "POP", "TUPLE", "PROTO", "BINUNICODE", "SHORT_BINUNICODE", "BINGET", "LONG_BINGET",
                  "BINPUT", "LONG_BINPUT", "MEMOIZE"):
         assert getattr(opcodes, name) == getattr(pickle, name)[0] == opcodes.OP[name]
+
+
+# ----------------------------------------------------------------------------- issue 12, class 2: inert globals
+# Every allowlisted global is shared by every pickle the process reads: no opcode may change one
+# (weightio.formats.pytorch.inert). Each case applies one generic opcode to one global.
+
+NEWOBJ, ADDITEMS, APPENDS, TUPLE2 = b"\x81", b"\x90", b"e", b"\x86"
+
+
+def _slot_state(**attrs: bytes) -> bytes:
+    """A BUILD state (None, {attr: value}): CPython's default BUILD does setattr for each."""
+    return NONE + EMPTY_DICT + MARK + b"".join(s(k) + v for k, v in attrs.items()) + SETITEMS + TUPLE2
+
+
+def _dict_state(**attrs: bytes) -> bytes:
+    return EMPTY_DICT + MARK + b"".join(s(k) + v for k, v in attrs.items()) + SETITEMS
+
+
+INERT_GLOBALS = [
+    ("BUILD slot state on collections.OrderedDict (__defaults__)",
+     g("collections", "OrderedDict") + _slot_state(__defaults__=tup(EMPTY_DICT + s("evil") + i(1) + SETITEM)) + BUILD,
+     UnsafePickleError, "BUILD on collections.OrderedDict (an allowlisted global) is not allowed"),
+    ("BUILD dict state on torch._utils._rebuild_tensor_v2",
+     g("torch._utils", "_rebuild_tensor_v2") + _dict_state(__kwdefaults__=EMPTY_DICT) + BUILD,
+     UnsafePickleError, "BUILD on torch._utils._rebuild_tensor_v2 (an allowlisted global) is not allowed"),
+    ("BUILD slot state on the argparse.Namespace class (__new__)",
+     g("argparse", "Namespace") + _slot_state(__new__=g("builtins", "set")) + BUILD,
+     UnsafePickleError, "BUILD on the class argparse.Namespace (not an instance of it) is not allowed"),
+    ("BUILD dict state on the argparse.Namespace class",
+     g("argparse", "Namespace") + _dict_state(allowlisted_as=s("x")) + BUILD,
+     UnsafePickleError, "BUILD on the class argparse.Namespace (not an instance of it) is not allowed"),
+    ("BUILD slot state on the torch.float32 token (value)",
+     g("torch", "float32") + _slot_state(value=s("float16")) + BUILD,
+     UnsafePickleError, "BUILD on torch.float32 (an allowlisted global) is not allowed"),
+    ("BUILD on the layout token _get_layout returns",
+     call("torch.serialization", "_get_layout", s("torch.strided")) + _slot_state(name=s("sparse_coo")) + BUILD,
+     UnsafePickleError, "BUILD on torch.strided (an allowlisted global) is not allowed"),
+    ("NEWOBJ on numpy.dtype (a function stand-in, not a class)",
+     g("numpy", "dtype") + EMPTY_TUPLE + NEWOBJ,
+     CorruptFileError, "is malformed: NEWOBJ on something that is not a class (of the allowlist, only "
+                       "argparse.Namespace is built by NEWOBJ)"),
+    ("NEWOBJ on collections.OrderedDict", g("collections", "OrderedDict") + EMPTY_TUPLE + NEWOBJ,
+     CorruptFileError, "NEWOBJ on something that is not a class"),
+    ("NEWOBJ on argparse.Namespace with an argument", g("argparse", "Namespace") + tup(i(1)) + NEWOBJ,
+     CorruptFileError, "argparse.Namespace takes no positional arguments"),
+    ("SETITEM on torch.Size", g("torch", "Size") + s("k") + i(1) + SETITEM,
+     UnsafePickleError, "SETITEM on torch.Size (an allowlisted global) is not allowed"),
+    ("APPENDS on collections.Counter", g("collections", "Counter") + MARK + i(1) + APPENDS,
+     UnsafePickleError, "APPEND or ADDITEMS on collections.Counter (an allowlisted global) is not allowed"),
+    ("ADDITEMS on builtins.set", g("builtins", "set") + MARK + i(1) + ADDITEMS,
+     UnsafePickleError, "APPEND or ADDITEMS on builtins.set (an allowlisted global) is not allowed"),
+    ("REDUCE on a dtype token", g("torch", "float32") + EMPTY_TUPLE + REDUCE,
+     CorruptFileError, "TypeError: 'Token' object is not callable"),
+    ("torch.Size of a list of lists (a tuple from a mutable container's items)",
+     call("torch", "Size", EMPTY_LIST + EMPTY_LIST + b"a"), CorruptFileError, "torch.Size takes a tuple of ints"),
+]
+
+
+@pytest.mark.parametrize("payload,error,message", [c[1:] for c in INERT_GLOBALS], ids=[c[0] for c in INERT_GLOBALS])
+def test_no_opcode_changes_an_allowlisted_global(write, marker, payload, error, message):
+    before = _allowlist_snapshot()
+    _refused(write, P2 + payload + STOP, error, message)
+    assert _allowlist_snapshot() == before
+
+
+def _allowlist_snapshot() -> list:
+    """Every attribute of every allowlisted object (and of what a function stand-in calls)."""
+    from weightio.formats.pytorch.inert import Function
+
+    out = []
+    for key, value in allowlist.ALLOWLIST.items():
+        attrs = {a: getattr(value, a) for a in ("module", "name", "kind", "value", "allowlisted_as")
+                 if hasattr(value, a)}
+        if isinstance(value, Function):
+            target = value._call
+            attrs.update(call=target, defaults=getattr(target, "__defaults__", None),
+                         kwdefaults=getattr(target, "__kwdefaults__", None), code=getattr(target, "__code__", None),
+                         dict=dict(getattr(target, "__dict__", {})))
+        elif isinstance(value, type):
+            attrs.update(vars(value))
+        out.append((key, type(value), attrs))
+    return out
+
+
+@pytest.mark.parametrize("key", list(allowlist.ALLOWLIST), ids=[f"{m}.{n}" for m, n in allowlist.ALLOWLIST])
+def test_every_allowlisted_global_rejects_setattr_and_build(write, key):
+    from weightio.formats.pytorch.inert import FrozenClass, Function, Token
+
+    value = allowlist.ALLOWLIST[key]
+    assert isinstance(value, (Function, Token, FrozenClass))
+    assert not hasattr(value, "__dict__") or isinstance(value, type)  # classes: a read-only mappingproxy
+    for attr in ("__defaults__", "__kwdefaults__", "__code__", "name", "value", "kind", "x"):
+        with pytest.raises(UnsafePickleError, match="is an allowlisted global and cannot be changed"):
+            setattr(value, attr, None)
+    with pytest.raises(UnsafePickleError):
+        delattr(value, "name")
+    with pytest.raises(UnsafePickleError, match="BUILD on"):
+        value.__setstate__({})
+    module, name = key
+    for state in (_dict_state(x=i(1)), _slot_state(__defaults__=EMPTY_TUPLE, x=i(1))):
+        with pytest.raises(WeightioError, match="BUILD on"):
+            wio.open(write("b.pkl", P2 + g(module, name) + state + BUILD + STOP))
+    if not isinstance(value, type):
+        with pytest.raises(CorruptFileError, match="NEWOBJ on something that is not a class"):
+            wio.open(write("n.pkl", P2 + g(module, name) + EMPTY_TUPLE + NEWOBJ + STOP))
+
+
+def _benign_checkpoints(folder) -> list:  # noqa: ANN001
+    """Files whose reading depends on the stand-ins: torch-written checkpoints of each container,
+    and pickles of Namespace, OrderedDict, Counter, sets, numpy dtypes/arrays/scalars, torch.Size."""
+    import argparse
+    import collections
+
+    values = {"args": argparse.Namespace(lr=0.1, layers=[1, 2]), "od": collections.OrderedDict(a=1),
+              "counts": collections.Counter(b=2), "s": {1, 2}, "f": frozenset({"x"}), "z": 1 + 2j,
+              "arr": np.arange(6, dtype=">f4").reshape(2, 3), "scalar": np.float64(0.5), "dt": np.dtype("i2")}
+    paths = [FIXTURES / "pytorch" / n for n in ("views.pt", "nested.pt", "special.pt", "protocol2_legacy.pt",
+                                                 "legacy_tar.pt", "numpy_weights_p2.pkl")]
+    for protocol in (2, 4):
+        path = folder / f"values{protocol}.pkl"
+        path.write_bytes(pickle.dumps(values, protocol=protocol))
+        paths.append(path)
+    return paths
+
+
+_DIGEST = """
+import hashlib, json, sys
+import weightio as wio
+from weightio.errors import WeightioError
+out = []
+for path in sys.argv[1:]:
+    with wio.open(path) as ckpt:
+        tensors = []
+        for name in ckpt:
+            view = ckpt[name]
+            try:
+                data = hashlib.sha256(view.numpy().tobytes()).hexdigest()
+            except WeightioError as e:
+                data = type(e).__name__
+            tensors.append([name, str(view.dtype), list(view.shape), data])
+        out.append([tensors, repr(sorted(ckpt.metadata.items()))])
+print(json.dumps(out))
+"""
+
+
+def _hostile_files(folder) -> list:  # noqa: ANN001
+    """Every generic opcode on every allowlisted global, with states that would change it."""
+    attrs = dict(__defaults__=tup(EMPTY_DICT + s("evil") + i(1) + SETITEM), __kwdefaults__=EMPTY_DICT,
+                 value=s("float16"), kind=s("storage"), name=s("x"), module=s("x"), _call=g("builtins", "set"),
+                 allowlisted_as=s("x"), __new__=g("builtins", "set"), fields=EMPTY_DICT, __setstate__=NONE)
+    bodies = []
+    for (module, name), value in allowlist.ALLOWLIST.items():
+        glob = g(module, name)
+        newobj = glob + EMPTY_TUPLE + NEWOBJ  # a class stand-in is built by it (argparse.Namespace): then SETITEM
+        bodies += [glob + _dict_state(**attrs) + BUILD, glob + _slot_state(**attrs) + BUILD,
+                   newobj + (s("k") + i(1) + SETITEM if isinstance(value, type) else b""),
+                   newobj + _slot_state(**attrs) + BUILD,
+                   glob + s("k") + i(1) + SETITEM, glob + MARK + i(1) + APPENDS, glob + MARK + i(1) + ADDITEMS]
+    paths = []
+    for k, body in enumerate(bodies):
+        path = folder / f"hostile{k}.pkl"
+        path.write_bytes(P2 + body + STOP)
+        paths.append(path)
+    return paths
+
+
+_HOSTILE_THEN_DIGEST = """
+import sys
+import weightio as wio
+from weightio.errors import WeightioError
+hostile = sys.argv[1:sys.argv.index("--")]
+for path in hostile:
+    try:
+        wio.open(path)
+    except WeightioError as e:
+        assert e.message, path
+    else:
+        raise SystemExit(f"{path} was read")
+    try:
+        wio.scan(path)
+    except WeightioError:
+        pass
+sys.argv = [sys.argv[0]] + sys.argv[sys.argv.index("--") + 1:]
+"""
+
+
+def test_hostile_files_leave_no_trace_in_the_process(tmp_path):
+    """In one process: every hostile file (each refused with a WeightioError), then the benign
+    files; the benign results equal those of a fresh process that read only them."""
+    import subprocess
+
+    benign = [str(p) for p in _benign_checkpoints(tmp_path)]
+    hostile = [str(p) for p in _hostile_files(tmp_path)]
+    fresh = subprocess.run([sys.executable, "-c", _DIGEST, *benign], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    after = subprocess.run([sys.executable, "-c", _HOSTILE_THEN_DIGEST + _DIGEST, *hostile, "--", *benign],
+                           capture_output=True, text=True, timeout=300)
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert after.stdout == fresh.stdout
+    assert len(hostile) == 7 * len(allowlist.ALLOWLIST) and "float32" in fresh.stdout
+
+
+def test_namespaces_still_arrive_by_newobj_and_validate_in_new(write):
+    import argparse
+
+    for protocol in (2, 3, 4, 5):
+        ckpt = wio.open(write("ns.pkl", pickle.dumps({"args": argparse.Namespace(lr=0.5, name="run")}, protocol)))
+        assert ckpt.metadata == {"args.lr": 0.5, "args.name": "run"}
+    namespace = allowlist.ALLOWLIST[("argparse", "Namespace")]
+    assert namespace.__new__(namespace).fields == {}  # what NEWOBJ calls: the whole object, no __init__
+
+
+# ----------------------------------------------------------------------------- issue 12, class 3: nesting without MARK
+# CPython hashes a tuple (a dict key, a set member) by recursing in C without a depth check: a
+# 200 000-deep tuple crashed the process (SIGSEGV). Each case runs in a subprocess, which must
+# exit with a clean CorruptFileError, not a signal.
+
+DEEP = 200_000
+TUPLE1, EMPTY_SET, FROZENSET = b"\x85", b"\x8f", b"\x91"
+
+
+def _put(k: int) -> bytes:
+    return b"r" + struct.pack("<I", k)
+
+
+def _get(k: int) -> bytes:
+    return b"j" + struct.pack("<I", k)
+
+
+def _memo_mutation(levels: int) -> bytes:
+    """Lists memoized empty (depth 0), then each appended to its predecessor through BINGET:
+    every memo slot still says depth 0, the object is `levels` deep."""
+    made = b"".join(EMPTY_LIST + _put(k) + POP for k in range(levels))
+    linked = b"".join(_get(k) + _get(k - 1) + b"a" + POP for k in range(1, levels))
+    return made + linked + _get(levels - 1)
+
+
+CHAIN = NONE + TUPLE1 * DEEP
+DEEP_NESTING = [
+    ("200k TUPLE1 chain as the pickle's result", CHAIN, "(TUPLE1 at offset 1003)"),
+    ("200k TUPLE1 chain as a dict key", EMPTY_DICT + CHAIN + NONE + SETITEM, "(TUPLE1 at offset 1004)"),
+    ("200k TUPLE1 chain as a set member", EMPTY_SET + MARK + CHAIN + ADDITEMS, "(TUPLE1 at offset 1005)"),
+    ("200k TUPLE1 chain in a FROZENSET", MARK + CHAIN + FROZENSET, "(TUPLE1 at offset 1004)"),
+    ("200k TUPLE1 chain as a plain value", EMPTY_DICT + s("v") + CHAIN + SETITEM, "(TUPLE1 at offset 1010)"),
+    ("200k EMPTY_TUPLE nested by TUPLE2", EMPTY_TUPLE + (EMPTY_TUPLE + TUPLE2) * DEEP, "(TUPLE2 at offset"),
+    ("200k MARK/TUPLE levels through the memo, one MARK open at a time",
+     EMPTY_TUPLE + b"q\x00" + POP + (MARK + b"h\x00" + TUPLE + b"q\x00" + POP) * DEEP + b"h\x00",
+     "(TUPLE at offset"),
+    ("200k lists nested by APPEND through the memo", EMPTY_LIST + b"q\x00" + POP
+     + (EMPTY_LIST + b"h\x00" + b"a" + b"q\x00" + POP) * DEEP + b"h\x00", "(APPEND at offset"),
+    ("200k dicts nested by SETITEM", EMPTY_DICT + b"q\x00" + POP
+     + (EMPTY_DICT + i(0) + b"h\x00" + SETITEM + b"q\x00" + POP) * DEEP + b"h\x00", "(SETITEM at offset"),
+    ("200k levels carried through REDUCE results (_rebuild_parameter returns its data)",
+     EMPTY_TUPLE + b"q\x00" + POP + g("torch._utils", "_rebuild_parameter") + b"q\x01" + POP
+     + (b"h\x01" + b"h\x00" + NEWFALSE + NONE + b"\x87" + REDUCE + TUPLE1 + b"q\x00" + POP) * DEEP + b"h\x00",
+     "(TUPLE3 at offset"),
+    ("200k Namespaces nested by BUILD", EMPTY_DICT + b"q\x00" + POP
+     + (g("argparse", "Namespace") + EMPTY_TUPLE + NEWOBJ + EMPTY_DICT + s("a") + b"h\x00" + SETITEM + BUILD
+        + b"q\x00" + POP) * DEEP + b"h\x00", "(SETITEM at offset"),
+    ("200k lists memoized empty, then appended to through BINGET (memo mutation)", _memo_mutation(DEEP),
+     "the pickled object nests deeper than 1,000 levels"),
+    ("memo mutation laundered into a tuple by torch.Size", _memo_mutation(3000)[:-5] + g("torch", "Size")
+     + _get(2999) + TUPLE1 + REDUCE + TUPLE1, "torch.Size takes a tuple of ints"),
+]
+
+_OPEN_IN_SUBPROCESS = """
+import sys
+import weightio as wio
+from weightio.errors import CorruptFileError
+try:
+    wio.open(sys.argv[1])
+except CorruptFileError as e:
+    print(e)
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize("body,message", [c[1:] for c in DEEP_NESTING], ids=[c[0] for c in DEEP_NESTING])
+def test_nesting_without_marks_is_refused_before_c_recursion(write, body, message):
+    import subprocess
+
+    path = write("deep.pkl", P2 + body + STOP)
+    done = subprocess.run([sys.executable, "-c", _OPEN_IN_SUBPROCESS, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 3, (done.returncode, done.stderr[-2000:])  # not -11 (SIGSEGV), not a traceback
+    assert message in done.stdout, done.stdout
+    assert done.stdout.startswith(f"{path}: ") and not done.stderr
+
+
+def _depth(value) -> int:  # noqa: ANN001
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return 1 + max((_depth(v) for v in value), default=-1)
+    return 0
+
+
+_nested = st.recursive(st.none() | st.integers(-5, 5) | st.text(max_size=2),
+                       lambda inner: st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
+                       | st.dictionaries(st.text(max_size=2), inner, max_size=3)
+                       | st.frozensets(st.integers(0, 3), max_size=2), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_nested, st.integers(0, 5))
+def test_the_lexer_depth_bounds_the_real_depth(value, protocol):
+    from weightio.formats.pytorch.opcodes import LEVEL
+
+    item = lexer.lex(pickle.dumps(value, protocol=protocol)).stack[-1]
+    assert item // LEVEL >= _depth(value)
+    if _tuples_only(value):  # what hashing recurses through: exact
+        assert item // LEVEL == _depth(value)
+
+
+def _tuples_only(value) -> bool:  # noqa: ANN001
+    return not isinstance(value, (list, dict, set, frozenset)) and (
+        not isinstance(value, tuple) or all(_tuples_only(v) for v in value))
+
+
+def test_a_file_nested_to_the_limit_still_reads(write):
+    body = NONE + TUPLE1 * 999
+    ckpt = wio.open(write("deep.pkl", P2 + EMPTY_DICT + s("t") + body + SETITEM + STOP))
+    assert list(ckpt.metadata) == ["t" + ".0" * 998]
+
+
+# ----------------------------------------------------------------------------- issue 12, class 5: flattening work
+# A pickle references one object any number of times for two bytes each (BINGET). Flattening
+# walks (and copies list leaves) at every reference: its budget counts that work, so a 100 kB
+# file is refused, or read, in bounded time and memory — never expanded to gigabytes.
+
+N_ITEMS = 10_000
+
+
+def _shared(container: bytes, references: int = N_ITEMS, as_dict: bool = False) -> bytes:
+    """`container` memoized in slot 0, then referenced `references` times from a list (or dict)."""
+    refs = b"".join((i(k) if as_dict else b"") + b"h\x00" for k in range(references))
+    outer = (EMPTY_DICT if as_dict else EMPTY_LIST) + MARK + refs + (SETITEMS if as_dict else APPENDS)
+    return container + b"q\x00" + POP + outer
+
+
+def _many(item: bytes, n: int = N_ITEMS) -> bytes:
+    return b"".join(item for _ in range(n))
+
+
+_INTS = _many(b"K\x07")
+FLATTEN_WORK = [
+    ("10k-item list referenced 10k times", _shared(EMPTY_LIST + MARK + _INTS + APPENDS), "takes more than"),
+    ("10k-item tuple referenced 10k times", _shared(MARK + _INTS + TUPLE), "takes more than"),
+    ("10k-item list referenced from 10k dict values", _shared(EMPTY_LIST + MARK + _INTS + APPENDS, as_dict=True),
+     "takes more than"),
+    ("10k-entry dict referenced 10k times", _shared(EMPTY_DICT + MARK + b"".join(i(k) + NONE for k in range(N_ITEMS))
+                                                    + SETITEMS), "takes more than"),
+    ("Namespace of 10k fields referenced 10k times",
+     _shared(g("argparse", "Namespace") + EMPTY_TUPLE + NEWOBJ + EMPTY_DICT + MARK
+             + b"".join(s(f"f{k}") + NONE for k in range(N_ITEMS)) + SETITEMS + BUILD), "takes more than"),
+    ("list of 100 lists of 10k items, each list referenced 100 times",
+     EMPTY_LIST + MARK + _INTS + APPENDS + b"q\x00" + POP + EMPTY_LIST + MARK + _many(b"h\x00", 100) + APPENDS
+     + b"q\x01" + POP + EMPTY_LIST + MARK + _many(b"h\x01", 100) + APPENDS, "takes more than"),
+    ("10k-member set referenced 10k times (read: each reference is a short description)",
+     _shared(EMPTY_SET + MARK + b"".join(i(k) for k in range(N_ITEMS)) + ADDITEMS), None),
+    ("10k-member frozenset referenced 10k times (read)",
+     _shared(MARK + b"".join(i(k) for k in range(N_ITEMS)) + FROZENSET), None),
+]
+
+
+@pytest.mark.parametrize("body,message", [c[1:] for c in FLATTEN_WORK], ids=[c[0] for c in FLATTEN_WORK])
+def test_flattening_work_is_bounded_by_the_file_size(write, marker, body, message):
+    payload = P2 + body + STOP
+    assert len(payload) < 150_000
+    path = write("shared.pkl", payload)
+    with bounded(seconds=10, extra_mib=256):
+        if message is None:
+            ckpt = wio.open(path)
+            assert len(ckpt.metadata) == N_ITEMS and all(len(v) <= 80 for v in ckpt.metadata.values())
+        else:
+            with pytest.raises(CorruptFileError, match=f"flattening the pickled object {message} [0-9,]+ steps "
+                                                        r"\(entries visited and list items copied"):
+                wio.open(path)
+
+
+def test_a_list_shared_a_few_times_still_reads(write):
+    payload = P2 + _shared(EMPTY_LIST + MARK + _INTS + APPENDS, references=3) + STOP
+    ckpt = wio.open(write("few.pkl", payload))
+    assert list(ckpt.metadata) == ["0", "1", "2"] and ckpt.metadata["2"] == [7] * N_ITEMS
+
+
+def test_short_descriptions_never_copy_a_container():
+    big = set(range(1_000_000))
+    with bounded(seconds=5, extra_mib=16):
+        for _ in range(1000):
+            assert allowlist.short_repr(big).startswith("set({0, 1, 2, 3, …")
+
+
+# ----------------------------------------------------------------------------- the fuzz harnesses find these classes
+
+
+def test_the_pytorch_fuzz_harnesses_call_a_changed_global_a_finding(tmp_path):
+    from .test_fuzz import _load_fuzz_module
+
+    fuzz = _load_fuzz_module()
+    harness = fuzz.HARNESSES["pytorch_legacy"]
+    path = tmp_path / "input.pt"
+    path.write_bytes(P2 + EMPTY_DICT + s("w") + g("torch", "float32") + SETITEM + STOP)
+    fuzz.run_one(harness, str(path))  # baseline taken, input read
+    token = allowlist.ALLOWLIST[("torch", "float32")]
+    object.__setattr__(token, "value", "float16")  # what a BUILD on a live stand-in did
+    try:
+        with pytest.raises(AssertionError, match="changed an allowlisted global"):
+            fuzz.run_one(harness, str(path))
+    finally:
+        object.__setattr__(token, "value", "float32")
+
+
+def test_the_pytorch_fuzz_harnesses_call_a_flatten_blow_up_a_finding(tmp_path, monkeypatch):
+    from weightio.formats.pytorch import reader
+
+    from .test_fuzz import _load_fuzz_module
+
+    fuzz = _load_fuzz_module()
+    monkeypatch.setattr(reader, "_NODE_FLOOR", 10**9)  # the reader's budget off: the harness must notice
+    path = tmp_path / "input.pt"
+    path.write_bytes(P2 + _shared(EMPTY_LIST + MARK + _many(b"K\x07", 1000) + APPENDS, references=1000) + STOP)
+    with pytest.raises(AssertionError, match="emitted 1,000,000 metadata items and tensors"):
+        fuzz.run_one(fuzz.HARNESSES["pytorch_legacy"], str(path))

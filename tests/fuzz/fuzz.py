@@ -36,6 +36,7 @@ import signal
 import struct
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -68,6 +69,8 @@ with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contex
     import weightio.formats.gguf
     import weightio.formats.numpy
     import weightio.formats.pytorch
+    import weightio.formats.pytorch.flatten
+    import weightio.formats.pytorch.unpickler
     import weightio.formats.safetensors
     import weightio.formats.pytorch.tar
     import weightio.formats.sniff
@@ -196,7 +199,7 @@ def _same_tar_members(reader: Any, data: bytes) -> None:
     assert ours == theirs, "tarfile reads other members than weightio"
 
 
-_PT = weightio.formats.pytorch.PyTorchReader
+_PT = lambda file: _pytorch_checked(file)  # noqa: E731 - defined below, with the checks it adds
 HARNESSES: dict[str, Harness] = {
     "safetensors": Harness(weightio.formats.safetensors.SafetensorsReader, lambda f, h: f == "safetensors",
                            16384, "input.safetensors"),
@@ -325,6 +328,95 @@ def _expect_closed_error(ckpt: Any) -> None:
         _check_error(e)
     else:
         raise AssertionError("a view read after close() returned data")
+
+
+# ----------------------------------------------------------------------------- pytorch: isolation and work
+# Two findings no exception shows (issue 12, classes 2 and 5): an input that changes an
+# allowlisted global (module-level state: every later file would read differently), and one
+# whose reading costs time or memory out of proportion to its size (flattening a list that
+# the pickle references many times). The pytorch harnesses check both after every input.
+
+WORK_PER_BYTE = 8  # metadata items + tensors emitted per input byte (the reader's own budget is 4, + a floor)
+WORK_FLOOR = 200_000
+SECONDS_PER_BYTE = 50e-6  # generous: instrumented code is slow, and the machine may be shared
+SECONDS_FLOOR = 2.0
+RSS_PER_BYTE = 4096  # peak resident growth allowed per input byte, + a floor
+RSS_FLOOR = 256 << 20
+BENIGN_EVERY = 256  # inputs between re-reads of a benign pickle
+
+
+def _allowlist_state() -> tuple:
+    """Everything a pickle could have changed in the allowlist: each stand-in's attributes, and
+    the defaults, code and ``__dict__`` of the function each `Function` calls."""
+    from weightio.formats.pytorch import allowlist, inert
+
+    state = []
+    for key, value in allowlist.ALLOWLIST.items():
+        attrs: list[Any] = [type(value)]
+        for name in ("module", "name", "kind", "value", "_call"):
+            attrs.append(getattr(value, name, None))
+        target = getattr(value, "_call", None) if isinstance(value, inert.Function) else None
+        for name in ("__defaults__", "__kwdefaults__", "__code__"):
+            attrs.append(getattr(target, name, None))
+        attrs.append(tuple(getattr(target, "__dict__", {}).items()))
+        if isinstance(value, type):
+            attrs.append(tuple(vars(value).items()))
+        state.append((key, tuple(attrs)))
+    return tuple(state)
+
+
+def _benign_digest() -> tuple:
+    """What a benign pickle of every allowlisted kind of value reads as (compared over a run)."""
+    import argparse
+    import collections
+    import pickle
+
+    value = {"args": argparse.Namespace(lr=0.1), "od": collections.OrderedDict(a=(1, 2)), "s": {1},
+             "arr": np.arange(3, dtype=">f4"), "dt": np.dtype("i2"), "c": collections.Counter(x=1)}
+    root = weightio.formats.pytorch.unpickler.load(pickle.dumps(value, protocol=2), lambda pid: None)
+    tensors, metadata = weightio.formats.pytorch.flatten.flatten(root, budget=10_000, root_name="x")
+    return tuple(sorted((k, repr(v)) for k, v in metadata.items())), tuple(
+        (k, t.array.dtype.str, t.array.tobytes()) for k, t in tensors.items())
+
+
+_BASELINE: dict[str, Any] = {}
+
+
+def _check_isolation() -> None:
+    _BASELINE["inputs"] += 1
+    if _allowlist_state() != _BASELINE["state"]:
+        raise AssertionError("the input changed an allowlisted global (class 2: a stand-in is not inert)")
+    if _BASELINE["inputs"] % BENIGN_EVERY == 0 and _benign_digest() != _BASELINE["digest"]:
+        raise AssertionError("a benign pickle reads differently after this input (class 2: process state changed)")
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _pytorch_checked(file: MappedFile) -> Any:
+    """`PyTorchReader`, then the isolation and work checks (also when the input is refused)."""
+    if not _BASELINE:  # taken before the first input is read
+        _BASELINE.update(state=_allowlist_state(), digest=_benign_digest(), inputs=0)
+    size, rss, start = file.size, _peak_rss(), time.perf_counter()
+    try:
+        reader = weightio.formats.pytorch.PyTorchReader(file)
+    finally:
+        _check_isolation()
+        _check_cost(size, time.perf_counter() - start, _peak_rss() - rss)
+    emitted = len(reader.tensors) + sum(len(v) if isinstance(v, (list, str)) else 1 for v in reader.metadata.values())
+    if emitted > WORK_PER_BYTE * size + WORK_FLOOR:
+        raise AssertionError(f"a {size:,}-byte input emitted {emitted:,} metadata items and tensors (class 5: work "
+                             "not bounded by the file's size)")
+    return reader
+
+
+def _check_cost(size: int, seconds: float, rss_growth: int) -> None:
+    if seconds > SECONDS_FLOOR + SECONDS_PER_BYTE * size:
+        raise AssertionError(f"a {size:,}-byte input took {seconds:.1f} s to open (class 5: work not bounded)")
+    if rss_growth > RSS_FLOOR + RSS_PER_BYTE * size:
+        raise AssertionError(f"a {size:,}-byte input grew the peak RSS by {rss_growth >> 20:,} MiB (class 5: memory "
+                             "not bounded by the file's size)")
 
 
 # ----------------------------------------------------------------------------- scratch file and seeds

@@ -56,7 +56,14 @@ PICKLE_GLOBALS = [b"ctorch._utils\n_rebuild_tensor_v2\n", b"ctorch._utils\n_rebu
                   b"\x8c\x0cFloatStorage\x94", b"\x8c\x0bHalfStorage\x94", b"\x8c\x0bLongStorage\x94",
                   b"\x8c\x0bcollections\x94", b"\x8c\x0bOrderedDict\x94", b"\x8c\x07storage\x94", b"\x8c\x03cpu\x94",
                   b"\x8c\x010\x94", b"X\x07\x00\x00\x00storage", b"X\x03\x00\x00\x00cpu", b"\x8c\x06cuda:0"]
-PICKLE = PICKLE_OPCODES + PICKLE_GLOBALS
+# Issue 12, classes 2, 3 and 5: opcodes that nest without MARK, BUILD/NEWOBJ on globals, memo sharing.
+PICKLE_NESTING = [b"\x85" * 8, b"\x85" * 64, b"\x86" * 16, b")\x85", b"N\x85\x85\x85\x85", b"(h\x00tq\x000",
+                  b"]h\x00aq\x000", b"}K\x00h\x00sq\x000", b"\x8f(h\x00\x90", b"(h\x00\x91", b"h\x00" * 16,
+                  b"j\x00\x00\x00\x00" * 8, b"N}\x86b", b"}b", b"N}X\x0c\x00\x00\x00__defaults__)s\x86b",
+                  b"X\x05\x00\x00\x00value", b"X\x0e\x00\x00\x00allowlisted_as", b")\x81",
+                  b"cargparse\nNamespace\n", b"\x8c\x08argparse\x94\x8c\tNamespace\x94\x93", b"cnumpy\ndtype\n)\x81",
+                  b"ccollections\nOrderedDict\n}b", b"ctorch\nfloat32\n", b"ctorch\nSize\n", b"K\x07" * 16]
+PICKLE = PICKLE_OPCODES + PICKLE_GLOBALS + PICKLE_NESTING
 PYTORCH_ZIP = ZIP + PICKLE + [b"data.pkl", b"archive/", b"archive/data.pkl", b"archive/data/0", b"archive/byteorder",
                               b"archive/version", b"little", b"big", b"3\n", b"data/", b"constants.pkl",
                               b".format_version"]

@@ -1,11 +1,17 @@
 """The allowlist and its stand-ins: what the allowlisted globals of a checkpoint pickle become.
 
-`ALLOWLIST` maps exact ``(module, name)`` pairs to stand-ins. None imports or calls what the
+`ALLOWLIST` maps exact ``(module, name)`` pairs to stand-ins, each an inert, immutable object of
+`.inert` (a `Function`, a `Token` or a `FrozenClass` class), shared by every pickle the process
+reads and unchangeable by any opcode. None imports or calls what the
 pickle names: torch's rebuild functions return records (`TensorRef`) checked later, when the
-reader can name the tensor; storage classes, dtypes, layouts are inert `Token`s; containers
+reader can name the tensor; storage classes, dtypes, layouts are `Token`s; containers
 (`OrderedDict`, `Namespace`, sets …) check the keys they are built from; numpy arrays and
 scalars are rebuilt from their dtype, shape and raw bytes (`NumpyDType`, `NumpyArray`),
 numpy's pickle support is never called, and object dtypes are refused.
+
+No stand-in builds a tuple or frozenset from the items of a list, dict or set other than
+plain scalars (`_size` takes ints only): the lexer's nesting bound for tuples, which keeps
+hashing them off the C stack's limit, holds only for what it saw built (see `.lexer`).
 
 `weightio.formats.pytorch.flatten` then walks the unpickled object into tensor names and metadata.
 """
@@ -14,16 +20,18 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
 from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
+from .inert import FrozenClass, Function, Token
 
 __all__ = [
-    "ALLOWLIST", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef", "TORCH_DTYPES",
-    "TensorRef", "Token", "short_repr",
+    "ALLOWLIST", "Function", "Namespace", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef",
+    "TORCH_DTYPES", "TensorRef", "Token", "short_repr",
 ]
 
 _WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
@@ -81,24 +89,6 @@ class TensorRef:
 
     def __repr__(self) -> str:
         return f"<tensor {self.kind} size={short_repr(self.size)}>"
-
-
-class Token:
-    """An allowlisted global that is a value, not a function: a dtype, a storage class, a layout.
-
-    Tokens are not callable and take no state: a pickle that calls or BUILDs one is refused.
-    """
-
-    __slots__ = ("module", "name", "kind", "value")
-
-    def __init__(self, module: str, name: str, kind: str, value: Any = None) -> None:
-        self.module, self.name, self.kind, self.value = module, name, kind, value
-
-    def __setstate__(self, state: Any) -> None:
-        raise UnsafePickleError(f"BUILD on {self} is not allowed")
-
-    def __repr__(self) -> str:
-        return f"{self.module}.{self.name}"
 
 
 # ----------------------------------------------------------------------------- torch stand-ins
@@ -172,7 +162,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     Accepted only when `func` is one of the rebuild stand-ins, the type is ``torch.Tensor`` or
     ``torch.nn.Parameter``, and the state has no dunder keys; then it is ``func(*args)``.
     """
-    if func not in _REBUILDS:
+    if not (isinstance(func, Function) and func.kind == "rebuild"):
         raise UnsafePickleError(f"_rebuild_from_type_v2 with function {short_repr(func)}, which is not a torch "
                                 "rebuild function; refused")
     if not (isinstance(new_type, Token) and new_type.kind == "tensor_type"):
@@ -203,8 +193,9 @@ def _check_state(state: Any, what: str) -> None:
 
 
 def _size(sizes: Any = ()) -> tuple:
-    if not isinstance(sizes, (tuple, list)):
-        raise CorruptFileError(f"torch.Size takes a tuple of ints, found {type(sizes).__name__}")
+    """``torch.Size``: a tuple of ints (as in torch), so never a tuple of nested containers."""
+    if not isinstance(sizes, (tuple, list)) or not all(type(d) is int for d in sizes):
+        raise CorruptFileError(f"torch.Size takes a tuple of ints, found {short_repr(sizes)}")
     return tuple(sizes)
 
 
@@ -221,9 +212,9 @@ def _get_layout(name: Any) -> Token:
     return layout
 
 
-_REBUILDS = frozenset({_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter,
-                       _rebuild_parameter_with_state, _rebuild_qtensor, _rebuild_sparse_tensor,
-                       _rebuild_meta_tensor_no_storage, _rebuild_device_tensor_from_cpu_tensor})
+_REBUILDS = (_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter, _rebuild_parameter_with_state,
+             _rebuild_qtensor, _rebuild_sparse_tensor, _rebuild_meta_tensor_no_storage,
+             _rebuild_device_tensor_from_cpu_tensor)
 
 
 # ----------------------------------------------------------------------------- builtins and collections
@@ -276,10 +267,14 @@ def _pair(item: Any) -> tuple:
     return tuple(item)
 
 
-class Namespace:
-    """``argparse.Namespace`` (training arguments saved in checkpoints): its attributes as a dict."""
+class Namespace(metaclass=FrozenClass):
+    """``argparse.Namespace`` (training arguments saved in checkpoints): its attributes as a dict.
+
+    Pickled with NEWOBJ (protocol 2+), which calls ``__new__`` only: it builds the whole object.
+    """
 
     __slots__ = ("fields",)
+    allowlisted_as = "argparse.Namespace"
 
     def __new__(cls, *args: Any) -> Namespace:
         if args:
@@ -293,7 +288,8 @@ class Namespace:
         self.fields = dict(state) if isinstance(state, dict) else {}
 
     def __repr__(self) -> str:
-        return f"Namespace({', '.join(self.fields)})"
+        names = ", ".join(short_repr(k, 40) for k in islice(self.fields, 8))
+        return f"Namespace({names}{', …' if len(self.fields) > 8 else ''})"
 
 
 def _set(items: Any = ()) -> set:
@@ -494,18 +490,23 @@ _LAYOUTS = {f"torch.{n}": Token("torch", n, "layout") for n in _LAYOUT_NAMES}
 
 
 def _allowlist() -> dict[tuple[str, str], Any]:
-    """Every global a checkpoint pickle may name, by exact ``(module, name)``, and its stand-in."""
+    """Every global a checkpoint pickle may name, by exact ``(module, name)``, and its stand-in:
+    a `Function` (one per spelling, so that messages name the global as the pickle did), a
+    `Token`, or a `FrozenClass` class."""
     table: dict[tuple[str, str], Any] = {}
-    rebuilds = {f.__name__: f for f in _REBUILDS}
-    for name, func in rebuilds.items():
-        table[("torch._utils", name)] = func
-    table[("torch._utils", "_rebuild_xla_tensor")] = _rebuild_device_tensor_from_cpu_tensor
+
+    def function(module: str, name: str, call: Any, kind: str = "function") -> None:
+        table[(module, name)] = Function(module, name, call, kind)
+
+    for func in _REBUILDS:
+        function("torch._utils", func.__name__, func, "rebuild")
+    function("torch._utils", "_rebuild_xla_tensor", _rebuild_device_tensor_from_cpu_tensor, "rebuild")
     for module in ("torch._tensor", "torch.tensor"):  # torch.tensor: the module's name before torch 1.9
-        table[(module, "_rebuild_from_type_v2")] = _rebuild_from_type_v2
-        table[(module, "_rebuild_from_type")] = _rebuild_from_type
-    table[("torch.serialization", "_get_layout")] = _get_layout
-    table[("torch", "Size")] = _size
-    table[("torch", "device")] = _device
+        function(module, "_rebuild_from_type_v2", _rebuild_from_type_v2)
+        function(module, "_rebuild_from_type", _rebuild_from_type)
+    function("torch.serialization", "_get_layout", _get_layout)
+    function("torch", "Size", _size)
+    function("torch", "device", _device)
     for module, name in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
         table[(module, name)] = Token(module, name, "tensor_type")
     for prefix in ("torch", "torch.cuda"):
@@ -522,25 +523,24 @@ def _allowlist() -> dict[tuple[str, str], Any]:
     for name in _QSCHEMES:
         table[("torch", name)] = Token("torch", name, "qscheme")
     for name in ("OrderedDict", "Counter"):
-        table[("collections", name)] = _ordered_dict
+        function("collections", name, _ordered_dict)
     table[("argparse", "Namespace")] = Namespace
     for module in ("builtins", "__builtin__"):
-        table.update({(module, "set"): _set, (module, "frozenset"): _frozenset, (module, "complex"): _complex,
-                      (module, "bytearray"): _bytearray, (module, "bytes"): _bytes})
-    table[("_codecs", "encode")] = _codecs_encode
+        for name, call in (("set", _set), ("frozenset", _frozenset), ("complex", _complex),
+                           ("bytearray", _bytearray), ("bytes", _bytes)):
+            function(module, name, call)
+    function("_codecs", "encode", _codecs_encode)
     table[("numpy", "ndarray")] = _NDARRAY
-    table[("numpy", "dtype")] = NumpyDType
+    function("numpy", "dtype", NumpyDType)
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        table[(module, "_reconstruct")] = _numpy_reconstruct
-        table[(module, "scalar")] = _numpy_scalar
+        function(module, "_reconstruct", _numpy_reconstruct)
+        function(module, "scalar", _numpy_scalar)
     for module in ("numpy.core.numeric", "numpy._core.numeric"):
-        table[(module, "_frombuffer")] = _numpy_frombuffer
+        function(module, "_frombuffer", _numpy_frombuffer)
     return table
 
 
 ALLOWLIST: dict[tuple[str, str], Any] = _allowlist()
-# A stand-in's allowlisted name (the first spelling), for messages about it.
-_STANDIN_NAMES = {id(v): f"{m}.{n}" for (m, n), v in reversed(list(ALLOWLIST.items()))}
 
 
 # ----------------------------------------------------------------------------- describing values
@@ -560,17 +560,18 @@ def _describe(value: Any, depth: int) -> str:
         return repr(value)
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         return _describe_container(value, depth)
-    if isinstance(value, (Token, TensorRef, StorageRef, NumpyArray, NumpyDType, Namespace)):
+    if isinstance(value, (Function, Token, TensorRef, StorageRef, NumpyArray, NumpyDType, Namespace)):
         return repr(value)
-    name = _STANDIN_NAMES.get(id(value))
-    return name if name is not None else f"<{type(value).__name__}>"
+    if isinstance(value, FrozenClass):
+        return value.allowlisted_as
+    return f"<{type(value).__name__}>"
 
 
 def _describe_container(value: Any, depth: int) -> str:
     kind = type(value).__name__
     if depth == 0 and value:
         return f"<{kind} of {len(value):,}>"
-    items = list(value.items() if isinstance(value, dict) else value)[:4]
+    items = list(islice(value.items() if isinstance(value, dict) else value, 4))  # never a copy of all
     if isinstance(value, dict):
         body = ", ".join(f"{_describe(k, depth - 1)}: {_describe(v, depth - 1)}" for k, v in items)
     else:

@@ -1,9 +1,14 @@
 """The flattener: an unpickled checkpoint walked into dotted tensor names and metadata values.
 
-`flatten` walks the object the allowlist unpickler built — iteratively, with a node budget
+`flatten` walks the object the allowlist unpickler built — iteratively, with a budget of work
 against memo-DAG "billion laughs", a check for cycles and bounds on depth and name lengths —
 into dotted tensor names (``model.fc.weight``, ``optimizer.state.0.exp_avg``) and plain
 metadata values.
+
+The budget counts work, not nodes: a pickle can reference one object any number of times for
+two bytes each (``BINGET``), and each reference is walked, and a list leaf copied, again. So
+every entry visited costs 1 and every item of a list or tuple leaf copied into the metadata
+costs 1 more: a 10 000-item list referenced 10 000 times costs 10^8, not 10^4.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS
     A bare tensor (or value) at the root is named `root_name`.
 
     Raises:
-        CorruptFileError: more than `budget` nodes visited (shared sub-objects are walked each time
-            they are reached, so a memo DAG could otherwise expand exponentially), a cycle, nesting
+        CorruptFileError: more than `budget` steps of work (entries visited plus list items
+            copied: shared sub-objects are walked, and copied, each time they are reached, so a
+            memo DAG could otherwise expand exponentially), a cycle, nesting
             deeper than `max_depth`, a name over `max_name_bytes` UTF-8 bytes or not valid
             Unicode (a lone surrogate, which pickles can carry and no output can hold).
         FormatError: two entries flatten to the same name.
@@ -98,19 +104,27 @@ def _component(key: Any) -> str:
     return short_repr(key)
 
 
+def _copies(leaf: Any) -> int:
+    """The work `plain_value` does on a leaf beyond visiting it: one per list or tuple item
+    (it copies them, or checks them all before describing the container)."""
+    return len(leaf) if isinstance(leaf, (list, tuple)) else 0
+
+
 def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tuple[str, Any]]:
     """Depth-first, iterative: (dotted name, leaf) in order; no recursion, bounded work.
 
-    Bounded: at most `budget` entries visited, `max_depth` levels, names of `max_name`
-    characters (a name's UTF-8 bytes, checked by `flatten`, are at least its characters) and
-    ``16 * budget`` characters of names in all (each name is built from its parent's, so deep or
-    long paths would otherwise cost quadratic memory).
+    Bounded: at most `budget` steps (entries visited and leaf items copied), `max_depth`
+    levels, names of `max_name` characters (a name's UTF-8 bytes, checked by `flatten`, are at
+    least its characters) and ``16 * budget`` characters of names in all (each name is built
+    from its parent's, so deep or long paths would otherwise cost quadratic memory).
     """
     visited, characters = 0, 0
     stack: list[tuple[str, Iterator[tuple[str, Any]]]] = []
     on_path: set[int] = set()
     kids = _children(root)
     if kids is None:
+        if _copies(root) > budget:
+            raise _walk_limit(budget + 1, budget, "", max_name)
         yield "", root
         return
     stack.append(("", kids))
@@ -131,6 +145,9 @@ def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tup
             raise _walk_limit(visited, budget, name, max_name)
         grandkids = _children(child)
         if grandkids is None:
+            visited += _copies(child)
+            if visited > budget:
+                raise _walk_limit(visited, budget, name, max_name)
             yield name, child
         elif id(child) in on_path:
             raise CorruptFileError(f"the pickled object contains itself at {short_repr(name)} (a cycle)")
@@ -148,8 +165,9 @@ def _walk_limit(visited: int, budget: int, name: str, max_name: int) -> CorruptF
         return CorruptFileError(f"a flattened name is longer than {max_name:,} characters ({short_repr(name)}) "
                                 f"{limits_hint('name_bytes')}")
     if visited > budget:
-        return CorruptFileError(f"walking the pickled object visits more than {budget:,} entries (shared "
-                                "sub-objects expand each time they are reached: a memo-sharing bomb?)")
+        return CorruptFileError(f"flattening the pickled object takes more than {budget:,} steps (entries visited "
+                                "and list items copied; shared sub-objects expand each time they are reached: a "
+                                "memo-sharing bomb?)")
     return CorruptFileError(f"the flattened names add up to more than {16 * budget:,} characters (deep nesting, "
                             "long keys, or shared sub-objects written out each time they are reached: a memo-sharing "
                             "bomb?)")

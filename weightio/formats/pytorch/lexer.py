@@ -18,6 +18,18 @@ two steps:
    * the stack machine goes wrong: popping below a ``MARK``, ``PROTO`` anywhere but first,
      anything but exactly one object left at ``STOP``, more than `MAX_STACK` items,
      `MAX_MARKS` nested marks or `MAX_OPCODES` opcodes;
+   * an object nests deeper than ``limits.nesting_depth`` (1000) levels, by any opcode that
+     nests: every stack item and memo slot carries a depth; ``TUPLE``/``TUPLE1-3``, ``LIST``,
+     ``DICT``, ``FROZENSET`` give their deepest item's depth + 1, ``REDUCE``/``NEWOBJ`` and
+     ``BINPERSID`` their deepest operand's, and ``APPEND(S)``, ``SETITEM(S)``, ``ADDITEMS``,
+     ``BUILD`` raise their target's to its new item's + 1. One-item tuples nest without a
+     ``MARK``, and CPython hashes a tuple (a dict key, a set member) by recursing in C with no
+     depth check: a 200 000-deep one crashes the process. The bound is exact for tuples and
+     frozensets, which cannot change after they are built (and no stand-in builds one from a
+     mutable container's items, see `.allowlist`); a list or dict memoized, nested, then
+     filled through ``BINGET`` can be deeper than its slot says, which is harmless to
+     CPython (hashing one fails at once; ``repr`` and ``==`` check their depth) and is bounded
+     again by `.flatten`, which walks iteratively;
    * ``STACK_GLOBAL`` takes operands that are not strings -> `UnsafePickleError`;
    * more than `MAX_WEAK_KEYS` dict keys or set members have a hash the file can choose
      (integers of 2**61 and more, floats, tuples, results of calls): CPython's dict
@@ -44,9 +56,12 @@ from ...errors import CorruptFileError, UnsafePickleError, WeightioError
 from .opcodes import (
     ARG,
     BINGET,
+    BINPERSID,
     BINPUT,
     BINUNICODE,
+    CALLS,
     CHUNK,
+    LEVEL,
     LINE,
     LONG_BINGET,
     LONG_BINPUT,
@@ -57,10 +72,10 @@ from .opcodes import (
     MAX_WEAK_KEYS,
     MEMO_SLACK,
     MEMOIZE,
+    NESTS,
     OP,
     OPCODE_NAMES,
     POP,
-    POP_PUSH,
     POPS,
     PUSH_ONLY,
     REFUSED_CORRUPT,
@@ -72,8 +87,11 @@ from .opcodes import (
     STOP,
     STR,
     TAG,
+    TAG_BITS,
     TO_MARK,
     TUPLE,
+    TUPLE1,
+    TUPLE2,
     U8,
     WEAK,
     WIDE,
@@ -101,7 +119,8 @@ class _Lexer:
         self.data, self.pos, self.end, self.fail = data, start, end, fail
         self.max_opcodes, self.max_stack, self.max_marks = limits.pickle_opcodes, limits.pickle_stack, \
             limits.nesting_depth
-        self.stack: list[int] = []
+        self.max_depth = limits.nesting_depth
+        self.stack: list[int] = []  # per item: depth * LEVEL + tag (see .opcodes)
         self.marks: list[int] = []  # the enclosing fences, innermost last
         self.fence = 0  # stack length at the innermost MARK
         self.memo: dict[int, int] = {}
@@ -119,17 +138,23 @@ class _Lexer:
         `data` ends where the pickle must end, so reading past it raises IndexError. The inline
         paths leave stack underflow below a MARK to CPython, which refuses it at the same
         opcode; up to that opcode this model and CPython's stack agree, which is all the
-        key-hash accounting needs.
+        key-hash and depth accounting needs.
+
+        Items are ``depth * LEVEL + tag`` with tags below LEVEL (= 4), so the largest of some
+        items is the deepest, ``(item | 3) + 3`` a tuple (tag WEAK = 2) one level above it,
+        ``(item | 3) - 1`` a call's result (WEAK) at its level and ``(item | 3) - 2`` a storage
+        (SAFE = 1). The literals are spelled out: this loop is hot.
         """
         data, stack, marks, memo = self.data, self.stack, self.marks, self.memo
-        push_only, pop_push, step_table, pops_table, tag_table = PUSH_ONLY, POP_PUSH, STEP, POPS, TAG
+        push_only, calls, step_table, tag_table = PUSH_ONLY, CALLS, STEP, TAG
         push, u32 = stack.append, _U32.unpack_from
         first = pos = self.pos
         fence = puts = 0  # stack length at the innermost MARK; memo writes so far
         last = pos  # the opcode being decoded, for error messages
         max_stack, max_marks = self.max_stack, self.max_marks
+        deepest = self.max_depth * LEVEL + TAG_BITS  # the largest item allowed
         size = _chunk_size(self.max_opcodes, max_stack)
-        weak, string, chunk = WEAK, STR, range(size)
+        string, chunk = STR, range(size)
         try:
             for rounds in range(-(-self.max_opcodes // size)):
                 if len(stack) > max_stack:
@@ -161,10 +186,6 @@ class _Lexer:
                             raise self._unset(index, op, pos - first)
                         push(tag)
                         pos += 5
-                    elif op in pop_push:
-                        del stack[-pops_table[op]:]
-                        push(tag_table[op])
-                        pos += 1
                     elif op == BINUNICODE:
                         (n,) = u32(data, pos + 1)
                         pos += 5 + n
@@ -178,9 +199,35 @@ class _Lexer:
                     elif op == TUPLE:
                         if not marks:
                             raise self.fail(f"TUPLE at offset {pos - first} has no MARK to pop to")
+                        items = stack[fence:]
+                        item = (max(items) | 3) + 3 if items else 2
+                        if item > deepest:
+                            raise self._too_nested(op, pos - first)
                         del stack[fence:]
                         fence = marks.pop()
-                        push(weak)
+                        push(item)
+                        pos += 1
+                    elif op in calls:  # REDUCE, NEWOBJ: WEAK, as deep as its operands
+                        item = stack.pop()
+                        top = stack[-1]
+                        stack[-1] = ((item if item > top else top) | 3) - 1
+                        pos += 1
+                    elif op == TUPLE2:
+                        item = stack.pop()
+                        top = stack[-1]
+                        item = ((item if item > top else top) | 3) + 3
+                        if item > deepest:
+                            raise self._too_nested(op, pos - first)
+                        stack[-1] = item
+                        pos += 1
+                    elif op == BINPERSID:  # SAFE, as deep as the id
+                        stack[-1] = (stack[-1] | 3) - 2
+                        pos += 1
+                    elif op == TUPLE1:
+                        item = (stack[-1] | 3) + 3
+                        if item > deepest:
+                            raise self._too_nested(op, pos - first)
+                        stack[-1] = item
                         pos += 1
                     elif op == BINPUT or op == MEMOIZE:
                         memo[data[pos + 1] if op == BINPUT else len(memo)] = stack[-1]
@@ -234,6 +281,31 @@ class _Lexer:
             return self.fail(f"more than {self.max_opcodes:,} opcodes in one pickle {_limits.hint('pickle_opcodes')}")
         return self.fail(f"more than {self.max_stack:,} items on the pickle stack {_limits.hint('pickle_stack')}")
 
+    def _too_nested(self, op: int, at: int) -> Exception:
+        return self.fail(f"the pickled object nests deeper than {self.max_depth:,} levels ({OPCODE_NAMES[op]} at "
+                         f"offset {at}) {_limits.hint('nesting_depth')}")
+
+    def _nest(self, op: int, taken: list[int], tag: int, at: int) -> int:
+        """The item an opcode pushes: `tag`, as deep as `taken` (+1 for a container of them)."""
+        extra = NESTS.get(op)
+        if extra is None or not taken:
+            return tag
+        depth = (max(taken) >> 2) + extra
+        if depth > self.max_depth:
+            raise self._too_nested(op, at)
+        return depth * LEVEL + tag
+
+    def _fill(self, taken: list[int], op: int, at: int) -> None:
+        """APPEND(S), SETITEM(S), ADDITEMS, BUILD put `taken` into the item below them."""
+        if not taken:
+            return
+        target = self.stack[-1]
+        depth = (max(taken) >> 2) + 1
+        if depth > target >> 2:
+            if depth > self.max_depth:
+                raise self._too_nested(op, at)
+            self.stack[-1] = depth * LEVEL + (target & TAG_BITS)
+
     def _too_deep(self, at: int) -> Exception:
         return self.fail(f"more than {self.max_marks:,} nested MARKs (offset {at}) {_limits.hint('nesting_depth')}")
 
@@ -262,8 +334,8 @@ class _Lexer:
         self.fence = self.marks.pop()
         return taken
 
-    def _count_keys(self, tags: list[int]) -> None:
-        self.weak_keys += tags.count(WEAK)
+    def _count_keys(self, items: list[int]) -> None:
+        self.weak_keys += [item & TAG_BITS for item in items].count(WEAK)
         if self.weak_keys > MAX_WEAK_KEYS:
             raise self.fail(f"more than {MAX_WEAK_KEYS:,} dict keys or set members whose hash the file can "
                             "choose (integers >= 2**61, floats, tuples): refused to avoid hash flooding")
@@ -324,10 +396,10 @@ class _Lexer:
     def _effect(self, op: int, at: int) -> None:
         """Generic stack effect from the table: pop, then push the result tag (if any)."""
         n = POPS[op]
-        self._pop_mark(op, at) if n == TO_MARK else self._pop(n, op, at)
+        taken = self._pop_mark(op, at) if n == TO_MARK else self._pop(n, op, at)
         tag = TAG[op]
         if tag is not None:
-            self.stack.append(tag)
+            self.stack.append(self._nest(op, taken, tag, at))
 
     def _mark(self, op: int, start: int, stop: int, at: int) -> None:
         if len(self.marks) >= self.max_marks:
@@ -400,8 +472,9 @@ class _Lexer:
         self.stack.append(WEAK if wide else SAFE)
 
     def _build(self, op: int, start: int, stop: int, at: int) -> None:
-        self._pop(1, op, at)
+        taken = self._pop(1, op, at)
         self._require_target(op, at)
+        self._fill(taken, op, at)
 
     def _global(self, op: int, start: int, stop: int, at: int) -> None:
         module, name = bytes(self.data[start: stop - 1]).split(b"\n", 1)
@@ -425,17 +498,20 @@ class _Lexer:
             taken = self._pop(2, op, at)
             self._count_keys(taken[:1])
             self._require_target(op, at)
+            self._fill(taken, op, at)
         elif name == "APPEND":
-            self._pop(1, op, at)
+            taken = self._pop(1, op, at)
             self._require_target(op, at)
+            self._fill(taken, op, at)
         else:
             taken = self._pop_mark(op, at)
             keys = taken if name in ("ADDITEMS", "FROZENSET") else taken[0::2] if name in ("SETITEMS", "DICT") else []
             self._count_keys(keys)
             if name in ("DICT", "FROZENSET"):
-                self.stack.append(SAFE if name == "DICT" else WEAK)
+                self.stack.append(self._nest(op, taken, SAFE if name == "DICT" else WEAK, at))
             else:  # APPENDS, SETITEMS, ADDITEMS act on the container below the mark
                 self._require_target(op, at)
+                self._fill(taken, op, at)
 
     def _require_target(self, op: int, at: int) -> None:
         if len(self.stack) <= self._fence():

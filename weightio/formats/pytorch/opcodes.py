@@ -32,6 +32,10 @@ TO_MARK = -1  # "pops": everything above the innermost MARK, and the mark
 # Result tags: what the prepass knows about a value, enough to police dict keys and STACK_GLOBAL.
 # STR: a str. SAFE: hashes safely (small int, None, bytes, containers, stand-ins). WEAK: hash chosen by the file.
 STR, SAFE, WEAK = 0, 1, 2
+# The lexer's stack and memo hold one int per value: its nesting depth times LEVEL, plus its tag
+# (tags are < LEVEL, so the largest of several items is also the deepest). A leaf has depth 0.
+LEVEL = 4
+TAG_BITS = LEVEL - 1
 
 # (opcode, name, argument, pops, result tag or None), from the protocol (pickletools.opcodes).
 TABLE: tuple[tuple[bytes, str, int, int, int | None], ...] = (
@@ -109,6 +113,13 @@ OPCODE_NAMES = {code[0]: name for code, name, *_ in TABLE}
 # Opcodes that build objects from a class without naming it in a GLOBAL the allowlist sees.
 REFUSED_UNSAFE = frozenset(c for c, n in OPCODE_NAMES.items()
                            if n in ("INST", "OBJ", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX"))
+# How much deeper than its deepest operand an opcode's result is: 1 for the containers built
+# from the items popped (TUPLE*, LIST, DICT, FROZENSET, and INST/OBJ, refused), 0 for results
+# that hold their operands (a call's result, a persistent id's storage, a buffer).
+NESTS = {c: 1 for c, n in OPCODE_NAMES.items()
+         if n in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "LIST", "DICT", "FROZENSET", "INST", "OBJ")}
+NESTS.update({c: 0 for c, n in OPCODE_NAMES.items()
+              if n in ("REDUCE", "NEWOBJ", "NEWOBJ_EX", "BINPERSID", "READONLY_BUFFER")})
 # Opcodes a checkpoint has no use for and that need outside state (text ids, out-of-band buffers).
 REFUSED_CORRUPT = frozenset(c for c, n in OPCODE_NAMES.items() if n in ("PERSID", "NEXT_BUFFER", "READONLY_BUFFER"))
 
@@ -122,15 +133,13 @@ for _code, _name, _arg, _pops, _tag in TABLE:
     TAG[_code[0]] = _tag
 
 # Opcodes the lexer's inline paths handle from the table: a fixed-size argument, then push
-# one tagged value (PUSH_ONLY), or pop N items first (POP_PUSH).
+# one tagged leaf (PUSH_ONLY).
 PUSH_ONLY = frozenset(
     c for c, n in OPCODE_NAMES.items()
     if n in ("BININT", "BININT1", "BININT2", "NONE", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "BINFLOAT",
              "NEWTRUE", "NEWFALSE", "EMPTY_SET")
 )
-POP_PUSH = frozenset(
-    c for c, n in OPCODE_NAMES.items() if n in ("BINPERSID", "REDUCE", "NEWOBJ", "TUPLE1", "TUPLE2", "TUPLE3")
-)
+CALLS = frozenset(c for c, n in OPCODE_NAMES.items() if n in ("REDUCE", "NEWOBJ"))  # pop 2, push 1 no deeper
 STEP = [1 + a if isinstance(a, int) and a >= 0 else 0 for a in ARG]  # opcode + fixed argument
 CHUNK = 1024  # opcodes between checks of the stack size and opcode count (fewer under small limits)
 OP = {name: code for code, name in OPCODE_NAMES.items()}
@@ -148,3 +157,7 @@ LONG_BINGET = pickle.LONG_BINGET[0]
 BINPUT = pickle.BINPUT[0]
 LONG_BINPUT = pickle.LONG_BINPUT[0]
 MEMOIZE = pickle.MEMOIZE[0]
+TUPLE1 = pickle.TUPLE1[0]
+TUPLE2 = pickle.TUPLE2[0]
+TUPLE3 = pickle.TUPLE3[0]
+BINPERSID = pickle.BINPERSID[0]

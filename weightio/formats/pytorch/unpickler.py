@@ -43,6 +43,18 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
+# CPython's words for an opcode applied to an object it cannot take, and what they mean here.
+# (Prefixes: CPython versions word some of them differently.)
+_EXPLAINED = {
+    "NEWOBJ class argument isn't a type": "NEWOBJ on something that is not a class (of the allowlist, only "
+                                          "argparse.Namespace is built by NEWOBJ)",
+    "NEWOBJ class argument must be a type": "NEWOBJ on something that is not a class (of the allowlist, only "
+                                            "argparse.Namespace is built by NEWOBJ)",
+    "NEWOBJ expected an arg tuple": "NEWOBJ with arguments that are not a tuple",
+    "state is not a dictionary": "BUILD with a state that is not a dict",
+    "slot state is not a dictionary": "BUILD with a slot state that is not a dict",
+}
+
 _MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, KeyError, IndexError, EOFError,
               OverflowError, UnicodeError, MemoryError, RecursionError)
 
@@ -65,4 +77,7 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
         raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
     except _MALFORMED as e:
         lex(data, path=path, what=what, limits=limits)  # the exact lexer names what is wrong, when it can
-        raise CorruptFileError(f"{what} is malformed ({type(e).__name__}: {_printable(str(e))})", path=path) from None
+        why = next((v for k, v in _EXPLAINED.items() if str(e).startswith(k)), None)
+        cause = f"{type(e).__name__}: {_printable(str(e))}"
+        message = f"{what} is malformed: {why} ({cause})" if why else f"{what} is malformed ({cause})"
+        raise CorruptFileError(message, path=path) from None
