@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -31,7 +32,10 @@ def scan_command(path: str, as_json: bool) -> None:
       weightio scan path/to/downloads/ -q || echo "do not torch.load these"
       weightio scan hf://org/model --json
     """
-    report = weightio.scan(path)
+    # Whatever a library prints while scanning (fickling has printed warnings) goes to stderr, so
+    # that --json writes one JSON document and nothing else to stdout.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = weightio.scan(path)
     if as_json:
         echo(json_text(report.to_dict()), essential=True)
     else:

@@ -206,3 +206,44 @@ def ggml_file(head: bytes, tensors: list[tuple[bytes, bytes]] = (), *, aligned: 
         out += bytes(-len(out) % 32) if aligned else b""
         out += data
     return out
+
+
+# ----------------------------------------------------------------------------- tar (parser differentials)
+
+
+def tar_header(name: bytes, size: int = 0, *, kind: bytes = b"0", magic: bytes = b"",
+               fields: dict[int, bytes] | None = None) -> bytes:
+    """One 512-byte tar header, byte by byte: an old v7 header (no magic) unless `magic` is given
+    (``b"ustar\\x0000"`` POSIX, ``b"ustar  \\x00"`` GNU). `fields` overwrites bytes at offsets before
+    the checksum is computed (to make a header that is also something else). The checksum is the
+    unsigned sum of the header with its own field read as spaces, written as tarfile writes it."""
+    block = bytearray(512)
+    block[0:len(name)] = name
+    block[100:108] = b"0000644\0"
+    block[108:116] = block[116:124] = b"0000000\0"
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"00000000000\0"
+    block[156:157] = kind
+    block[257:257 + len(magic)] = magic
+    for at, raw in (fields or {}).items():
+        block[at:at + len(raw)] = raw
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def tar_of(members: list[tuple[bytes, bytes]], *, magic: bytes = b"", end: bool = True) -> bytes:
+    """Headers from `tar_header` and their data padded to 512 bytes, then the two zero blocks."""
+    out = b""
+    for name, data in members:
+        out += tar_header(name, len(data), magic=magic) + data + bytes(-len(data) % 512)
+    return out + (bytes(1024) if end else b"")
+
+
+def pax_record(key: bytes, value: bytes) -> bytes:
+    """One ``"<len> <key>=<value>\\n"`` record (its length counts itself)."""
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n).encode()) + len(body) != n:
+        n += 1
+    return str(n).encode() + body

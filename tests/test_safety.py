@@ -234,3 +234,49 @@ def test_scan_never_imports_torch(tmp_path):
 def test_a_missing_path_is_an_input_error_not_a_verdict(tmp_path):
     with pytest.raises(wio.InputError, match="no such file or directory"):
         wio.scan(tmp_path / "missing.bin")
+
+
+# ----------------------------------------------------------------------------- fickling's budget and output
+
+
+def _builds(count: int) -> bytes:
+    """An OrderedDict given `count` empty states by BUILD: cheap for weightio, ~150 µs each in fickling."""
+    return P2 + call("collections", "OrderedDict") + b"}b" * count + STOP
+
+
+def test_fickling_is_stopped_by_a_work_budget_and_the_report_says_so(tmp_path):
+    from weightio.safety import _BUILD_COST, MAX_FICKLING_WORK
+
+    path = tmp_path / "builds.pkl"
+    path.write_bytes(_builds(MAX_FICKLING_WORK // _BUILD_COST + 1))  # fickling alone would take ~6 s
+    with bounded(seconds=10):
+        report = wio.scan(path)
+    (p,) = report.files[0].pickles
+    assert p.fickling_stopped and p.severity is None
+    assert f"its opcodes cost more than scan's budget of {MAX_FICKLING_WORK:,}" in p.note
+    assert "fickling: not run to the end — not analysed by fickling: its opcodes cost more" in str(report)
+    assert report.to_dict()["files"][0]["pickles"][0]["fickling_stopped"] is True
+    small = tmp_path / "small.pkl"
+    small.write_bytes(_builds(100))
+    (q,) = wio.scan(small).files[0].pickles
+    assert not q.fickling_stopped and q.severity is not None
+
+
+def test_scan_json_is_one_json_document_when_fickling_prints(tmp_path, monkeypatch):
+    import fickling.analysis
+    from click.testing import CliRunner
+
+    from weightio.cli import main
+
+    real = fickling.analysis.check_safety
+
+    def chatty(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        print("WARNING: fickling says something on stdout")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fickling.analysis, "check_safety", chatty)
+    result = CliRunner().invoke(main, ["scan", "--json", str(PT / "views.pt")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["safe"] is True
+    assert "fickling says" not in result.stdout
+    assert "fickling says" not in str(wio.scan(PT / "views.pt"))

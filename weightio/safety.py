@@ -4,8 +4,9 @@ For a file (or every file under a directory), the report gives:
 
 * the file's format and weightio's **verdict**: whether `weightio.open` reads it, or the exact
   error it raises (an `UnsafePickleError` names the refused global);
-* for **every pickle** the file holds — a torch zip's ``data.pkl`` and any other ``*.pkl``
-  member (TorchScript's ``constants.pkl`` included), each of the five stacked pickles of a
+* for **every pickle** the file holds — every zip member holding one, found by its bytes or a
+  ``.pkl`` name in any case (``data.pkl``, TorchScript's ``constants.pkl``, a payload under any
+  other name), each of the five stacked pickles of a
   legacy ``torch.save`` file, the pickles of a legacy tar's members, a plain pickle and any
   pickles stacked after it:
 
@@ -23,33 +24,48 @@ For a file (or every file under a directory), the report gives:
 Formats that cannot hold code (safetensors, GGUF, ggml, npy, npz — weightio never unpickles
 ``.npy`` data) are reported as such, with the reader's verdict.
 
+Which pickles: every member of a zip archive or tar checkpoint that holds one, found by its bytes
+(a PROTO opcode first, or a small member that lexes as a whole pickle) as well as by a
+``.pkl``/``.pickle`` name in any case — torch finds ``data.pkl`` without regard to case, so an
+``archive/DATA.PKL`` is as much a pickle as ``archive/data.pkl``. Member names of a zip archive
+that are equal when case is ignored are reported (``collisions``); weightio refuses such files.
+
 Scanning is bounded: pickles go through weightio's prepass first (length and memo bombs are
 refused before CPython sees them); fickling is skipped, with a note, for pickles larger than
-`MAX_FICKLING_BYTES` and for those whose shared references expand beyond `MAX_EXPANSION`
-nodes (fickling's decompiler does not finish on such "billion laughs" pickles). fickling's
-hooks, ``also_allow``, its torch helpers and its JSON output are never used.
+`MAX_FICKLING_BYTES`, for those whose shared references expand beyond `MAX_EXPANSION`
+nodes (fickling's decompiler does not finish on such "billion laughs" pickles), and for those
+whose opcodes exceed `MAX_FICKLING_WORK` (fickling spends ~150 µs per BUILD opcode and ~10 µs
+per other opcode: an 880 kB pickle of BUILDs took it 65 s). A pickle fickling was not run on
+says so in ``fickling_stopped`` and its note (weightio's own globals and refusals are still
+complete). Anything fickling prints while it runs is captured, never mixed into the report.
+fickling's hooks, ``also_allow``, its torch helpers and its JSON output are never used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import pickle
+import pickletools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError, InputError, WeightioError
-from .formats import open_file
+from .formats import _zip, open_file
 from .formats.pytorch import allowlist, containers, lexer, unpickler
 from .formats.sniff import sniff
 
-__all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION"]
+__all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION",
+           "MAX_FICKLING_WORK"]
 
 MAX_FICKLING_BYTES = 16 << 20  # fickling decompiles a pickle to a Python AST: ~2 s per MiB
 MAX_EXPANSION = 1_000_000  # nodes a pickle's object graph may expand to before fickling is skipped
+MAX_FICKLING_WORK = 400_000  # fickling's cost in opcodes (a BUILD counts _BUILD_COST): ~5 s of its time
+_BUILD_COST = 10  # fickling spends ~150 µs on a BUILD, ~10 µs on most other opcodes
 MAX_FILES = 10_000  # files scanned under one directory
 MAX_FINDINGS = 50  # fickling findings kept per pickle (a 500-tensor state dict yields ~1000)
 _NO_CODE = "no code can be stored in this format"
@@ -87,6 +103,8 @@ class PickleScan:
         ml_severity: fickling's ML-allowlist analysis, overall severity (None: not analysed).
         findings: fickling's findings (at most `MAX_FINDINGS`, most severe first).
         note: why fickling was skipped, or how many findings were left out.
+        fickling_stopped: fickling was not run (or not to the end) on this pickle: it was over
+            one of scan's budgets (size, expansion, work), or fickling failed; `note` says which.
     """
 
     location: str
@@ -98,6 +116,7 @@ class PickleScan:
     ml_severity: str | None = None
     findings: tuple[Finding, ...] = ()
     note: str = ""
+    fickling_stopped: bool = False
 
     @property
     def allowed(self) -> bool:
@@ -117,6 +136,8 @@ class FileScan:
         safe: weightio reads it and no pickle in it needs anything outside the allowlist.
         pickles: every pickle stream found in it.
         note: what kind of file it is (``no code can be stored in this format`` …).
+        collisions: pairs of zip member names that are equal when case is ignored (torch.load
+            could read either); such a file is never safe.
     """
 
     path: str
@@ -125,6 +146,7 @@ class FileScan:
     safe: bool
     pickles: tuple[PickleScan, ...] = ()
     note: str = ""
+    collisions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +196,7 @@ def _file_lines(f: FileScan) -> list[str]:
     status = "safe" if f.safe else "UNSAFE" if any(p.refused or p.problems for p in f.pickles) else "not readable"
     lines = [f"{f.path}: {status} ({f.format or 'unknown format'}{'; ' + f.note if f.note else ''})",
              f"  weightio: {f.verdict}"]
+    lines += [f"  case collision: {a!r} and {b!r} (torch.load could read either)" for a, b in f.collisions]
     for p in f.pickles:
         lines.append(f"  {p.location} ({p.size:,} bytes)")
         marked = [f"{g} (refused)" if g in p.refused else g for g in p.globals]
@@ -184,7 +207,9 @@ def _file_lines(f: FileScan) -> list[str]:
             lines += [f"      - [{x.severity}] {x.analysis}: {x.message}" for x in p.findings[:8]]
             if len(p.findings) > 8:
                 lines.append(f"      … {len(p.findings) - 8} more findings")
-        if p.note:
+        if p.fickling_stopped:
+            lines.append(f"    fickling: not run to the end — {p.note}")
+        elif p.note:
             lines.append(f"    note: {p.note}")
     return lines
 
@@ -240,12 +265,23 @@ def scan_file(path: str) -> FileScan:
     try:
         fmt, kind_note = _format(file)
         pickles = tuple(_scan_pickle(label, data, path) for label, data in _pickles(file, fmt))
+        collisions = _collisions(file)
     finally:
         file.close()
     verdict, readable = _verdict(path) if fmt is not None else (kind_note, False)
     note = _NO_CODE if fmt in _NO_CODE_FORMATS else kind_note
-    safe = readable and all(p.allowed for p in pickles)
-    return FileScan(path, fmt, verdict, safe, pickles, note)
+    safe = readable and not collisions and all(p.allowed for p in pickles)
+    return FileScan(path, fmt, verdict, safe, pickles, note, collisions)
+
+
+def _collisions(file: MappedFile) -> tuple[tuple[str, str], ...]:
+    """Zip member names equal when case is ignored (empty for files that are no zip archive)."""
+    if file.read(0, min(file.size, 4), "the first bytes") not in (b"PK\x03\x04", b"PK\x05\x06"):
+        return ()
+    try:
+        return tuple(_zip.case_collisions(_zip.read_members(file, case_collisions=True)))
+    except WeightioError:
+        return ()
 
 
 def _error_text(error: WeightioError) -> str:
@@ -300,9 +336,11 @@ def _scan_pickle(location: str, data: bytes, path: str) -> PickleScan:
     problems = [e.message for e in lexed.refusals]
     problems += [m for m in _loader_problems(data, location) if m not in problems]
     severity, ml_severity, findings, note = _fickling(data, objects)
+    fickling_stopped = severity is None
     if stopped and not note:
         note = f"recording the globals stopped early ({stopped}); opcode arguments were read instead"
-    return PickleScan(location, len(data), globals_, refused, tuple(problems), severity, ml_severity, findings, note)
+    return PickleScan(location, len(data), globals_, refused, tuple(problems), severity, ml_severity, findings, note,
+                      fickling_stopped)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -438,17 +476,36 @@ def _fickling(data: bytes, objects: list[Any]) -> tuple[str | None, str | None, 
         return None, None, (), (f"not analysed by fickling: its object graph {what} when shared references "
                                 "are written out (a memo-sharing bomb?), on which fickling's decompiler does not "
                                 "finish")
+    work = _fickling_work(data)
+    if work > MAX_FICKLING_WORK:
+        return None, None, (), (f"not analysed by fickling: its opcodes cost more than scan's budget of "
+                                f"{MAX_FICKLING_WORK:,} (a BUILD counts {_BUILD_COST}; fickling would take minutes)")
     try:
         from fickling.analysis import Analyzer, check_safety
         from fickling.fickle import Pickled
         from fickling.ml import MLAllowlist
 
-        pickled = Pickled.load(data, fail_on_decode_error=False)
-        default = check_safety(pickled)
-        ml = check_safety(pickled, analyzer=Analyzer([MLAllowlist()]))
+        with contextlib.redirect_stdout(io.StringIO()):  # fickling's prints must not reach the report
+            pickled = Pickled.load(data, fail_on_decode_error=False)
+            default = check_safety(pickled)
+            ml = check_safety(pickled, analyzer=Analyzer([MLAllowlist()]))
     except Exception as e:  # fickling failing on a hostile pickle is itself worth reporting
         return None, None, (), f"fickling could not analyse it ({type(e).__name__}: {allowlist.short_repr(str(e))})"
     return default.severity.name, ml.severity.name, *_findings([*ml.results, *default.results])
+
+
+def _fickling_work(data: bytes) -> int:
+    """fickling's cost of `data` in opcodes, a BUILD counting `_BUILD_COST`; counting stops past
+    `MAX_FICKLING_WORK`. The prepass has already checked the pickle, so this walk is bounded."""
+    work = 0
+    try:
+        for opcode, _, _ in pickletools.genops(data):
+            work += _BUILD_COST if opcode.code == "b" else 1
+            if work > MAX_FICKLING_WORK:
+                break
+    except Exception:  # noqa: BLE001 - a malformed tail: fickling reports it
+        pass
+    return work
 
 
 def _findings(results: list[Any]) -> tuple[tuple[Finding, ...], str]:

@@ -75,9 +75,11 @@ with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contex
     import weightio.formats.pytorch.flatten
     import weightio.formats.pytorch.unpickler
     import weightio.formats.safetensors
+    import weightio.formats.pytorch.tar
     import weightio.formats.sniff
     import weightio.quant
     import weightio.quant.kernels
+    import weightio.safety
     import weightio.view
     from weightio._io import MappedFile
     from weightio.errors import WeightioError, WeightioWarning
@@ -118,6 +120,90 @@ def _pytorch_kind(head: bytes) -> str:
     return "tar" if head[257:262] == b"ustar" else "pickle"
 
 
+# ----------------------------------------------------------------------------- parser differentials
+
+
+def _pytorch_differential(file: MappedFile) -> Any:
+    """The pytorch/npz readers, checked against the libraries torch and numpy use to split a file
+    into parts (Python's `zipfile` and `tarfile`): wherever both read it, the parts must be the
+    same bytes; a file `tarfile` opens is never read as a raw pickle; a pickle weightio refuses as
+    unsafe is never called safe by `scan`. Any disagreement is an AssertionError (a finding)."""
+    data = bytes(file.data)
+    try:
+        fmt = weightio.formats.sniff.sniff(file)
+        reader = (weightio.formats.numpy.NpzReader if fmt == "npz" else weightio.formats.pytorch.PyTorchReader)(file)
+    except weightio.errors.UnsafePickleError:
+        _check_scan_refuses(file.path)
+        raise
+    except WeightioError:
+        file.close()
+        raise
+    if data.startswith(b"PK\x03\x04"):
+        _same_zip_members(reader, data)
+    elif _tarfile_opens(data):
+        assert getattr(reader, "container", "tar") == "tar", "tarfile opens this file but weightio read a raw pickle"
+        _same_tar_members(reader, data)
+    return reader
+
+
+def _check_scan_refuses(path: str) -> None:
+    report = weightio.safety.scan_file(path)
+    assert not report.safe, "weightio.open refuses the file as unsafe but scan calls it safe"
+
+
+def _same_zip_members(reader: Any, data: bytes) -> None:
+    import io
+    import zipfile
+
+    members = weightio.formats._zip.read_members(reader.file)
+    folded = [m.raw_name.lower() for m in members]
+    assert len(set(folded)) == len(folded), "weightio read an archive whose names collide when case is ignored"
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        names = archive.namelist()
+    except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, OSError):
+        return  # zipfile refuses it (stricter or different checks): nothing to compare
+    assert names == [m.name for m in members], ("zipfile lists other members", names)
+    for m in members:
+        try:
+            with archive.open(m.name) as f:
+                theirs = f.read(m.size + 1)
+        except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, OSError, zlib_error()):
+            continue
+        ours = weightio.formats._zip.read_member(reader.file, m, 1 << 26)
+        assert theirs == ours, f"member {m.name!r}: zipfile reads other bytes than weightio"
+
+
+def zlib_error() -> type:
+    import zlib
+
+    return zlib.error
+
+
+def _tarfile_opens(data: bytes) -> bool:
+    import io
+    import tarfile
+
+    try:
+        tarfile.open(fileobj=io.BytesIO(data), mode="r:").close()
+    except tarfile.TarError:
+        return False
+    except Exception:  # noqa: BLE001 - tarfile fails otherwise (torch.load fails too): weightio must refuse
+        return True
+    return True
+
+
+def _same_tar_members(reader: Any, data: bytes) -> None:
+    import io
+    import tarfile
+
+    ours = {m.name: data[m.data_offset: m.data_offset + m.size]
+            for m in weightio.formats.pytorch.tar.read_members(reader.file)}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        theirs = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isreg()}
+    assert ours == theirs, "tarfile reads other members than weightio"
+
+
 _PT = lambda file: _pytorch_checked(file)  # noqa: E731 - defined below, with the checks it adds
 HARNESSES: dict[str, Harness] = {
     "safetensors": Harness(weightio.formats.safetensors.SafetensorsReader, lambda f, h: f == "safetensors",
@@ -132,6 +218,7 @@ HARNESSES: dict[str, Harness] = {
     "ggml": Harness(_ggml, lambda f, h: f == "ggml", 8192, "input.bin"),
     "cli_convert": Harness(MappedFile, lambda f, h: True, 16384, "input.bin",
                            run=lambda path: _convert_everywhere(path)),
+    "pytorch_differential": Harness(_pytorch_differential, lambda f, h: f in ("pytorch", "npz"), 16384, "input.pt"),
 }
 
 

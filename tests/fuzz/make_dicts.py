@@ -73,6 +73,11 @@ PYTORCH_LEGACY = PICKLE + [b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.", b"M\xe9\x03.",
 PYTORCH_TAR = PYTORCH_LEGACY + [b"ustar\x00", b"ustar  ", b"00", b"0000644\x00", b"00000000000\x00",
                                 b"\x80\x00\x00\x00", b"sys_info", b"pickle", b"tensors", b"storages", b"path=",
                                 b"size=", b"30 path=", b"\n", b"x", b"g", b"5", b"\x00" * 8, b" " * 8]
+# The differential harness: every container's tokens, names that differ only in case, v7/GNU tar headers.
+PYTORCH_DIFFERENTIAL = PYTORCH_ZIP + PYTORCH_TAR + NPZ + [b"DATA.PKL", b"archive/DATA.PKL", b"ARCHIVE/", b"DATA/0",
+                                                         b"Data.pkl", b"data.PKL", b".debug_pkl", b"PK\x06\x06",
+                                                         b"PK\x06\x07", b"PK\x05\x06", b"\x80\x03B", b"GNU.sparse",
+                                                         b"hdrcharset=BINARY", b"././@LongLink", b"L", b"K", b"S"]
 
 GGML_TYPE_IDS = [u32(i) for i in (*range(13), 14, 15, 16, 20, 23, 24, 29, 30, 31, 34, 35, 39, 40, 41)]
 GGUF = [b"GGUF", b"FUGG", u32(1), u32(2), u32(3), u32(3 << 24), b"general.alignment", b"general.architecture",
@@ -86,7 +91,8 @@ HOSTILE_TEXT = [b"../", b"/", b"..", b"\x1b[", b"\x1b]0;", b"\x07", b"\xc2\x9b",
                 b"\\ud800", b"__metadata__", b"\\u001b"]
 DICTS = {"safetensors": SAFETENSORS, "npy": NPY, "npz": NPZ, "pytorch_zip": PYTORCH_ZIP,
          "pytorch_legacy": PYTORCH_LEGACY, "pytorch_tar": PYTORCH_TAR, "gguf": GGUF, "ggml": GGML,
-         "cli_convert": SAFETENSORS + NPZ + GGUF + PYTORCH_ZIP + HOSTILE_TEXT}
+         "cli_convert": SAFETENSORS + NPZ + GGUF + PYTORCH_ZIP + HOSTILE_TEXT,
+         "pytorch_differential": PYTORCH_DIFFERENTIAL}
 
 
 def quote(token: bytes) -> str:

@@ -28,10 +28,20 @@ Structures (little-endian)::
                    32-bit field is 0xFFFFFFFF, in that order
 
 Rules (each a `CorruptFileError`, or `FormatError` for unsupported features): the EOCD ends the
-file; the central directory lies between the last member and the EOCD; entry counts fit in the
-central directory's bytes; each local header has the right signature and the same name as its
-central entry; member names are unique; members start at offset 0 (nothing hidden before them)
-and do not overlap; no encryption; compression is stored (0) or deflate (8).
+file and is the last ``PK\x05\x06`` in it; the central directory ends exactly where the end
+records begin; entry counts fit in the central directory's bytes; each local header has the
+right signature and the same name as its central entry; member names are unique, also when
+ASCII letters are compared without regard to case; members start at offset 0 (nothing hidden
+before them) and do not overlap; no encryption; compression is stored (0) or deflate (8).
+
+Why each rule: the readers this archive is also meant for must find the same parts. torch
+(miniz) takes the *last* EOCD signature with 22 bytes after it, and Python's `zipfile` (numpy's
+npz) the last in the final 64 KiB; both take the ZIP64 end record whenever its locator precedes
+the EOCD, sentinel fields or not (miniz at the locator's offset, `zipfile` 56 bytes before the
+locator, so the two must coincide); `zipfile` shifts every offset by any gap between the central
+directory and the end records (a "concatenated" archive), miniz does not; and miniz looks
+records up by name with ASCII letters folded (``archive/DATA.PKL`` answers ``data.pkl``),
+taking whichever its sorted index meets first when two fold equal.
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 
-__all__ = ["ZipMember", "read_members", "inflate", "inflate_prefix", "METHOD_STORED", "METHOD_DEFLATED"]
+__all__ = ["ZipMember", "read_members", "case_collisions", "inflate", "inflate_prefix", "METHOD_STORED",
+           "METHOD_DEFLATED"]
 
 METHOD_STORED, METHOD_DEFLATED = 0, 8
 _METHODS = (METHOD_STORED, METHOD_DEFLATED)
@@ -78,6 +89,7 @@ class ZipMember(NamedTuple):
         size: bytes once uncompressed.
         header_offset: offset of the local file header.
         data_offset: offset of the member's data (after the local header's name and extra).
+        raw_name: the name's bytes as stored (torch looks records up by these, ASCII-folded).
     """
 
     name: str
@@ -87,35 +99,56 @@ class ZipMember(NamedTuple):
     size: int
     header_offset: int
     data_offset: int
+    raw_name: bytes = b""
 
 
 _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
 
 
-def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
-    """Every member of the zip archive `file`, in file order, fully validated (see module doc).
+def read_members(file: MappedFile, limits: Limits | None = None, *, case_collisions: bool = False) -> list[ZipMember]:
+    """Every member of the zip archive `file`, in central-directory order (the order of `zipfile`'s
+    ``namelist()`` and of miniz's index, whose first entry names torch's archive prefix), fully
+    validated (see module doc).
 
     The member count is bounded by ``limits.tensors`` and the central directory's size by
     ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
     is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
+    `case_collisions` lets names that fold equal through (for `weightio.scan`, which lists them).
     """
     limits = limits or current_limits()
     cached = _CACHE.get(file)
+    if case_collisions and cached is None:
+        return _walk(file, limits, case_collisions=True)
     if cached is not None:
         if len(cached) > limits.tensors:
             raise exceeded("member count", len(cached), "tensors", limits.tensors, path=file.path, unit="")
         return list(cached)
+    located = _walk(file, limits)
+    _CACHE[file] = tuple(located)
+    return located
+
+
+def _walk(file: MappedFile, limits: Limits, *, case_collisions: bool = False) -> list[ZipMember]:
     cd_offset, cd_size, count = _find_central_directory(file)
     if count > limits.tensors:
         raise exceeded("member count", count, "tensors", limits.tensors, path=file.path, unit="")
     if cd_size > limits.header_bytes:
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
-    members = _read_central_directory(file, cd_offset, cd_size, count)
+    members = _read_central_directory(file, cd_offset, cd_size, count, case_collisions)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
-    located.sort(key=lambda m: m.header_offset)
-    _check_layout(file, located)
-    _CACHE[file] = tuple(located)
+    _check_layout(file, sorted(located, key=lambda m: m.header_offset))
     return located
+
+
+def case_collisions(members: list[ZipMember]) -> list[tuple[str, str]]:
+    """Every pair of member names that are equal once ASCII letters are folded (miniz's lookup)."""
+    first: dict[bytes, str] = {}
+    pairs = []
+    for m in members:
+        other = first.setdefault(m.raw_name.lower(), m.name)
+        if other is not m.name:
+            pairs.append((other, m.name))
+    return pairs
 
 
 _CACHE: weakref.WeakKeyDictionary[MappedFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
@@ -133,57 +166,93 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
     tail = file.read(start, size - start, "the end of the archive")
     pos = _find_eocd(tail)
     if pos < 0:
-        raise _fail(file, "no end-of-central-directory record ends the file (truncated, or bytes appended)")
+        raise _fail(file, "no end-of-central-directory record ends the file (truncated, or bytes appended)"
+                    if pos == -1 else "another end-of-central-directory signature follows the end record, which "
+                                      "zipfile or torch would take instead")
     eocd = start + pos
-    _, disk, cd_disk, _, count, cd_size, cd_offset, _ = _EOCD.unpack_from(tail, pos)
+    fields = _EOCD.unpack_from(tail, pos)
+    _, disk, cd_disk, count_here, count, cd_size, cd_offset, _ = fields
+    if count_here != count:  # miniz refuses such an archive; zipfile counts neither (it reads cd_size bytes)
+        raise _fail(file, f"the end record counts {count_here} entries on this disk but {count} in all")
     cd_end = eocd
-    if 0xFFFF in (count, disk, cd_disk) or 0xFFFFFFFF in (cd_size, cd_offset):
-        count, cd_size, cd_offset, cd_end = _read_zip64_end(file, eocd)
+    if _has_zip64_locator(file, eocd) or 0xFFFF in (count, disk, cd_disk) or 0xFFFFFFFF in (cd_size, cd_offset):
+        count, cd_size, cd_offset, cd_end = _read_zip64_end(file, eocd, fields)
     elif disk or cd_disk:
         raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
     if cd_offset + cd_size > cd_end:
         raise _fail(file, f"central directory ({cd_size} bytes at {cd_offset}) overruns the end records at {cd_end}")
+    if cd_offset + cd_size < cd_end:  # zipfile would shift every offset by the gap; miniz would not
+        raise _fail(file, f"{cd_end - cd_offset - cd_size} bytes lie between the central directory and the end "
+                          "records (zipfile would read the archive as if shifted by them, torch would not)")
     if count * _CENTRAL.size > cd_size:  # (the member count's limit is weightio.limits.tensors)
         raise _fail(file, f"{count} entries cannot fit in a {cd_size}-byte central directory")
     return cd_offset, cd_size, count
 
 
 def _find_eocd(tail: bytes) -> int:
-    """Offset in `tail` of the EOCD record whose comment ends exactly at the end, or -1."""
-    end = len(tail) - _EOCD.size + 4
-    while (pos := tail.rfind(b"PK\x05\x06", 0, end)) >= 0:
-        if pos + _EOCD.size + _EOCD.unpack_from(tail, pos)[7] == len(tail):
-            return pos
-        end = pos + 3
-    return -1
+    """Offset in `tail` of the EOCD record; -1 if there is none, -2 if the readers could disagree.
+
+    `zipfile` takes the last 22 bytes when they are a comment-less EOCD, else the last signature;
+    miniz the last signature with 22 bytes after it. Accepted only when both pick the same one
+    and its comment ends exactly at the end of the file.
+    """
+    last = len(tail) - _EOCD.size
+    if last >= 0 and tail.startswith(b"PK\x05\x06", last) and tail.endswith(b"\0\0"):
+        pos = last
+    else:
+        pos = tail.rfind(b"PK\x05\x06")
+        if pos < 0 or pos > last or pos + _EOCD.size + _EOCD.unpack_from(tail, pos)[7] != len(tail):
+            return -1
+    if tail.rfind(b"PK\x05\x06", pos + 1, last + 4) >= 0:
+        return -2
+    return pos
 
 
-def _read_zip64_end(file: MappedFile, eocd: int) -> tuple[int, int, int, int]:
+def _has_zip64_locator(file: MappedFile, eocd: int) -> bool:
+    return eocd >= _LOCATOR.size and file.read(eocd - _LOCATOR.size, 4, "the ZIP64 locator") == b"PK\x06\x07"
+
+
+def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[int, int, int, int]:
+    """The ZIP64 end record's count, central directory size and offset, and where it starts.
+
+    Both miniz and `zipfile` use this record whenever its locator precedes the EOCD; miniz finds
+    it at the locator's offset and `zipfile` right before the locator, so those must agree, and
+    the EOCD's own fields must be the sentinel or the same value (or the readers could differ).
+    """
     locator = eocd - _LOCATOR.size
     if locator < 0:
         raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
     sig, _, record, disks = file.unpack(_LOCATOR, locator, "the ZIP64 locator")
     if sig != _SIG_LOCATOR:
         raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
-    if record + _EOCD64.size > locator:
-        raise _fail(file, f"ZIP64 end record offset {record} is not before its locator")
+    if record + _EOCD64.size != locator:
+        raise _fail(file, f"ZIP64 end record offset {record} is not the {_EOCD64.size} bytes right before its "
+                          f"locator at {locator}")
     fields = file.unpack(_EOCD64, record, "the ZIP64 end record")
     if fields[0] != _SIG_EOCD64:
         raise _fail(file, f"no ZIP64 end record at offset {record}")
     if disks > 1 or fields[4] or fields[5]:
         raise FormatError("multi-disk (spanned) zip archives are not supported", path=file.path)
-    _, _, _, _, _, _, _, count, cd_size, cd_offset = fields
+    _, _, _, _, _, _, count_here, count, cd_size, cd_offset = fields
+    if count_here != count:
+        raise _fail(file, f"the ZIP64 end record counts {count_here} entries on this disk but {count} in all")
+    _, _, _, _, count32, size32, offset32, _ = eocd_fields
+    for what, small, big, sentinel in (("entry count", count32, count, 0xFFFF),
+                                       ("central directory size", size32, cd_size, 0xFFFFFFFF),
+                                       ("central directory offset", offset32, cd_offset, 0xFFFFFFFF)):
+        if small not in (sentinel, big):
+            raise _fail(file, f"the end record's {what} ({small}) differs from the ZIP64 end record's ({big})")
     return count, cd_size, cd_offset, record
 
 
-def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
-                            count: int) -> list[tuple[ZipMember, bytes, int]]:
+def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, count: int,
+                            case_collisions: bool = False) -> list[tuple[ZipMember, bytes, int]]:
     """Parse the central directory from one read (its size is bounded by the file's).
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
     """
     cd = file.read(cd_offset, cd_size, "the central directory")
-    members, names, pos = [], set(), 0
+    members, names, folded, pos = [], set(), {}, 0
     unpack = _CENTRAL.unpack_from
     for _ in range(count):
         if pos + _CENTRAL.size > cd_size:
@@ -204,10 +273,23 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
             _check_entry(file, name, flags, method)
         if name in names:
             raise _fail(file, f"member {name!r} appears twice")
+        if not case_collisions:
+            _check_fold(file, folded, raw_name, name)
         names.add(name)
-        members.append((_member((name, method, crc, csize, usize, offset, -1)), raw_name, flags))
+        members.append((_member((name, method, crc, csize, usize, offset, -1, raw_name)), raw_name, flags))
         pos = start + nlen + xlen + clen
+    if pos != cd_size:  # zipfile reads entries until cd_size bytes are used, whatever the count says
+        raise _fail(file, f"the central directory holds {cd_size - pos} bytes after its {count} entries")
     return members
+
+
+def _check_fold(file: MappedFile, folded: dict[bytes, str], raw_name: bytes, name: str) -> None:
+    """Refuse a name equal to an earlier one once ASCII letters are folded (miniz's comparison)."""
+    key = raw_name.lower()  # bytes.lower folds A-Z only, as miniz's MZ_TOLOWER does
+    other = folded.setdefault(key, name)
+    if other is not name:
+        raise _fail(file, f"members {other!r} and {name!r} have the same name when case is ignored; torch.load "
+                          "looks records up without regard to case, so it could read the other one")
 
 
 def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:
@@ -265,7 +347,8 @@ def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd
     if member.method == METHOD_STORED and member.compressed_size != member.size:
         raise _fail(file, f"stored member {member.name!r} has size {member.size} but {member.compressed_size} "
                           "bytes of data")
-    return _member((member.name, member.method, member.crc32, member.compressed_size, member.size, at, data))
+    return _member((member.name, member.method, member.crc32, member.compressed_size, member.size, at, data,
+                    raw_name))
 
 
 def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: int) -> None:

@@ -9,8 +9,13 @@
 | ``lmgg`` ``fmgg`` ``tjgg`` (ggml/ggmf/ggjt)     | ``ggml``                                 |
 | ``\\x80`` + protocol 2-5 (a pickle)             | ``pytorch`` (legacy torch.save, or a raw pickle) |
 | ``L119547037146038801333356L\\n`` (protocol 0/1) | ``pytorch`` (legacy torch.save's magic number) |
-| ``ustar`` at offset 257 (tar)                 | ``pytorch`` (legacy tar torch.save)      |
 | 8 bytes (u64 N), then ``{`` after whitespace  | ``safetensors``                          |
+
+Two tests come first, in ``torch.load``'s order, because torch applies them to every file:
+``PK\\x03\\x04`` (its zip format), then whether Python's ``tarfile`` opens the file (its legacy tar
+format, see `opens_as_tar`: a valid first tar header, with or without ``ustar`` magic). A file
+``tarfile`` opens is ``pytorch`` (read as a tar checkpoint or refused, never as a raw pickle); if
+it also carries another format's magic it is refused as a polyglot.
 
 Anything else raises `FormatError` saying what the file looks like (a Git LFS pointer, an HTML
 page, HDF5, gzip …) and what to do.
@@ -18,11 +23,13 @@ page, HDF5, gzip …) and what to do.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._io import MappedFile
 from ..errors import FormatError
 from . import _zip
 
-__all__ = ["sniff", "FORMATS"]
+__all__ = ["sniff", "FORMATS", "opens_as_tar"]
 
 FORMATS = ("safetensors", "pytorch", "gguf", "ggml", "npz", "npy")
 
@@ -34,6 +41,8 @@ _MAGICS = (
     (b"fmgg", "ggml"),
     (b"tjgg", "ggml"),
 )
+
+_TAR_BLOCK = 512  # a tar header
 
 # torch's legacy magic number 0x1950a86a20f9469cfc6c as protocols 0 and 1 pickle it (a text LONG).
 _LEGACY_MAGIC_TEXT = b"L119547037146038801333356L\n"
@@ -55,13 +64,22 @@ def sniff(file: MappedFile) -> str:
     """The format of `file`, one of `FORMATS`.
 
     Raises:
-        FormatError: the bytes are no checkpoint format weightio knows; says what they look like.
+        FormatError: the bytes are no checkpoint format weightio knows, or two at once (a file that
+            ``tarfile`` opens and that also has another format's magic); says what they look like.
     """
     head = file.read(0, min(file.size, 512), "the first bytes")
+    if head.startswith(b"PK\x03\x04"):  # torch.load's test for its zip format
+        return _sniff_zip(file)
+    if opens_as_tar(head):  # torch.load's next test: whatever tarfile opens is a legacy tar checkpoint to it
+        other = _other_format(head, file.size)
+        if other:
+            raise FormatError(f"is both {other} and a tar archive, which torch.load reads as a legacy checkpoint; "
+                              "refused as a polyglot file", path=file.path)
+        return "pytorch"
     for magic, fmt in _MAGICS:
         if head.startswith(magic):
             return fmt
-    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+    if head.startswith(b"PK\x05\x06"):
         return _sniff_zip(file)
     # Before the pickle test: a safetensors header length such as 0x280 begins with the bytes
     # of a pickle PROTO opcode, while "{" is no pickle opcode.
@@ -71,13 +89,49 @@ def sniff(file: MappedFile) -> str:
         return "pytorch"
     if head.startswith(_LEGACY_MAGIC_TEXT):
         return "pytorch"
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return "pytorch"
     for magic, words in _NOT_CHECKPOINTS:
         if head.startswith(magic):
             raise FormatError(f"is {words}", path=file.path)
     raise FormatError(f"is not a checkpoint format weightio reads (safetensors, PyTorch, GGUF, ggml, npz, npy); "
                       f"it starts with {head[:16]!r}", path=file.path)
+
+
+def opens_as_tar(head: bytes) -> bool:
+    """Whether ``tarfile.open(fileobj, "r:")`` — what ``torch.load`` tries on every non-zip file —
+    accepts a file that starts with `head` (at least its first 512 bytes, when it has them).
+
+    tarfile accepts when its first header parses (checksum and number fields) or is all zeros, and
+    refuses a shorter file. Headers of the extended kinds (GNU long names, sparse files, PAX) are
+    accepted or not depending on the blocks after them: counted as tar here (they are then read
+    as one or refused, which is the safe side either way).
+    """
+    if len(head) < _TAR_BLOCK:
+        return False
+    tarfile = tarfile_module()
+    try:
+        tarfile.TarInfo.frombuf(head[:_TAR_BLOCK], tarfile.ENCODING, "surrogateescape")
+    except tarfile.EOFHeaderError:
+        return True
+    except tarfile.HeaderError:
+        return False
+    return True
+
+
+def tarfile_module() -> Any:
+    """Python's `tarfile`, imported when first needed (most files never get that far)."""
+    import tarfile
+
+    return tarfile
+
+
+def _other_format(head: bytes, size: int) -> str:
+    """What else a file that `tarfile` opens looks like ("" when nothing: a pickle is no other)."""
+    for magic, fmt in _MAGICS:
+        if head.startswith(magic):
+            return f"a {fmt} file"
+    if head.startswith(b"PK\x05\x06"):
+        return "a zip archive"
+    return "a safetensors file" if _looks_like_safetensors(head, size) else ""
 
 
 def _looks_like_safetensors(head: bytes, size: int) -> bool:
@@ -92,11 +146,13 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
 
 
 def _sniff_zip(file: MappedFile) -> str:
-    names = [m.name for m in _zip.read_members(file)]
-    if any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in names):
+    members = _zip.read_members(file)
+    names = [m.name for m in members]
+    folded = [m.raw_name.lower() for m in members]  # torch finds records without regard to ASCII case
+    if any(n == b"constants.pkl" or n.endswith(b"/constants.pkl") for n in folded):
         raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
                           "loaded — save the module's state_dict() with torch.save instead", path=file.path)
-    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+    if any(n == b"data.pkl" or n.endswith(b"/data.pkl") for n in folded):
         return "pytorch"
     if all(n.endswith(".npy") for n in names):
         return "npz"

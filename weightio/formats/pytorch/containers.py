@@ -16,7 +16,7 @@ from .. import _zip
 from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .allowlist import StorageRef, TensorRef, Token, short_repr
-from .opcodes import PROTO
+from .opcodes import OPCODE_NAMES, PROTO
 from .torch_dtypes import itemsize
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "open_container", "pickles"]
@@ -112,25 +112,48 @@ class Container:
 
 
 class ZipContainer(Container):
-    """``torch.save``'s zip format."""
+    """``torch.save``'s zip format, whose records are found the way torch finds them.
+
+    torch's reader (miniz) takes the archive prefix from the *first* central-directory entry (up to
+    its first ``/``), refuses an archive with any member outside that prefix (``torch.load`` lists
+    every record), and looks each record up by ``prefix + name`` with ASCII letters folded. The
+    same rule here, over the raw name bytes, with names that fold equal refused by `_zip`, reads
+    the same record torch reads or refuses the file.
+    """
 
     kind = "zip"
 
     def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
         super().__init__(file, limits)
-        self.records = {m.name: m for m in members}
-        self.prefix = _archive_prefix(file, members)
+        self.raw_prefix = _archive_prefix(file, members)
+        self.prefix = self.raw_prefix.decode("utf-8", "replace")
+        self.records = {m.raw_name.lower(): m for m in members}
+        pickle_record = self.record("data.pkl")
+        if pickle_record is None:
+            raise CorruptFileError(f"a PyTorch zip checkpoint has a {self.prefix}data.pkl record (torch looks it up "
+                                   "without regard to case); there is none", path=file.path)
         self.byteorder = self._byteorder()
         self._check_version()
-        pickle_record = self.records[self.prefix + "data.pkl"]
         self.pickles = [(pickle_record.name, self._read_record(pickle_record, limits.header_bytes))]
         self.root = self._unpickle(self.pickles[0][1], pickle_record.name)
+        self._check_prefix(members)
+
+    def _check_prefix(self, members: list[_zip.ZipMember]) -> None:
+        """Every member lies under the prefix (after the pickle, whose refusal says more)."""
+        outside = next((m for m in members if not m.raw_name.startswith(self.raw_prefix)), None)
+        if outside is not None:
+            raise self._fail(f"member {outside.name!r} is not under the archive prefix {self.prefix!r} of the first "
+                             "member (torch.load refuses such archives)")
+
+    def record(self, name: str) -> _zip.ZipMember | None:
+        """The member torch reads for record `name` (``data.pkl``, ``data/0`` …), or None."""
+        return self.records.get((self.raw_prefix + name.encode("utf-8", "surrogatepass")).lower())
 
     def _read_record(self, record: _zip.ZipMember, limit: int) -> bytes:
         return _zip.read_member(self.file, record, limit, what="record")
 
     def _small_record(self, name: str) -> bytes | None:
-        record = self.records.get(self.prefix + name)
+        record = self.record(name)
         if record is None:
             return None
         if record.size > 64:
@@ -146,9 +169,9 @@ class ZipContainer(Container):
         return raw.decode()
 
     def _check_version(self) -> None:
-        raw = self._small_record("version")
+        raw = self._small_record(".data/version")  # torch's order: .data/version, then version
         if raw is None:
-            raw = self._small_record(".data/version")
+            raw = self._small_record("version")
         if raw is None:
             return
         text = raw.strip()
@@ -165,28 +188,32 @@ class ZipContainer(Container):
 
     def locate(self, storage: StorageRef) -> Span:
         name = f"{self.prefix}data/{storage.key}"
-        record = self.records.get(name)
+        if storage.key.endswith(_DEBUG_SUFFIX):  # torch's reader answers such records with no bytes
+            raise self._fail(f"its storage key {storage.key!r} ends in {_DEBUG_SUFFIX!r}, which torch never reads")
+        record = self.record(f"data/{storage.key}")
         if record is None:
             raise self._fail(f"its storage {storage.key!r} has no record {name!r} in the archive")
         nbytes = storage.numel * itemsize(storage.dtype)
         if record.size != nbytes:
             raise self._fail(f"its storage {storage.key!r} is declared as {storage.numel:,} x {storage.dtype} = "
-                             f"{nbytes:,} bytes but record {name!r} holds {record.size:,}")
+                             f"{nbytes:,} bytes but record {record.name!r} holds {record.size:,}")
         if record.method == _zip.METHOD_STORED:
             return Span(record.data_offset, nbytes)
         return Span(0, nbytes, record)
 
 
-def _archive_prefix(file: MappedFile, members: list[_zip.ZipMember]) -> str:
-    """The prefix of the one ``<prefix>/data.pkl`` record; TorchScript archives are refused."""
-    pickles = [m.name for m in members if m.name.endswith("data.pkl")
-               and (m.name == "data.pkl" or (m.name.count("/") == 1 and m.name.endswith("/data.pkl")))]
-    if len(pickles) != 1:
-        found = ", ".join(repr(n) for n in pickles) or "none"
-        raise CorruptFileError(f"a PyTorch zip checkpoint has one <prefix>/data.pkl record; found {found}",
-                               path=file.path)
-    prefix = pickles[0][: -len("data.pkl")]
-    if any(m.name == prefix + "constants.pkl" for m in members):  # what torch.load calls TorchScript
+_DEBUG_SUFFIX = ".debug_pkl"  # records torch's reader skips unless asked for debug symbols
+
+
+def _archive_prefix(file: MappedFile, members: list[_zip.ZipMember]) -> bytes:
+    """torch's archive prefix (``archive/``): the first central-directory entry's name up to its
+    first ``/``. TorchScript archives are refused."""
+    first = members[0].raw_name if members else b""
+    if b"/" not in first:
+        raise CorruptFileError(f"the first zip member {members[0].name if members else None!r} is not in a folder; "
+                               "torch names a checkpoint's records <prefix>/<record> after it", path=file.path)
+    prefix = first[: first.index(b"/") + 1]
+    if any(m.raw_name.lower() == (prefix + b"constants.pkl").lower() for m in members):  # torch.load: TorchScript
         raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
                           "loaded — save the module's state_dict() with torch.save instead", path=file.path)
     return prefix
@@ -404,9 +431,10 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     pickle) and unpickle its object, within `limits` (the current `weightio.limits` by default)."""
     limits = limits or current_limits()
     head = file.read(0, min(file.size, 512), "the first bytes")
-    if _is_zip(head):
+    kind = _container_kind(head)
+    if kind == "zip":
         return ZipContainer(file, _zip.read_members(file, limits), limits)
-    if tar.looks_like_tar(head):
+    if kind == "tar":
         return TarContainer(file, limits)
     data = memoryview(file.data)
     end = lexer.prepass(data, 0, path=file.path, what="pickle 1", limits=limits)
@@ -422,8 +450,16 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     return container
 
 
-def _is_zip(head: bytes) -> bool:
-    return head.startswith((b"PK\x03\x04", b"PK\x05\x06"))
+def _container_kind(head: bytes) -> str:
+    """``"zip"``, ``"tar"`` or ``"pickle"``, decided as ``torch.load`` decides: a zip only when the
+    file starts with a local header, then whatever ``tarfile`` opens is a tar (never a raw pickle)."""
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if tar.opens_as_tar(head):
+        return "tar"
+    if head.startswith(b"PK\x05\x06"):  # an empty zip: refused as a checkpoint by the zip reader
+        return "zip"
+    return "pickle"
 
 
 # ----------------------------------------------------------------------------- the pickles a file holds
@@ -434,47 +470,81 @@ def pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     well formed: what `weightio scan` inspects. A pickle that cannot be read is listed with the
     reason in its location and empty (zip) or its first bytes (stacked pickles)."""
     head = file.read(0, min(file.size, 512), "the first bytes")
-    if _is_zip(head):
+    kind = _container_kind(head)
+    if kind == "zip":
         return _zip_pickles(file)
-    if tar.looks_like_tar(head):
+    if kind == "tar":
         return _tar_pickles(file)
     return _stacked_pickles(file)
 
 
 def _zip_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """Every ``.pkl``/``.pickle`` record, read within the limit the reader applies."""
+    """Every member that holds a pickle, found by its bytes (a PROTO opcode first, or a small member
+    that lexes as one whole pickle) or its name (``*.pkl``/``*.pickle`` in any case), read within
+    the limit the reader applies. Names that fold equal are listed too (the reader refuses them)."""
     try:
-        members = _zip.read_members(file)
+        members = _zip.read_members(file, case_collisions=True)
     except WeightioError:
         return _stacked_pickles(file)  # e.g. a pickle with a zip appended: look at the front
+    limit = current_limits().header_bytes
     found = []
     for m in members:
-        if not m.name.endswith((".pkl", ".pickle")):
-            continue
         try:
-            found.append((m.name, _zip.read_member(file, m, current_limits().header_bytes)))
+            if not _holds_pickle(file, m):
+                continue
+            found.append((m.name, _zip.read_member(file, m, limit)))
         except WeightioError as e:
             found.append((f"{m.name} ({e.message})", b""))
     return found
 
 
+_SMALL_MEMBER = 1 << 20  # members up to this size are lexed whole to find protocol 0/1 pickles
+
+
+def _holds_pickle(file: MappedFile, member: _zip.ZipMember) -> bool:
+    if member.raw_name.lower().endswith((b".pkl", b".pickle")):
+        return True
+    head = _zip.inflate_prefix(file, member, 2)
+    if len(head) == 2 and head[0] == PROTO and 2 <= head[1] <= 5:
+        return True
+    if not head or head[0] not in OPCODE_NAMES or member.size > _SMALL_MEMBER:
+        return False
+    data = _zip.read_member(file, member, _SMALL_MEMBER)
+    try:
+        return lexer.lex(data, path=file.path, what=member.name, collect=True).pos == len(data)
+    except WeightioError:
+        return False
+
+
 def _tar_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """The pickles the tar reader walked (up to any error), plus the two whole-member pickles."""
+    """The pickles the tar reader walked (up to any error), the first pickle of every other member
+    (found by its bytes, whatever the member is called), and — since torch falls back to reading
+    the file as a raw pickle when ``tarfile`` fails past its first header — any pickles at offset 0."""
     found: list[tuple[str, bytes]] = []
     try:
         TarContainer(file, current_limits(), found)
     except WeightioError:
         pass  # the pickles read up to the failure are still listed
-    try:
-        members = {m.name: m for m in tar.read_members(file)}
-    except WeightioError:
-        return found
-    for name in ("sys_info", "pickle"):
-        label = f"member {name!r}"
-        if name in members and label not in {loc for loc, _ in found}:
-            m = members[name]
-            found.append((label, file.read(m.data_offset, m.size, label)))
+    walked = {loc.split(" (")[0] for loc, _ in found}
+    for m in tar.read_members(file, partial=True):
+        label = f"member {m.name!r}"
+        if label not in walked and (raw := _first_pickle(file, m.data_offset, m.size, label)) is not None:
+            found.append((label, raw))
+    found += [(f"read as a raw pickle, {loc}", data) for loc, data in _stacked_pickles(file)]
     return found
+
+
+def _first_pickle(file: MappedFile, offset: int, size: int, label: str) -> bytes | None:
+    """The pickle at the start of a member, or its first bytes if it starts with PROTO but does not
+    lex; None when the member does not start with a pickle."""
+    if size == 0:
+        return None
+    data = memoryview(file.data)[: offset + size]
+    try:
+        end = lexer.lex(data, offset, path=file.path, what=label, collect=True).pos
+    except WeightioError:
+        return bytes(data[offset: offset + min(size, 1 << 16)]) if data[offset] == PROTO else None
+    return bytes(data[offset:end])
 
 
 def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:

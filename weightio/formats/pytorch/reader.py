@@ -12,6 +12,10 @@ members share one prefix (the file's stem when it was saved, or ``archive``)::
     <prefix>/version           the format version ("3\\n"); torch reads versions 1 to 10
     <prefix>/.format_version, .storage_alignment, .data/serialization_id: informational
 
+Records are found as torch finds them: the prefix is the first central-directory entry's folder,
+names are compared with ASCII case folded, and names that fold equal are refused
+(`containers.ZipContainer`).
+
 **Legacy raw-pickle format** (``torch.save(..., _use_new_zipfile_serialization=False)``), five
 pickles back to back, then the storages::
 
@@ -23,7 +27,8 @@ pickles back to back, then the storages::
     pickle   the storage keys, in the order their data follows
     per key  int64 element count (little-endian), then count * itemsize bytes (little-endian)
 
-**Legacy tar format** (torch 0.1.x; archive rules in `.tar`), four members::
+**Legacy tar format** (torch 0.1.x; archive rules in `.tar`): any file that Python's ``tarfile``
+opens, as ``torch.load`` decides (`weightio.formats.sniff.opens_as_tar`), four members::
 
     sys_info   pickle   as above (protocol_version 1000)
     pickle     pickle   the object; persistent ids: the key (str of an int) of a tensor

@@ -1,8 +1,18 @@
 """A strict, read-only walker for the tar archives of torch's oldest checkpoint format.
 
-``tarfile`` is not used: it accepts GNU/old-v7 variants, sparse and link members, and reads
-members by extracting them. Here an archive is a sequence of regular-file members whose data
-is located (never copied), then the end-of-archive zero blocks.
+``torch.load`` hands every file that does not start with ``PK\\x03\\x04`` to Python's
+``tarfile.open(mode="r:")`` first, and reads it as this format whenever that succeeds — which
+depends on the first 512-byte header alone: a checksum that matches and number fields that parse
+(no ``ustar`` magic needed: old v7 headers count), or a block of zeros (an empty archive).
+`weightio.formats.sniff.opens_as_tar` is that rule, decided by ``tarfile.TarInfo.frombuf`` itself on the first block
+(bounded work), so weightio and torch agree on which files are tar archives; such a file is read
+here or refused, never as a raw pickle.
+
+Walking the archive, each header is parsed by ``tarfile.TarInfo.frombuf`` too (the member name
+and size are the ones ``tarfile`` reads), and everything on which readers could differ is refused:
+``tarfile`` silently ends the archive at a header it cannot parse, takes the *last* of two
+members with one name, applies global (``g``) PAX headers and GNU long names, and parses PAX
+records leniently. Data is located, never copied.
 
 Layout (POSIX.1-1988 ustar, as Python's ``tarfile`` writes it in PAX format)::
 
@@ -11,15 +21,14 @@ Layout (POSIX.1-1988 ustar, as Python's ``tarfile`` writes it in PAX format)::
     zeros up to the record size (tarfile pads to 10240 bytes)
 
 Header fields used (offset, length): name (0, 100), size (124, 12: octal, or base-256 when the
-first byte has its high bit set), checksum (148, 8: octal sum of the header bytes with this
-field read as spaces), typeflag (156, 1), magic (257, 6: ``ustar\\0`` or ``ustar ``), prefix
-(345, 155: joined to the name with ``/``). A ``x`` (PAX extended) header's data holds
-``"<len> <key>=<value>\\n"`` records that override the next member's ``path`` and ``size``;
-``g`` (global) headers are skipped.
+first byte is 0x80), checksum (148, 8), typeflag (156, 1), prefix (345, 155: joined to the name
+with ``/``). A ``x`` (PAX extended) header's data holds ``"<len> <key>=<value>\\n"`` records
+that override the next member's ``path`` and ``size``.
 
-Rules (each a `CorruptFileError`): every header's checksum is right; members are regular files
-(typeflag ``0`` or NUL); names are unique; data lies inside the file; after the end blocks
-nothing but zeros follows (no appended polyglot payload).
+Rules (each a `CorruptFileError`): every header is one ``tarfile`` parses; members are regular
+files (typeflag ``0`` or NUL) or a single PAX header before one; PAX records are well formed and
+only ``path``, ``size`` and informational keys; names are unique; data lies inside the file;
+after the end blocks nothing but zeros follows (no appended polyglot payload).
 """
 
 from __future__ import annotations
@@ -28,13 +37,16 @@ from dataclasses import dataclass
 
 from ..._io import MappedFile
 from ...errors import CorruptFileError
+from ..sniff import opens_as_tar, tarfile_module
 
-__all__ = ["TarMember", "looks_like_tar", "read_members"]
+__all__ = ["TarMember", "opens_as_tar", "read_members"]
 
 BLOCK = 512
 _MAX_MEMBERS = 10_000
 _MAX_PAX = 1 << 20  # bytes of PAX records we parse for one member
 _MAX_TAIL = 1 << 20  # zero padding after the end blocks we accept
+# PAX keys that change nothing about where a member's bytes are or what it is called.
+_INFORMATIONAL = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname", b"comment"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,43 +58,56 @@ class TarMember:
     size: int
 
 
-def read_members(file: MappedFile) -> list[TarMember]:
-    """Every member of the tar archive `file`, in order, validated (see the module docstring)."""
+def read_members(file: MappedFile, *, partial: bool = False) -> list[TarMember]:
+    """Every member of the tar archive `file`, in order, validated (see the module docstring).
+
+    With `partial` (for `weightio.scan`), the members read before any error are returned instead,
+    and whatever follows the end blocks is not looked at.
+    """
     members: list[TarMember] = []
+    try:
+        return _walk(file, members, partial)
+    except CorruptFileError:
+        if partial:
+            return members
+        raise
+
+
+def _walk(file: MappedFile, members: list[TarMember], partial: bool) -> list[TarMember]:
     names: set[str] = set()
-    pos, pax = 0, {}
+    pos, pax = 0, None
     while True:
         header = file.read(pos, BLOCK, "a tar header") if pos + BLOCK <= file.size else b""
         if len(header) < BLOCK:
             raise _fail(file, f"the archive ends at offset {pos} without its end-of-archive blocks")
         if header == bytes(BLOCK):
-            _check_tail(file, pos)
+            if pax is not None:
+                raise _fail(file, f"the PAX header before offset {pos} describes no member")
+            if not partial:
+                _check_tail(file, pos)
             return members
         name, size, kind = _parse_header(file, header, pos)
         data = pos + BLOCK
         if data + size > file.size:
             raise _fail(file, f"member {name!r} ({size:,} bytes at {data}) runs past the end of the file")
-        if kind in "xg":
-            if kind == "x":
-                pax = _parse_pax(file, file.read(data, min(size, _MAX_PAX), "a PAX header"))
+        if kind == "x":
+            if pax is not None:
+                raise _fail(file, f"two PAX headers in a row at offset {pos} (tarfile would merge them)")
+            pax = _parse_pax(file, data, size)
             pos = data + -(-size // BLOCK) * BLOCK
             continue
-        name, size = pax.get("path", name), pax.get("size", size)  # a PAX size replaces the header's (>= 8 GiB)
-        pax = {}
+        if pax:  # a PAX path and size replace the header's (tarfile strips a trailing "/" from the path)
+            name, size = pax.get("path", name), pax.get("size", size)
+        pax = None
         if data + size > file.size:
             raise _fail(file, f"member {name!r} ({size:,} bytes at {data}) runs past the end of the file")
         pos = data + -(-size // BLOCK) * BLOCK  # the next header follows the data the PAX size says
         if name in names:
-            raise _fail(file, f"member {name!r} appears twice")
+            raise _fail(file, f"member {name!r} appears twice (tarfile would read the last one)")
         if len(members) >= _MAX_MEMBERS:
             raise _fail(file, f"more than {_MAX_MEMBERS:,} members")
         names.add(name)
         members.append(TarMember(name, data, size))
-
-
-def looks_like_tar(head: bytes) -> bool:
-    """True when `head` (the file's first bytes) has the ustar magic; `read_members` checks the rest."""
-    return len(head) >= 262 and head[257:262] == b"ustar"
 
 
 def _fail(file: MappedFile, message: str) -> CorruptFileError:
@@ -90,61 +115,66 @@ def _fail(file: MappedFile, message: str) -> CorruptFileError:
 
 
 def _parse_header(file: MappedFile, header: bytes, pos: int) -> tuple[str, int, str]:
-    if header[257:262] != b"ustar":
-        raise _fail(file, f"no ustar header at offset {pos}")
-    if not _checksum_ok(header):
-        raise _fail(file, f"the header at offset {pos} fails its checksum")
-    kind = chr(header[156]) if header[156] else "0"
-    if kind not in "0xg":
-        raise _fail(file, f"the member at offset {pos} has type {kind!r}; only regular files are expected")
-    name = _text(header[0:100])
-    prefix = _text(header[345:500])
-    return (f"{prefix}/{name}" if prefix else name), _number(file, header[124:136], pos), kind
-
-
-def _checksum_ok(header: bytes) -> bool:
+    """(name, size, kind) as ``tarfile`` reads them; kind ``"0"`` (regular) or ``"x"`` (PAX)."""
+    tarfile = tarfile_module()
     try:
-        stored = int(header[148:156].replace(b"\0", b" ").strip() or b"-1", 8)
-    except ValueError:
-        return False
-    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    return stored == unsigned
+        info = tarfile.TarInfo.frombuf(header, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError as e:  # tarfile would end the archive here without a word
+        raise _fail(file, f"the header at offset {pos} is not one tarfile reads ({e})") from None
+    if info.type == tarfile.XHDTYPE:
+        kind = "x"
+    elif info.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and info.isreg():
+        kind = "0"
+    else:
+        shown = info.type.decode("latin-1") if info.type else "NUL"
+        raise _fail(file, f"the member at offset {pos} has type {shown!r}; only regular files (and a PAX header "
+                          "before one) are expected")
+    if info.size < 0:
+        raise _fail(file, f"the header at offset {pos} has a negative size {info.size}")
+    return info.name, info.size, kind
 
 
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-
-def _number(file: MappedFile, raw: bytes, pos: int) -> int:
-    if raw[0] & 0x80:  # base-256 (GNU), used by tarfile for sizes of 8 GiB and more
-        return int.from_bytes(bytes([raw[0] & 0x7F]) + raw[1:], "big")
-    try:
-        return int(raw.replace(b"\0", b" ").strip() or b"0", 8)
-    except ValueError:
-        raise _fail(file, f"the header at offset {pos} has a malformed size {raw!r}") from None
-
-
-def _parse_pax(file: MappedFile, data: bytes) -> dict:
-    """The ``path`` and ``size`` records of a PAX extended header (others are ignored)."""
+def _parse_pax(file: MappedFile, data: int, size: int) -> dict:
+    """The ``path`` and ``size`` of a PAX extended header, from all the blocks tarfile reads."""
+    if size > _MAX_PAX:
+        raise _fail(file, f"a PAX header of {size:,} bytes (more than {_MAX_PAX:,})")
+    raw = file.read(data, min(-(-size // BLOCK) * BLOCK, file.size - data), "a PAX header")
+    if b"hdrcharset=" in raw:  # tarfile looks for it anywhere, even inside another record
+        raise _fail(file, "a PAX header sets hdrcharset (the encoding of names), which is not supported")
     found: dict = {}
     pos = 0
-    while pos < len(data) and data[pos:pos + 1] != b"\0":
-        space = data.find(b" ", pos, pos + 20)
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            raise _fail(file, "a PAX header record has no valid length") from None
-        if space < 0 or length <= space - pos or pos + length > len(data) or data[pos + length - 1] != 0x0A:
-            raise _fail(file, "a PAX header record is malformed")
-        key, _, value = data[space + 1: pos + length - 1].partition(b"=")
+    while pos < len(raw) and raw[pos] != 0:
+        key, value, pos = _pax_record(file, raw, pos)
         if key == b"path":
-            found["path"] = value.decode("utf-8", "replace")
+            try:
+                found["path"] = value.decode("utf-8").rstrip("/")
+            except UnicodeDecodeError:
+                raise _fail(file, f"PAX path {value[:40]!r} is not UTF-8") from None
         elif key == b"size":
             if not value.isdigit() or len(value) > 20:
                 raise _fail(file, f"PAX size {value[:24]!r} is not a number")
             found["size"] = int(value)
-        pos += length
+        elif key not in _INFORMATIONAL:
+            raise _fail(file, f"PAX record {key[:40]!r} is not supported (only path, size and informational ones are)")
+    if raw[pos:].strip(b"\0"):
+        raise _fail(file, "bytes follow the PAX records")
     return found
+
+
+def _pax_record(file: MappedFile, raw: bytes, pos: int) -> tuple[bytes, bytes, int]:
+    """One ``"<len> <key>=<value>\\n"`` record at `pos`: (key, value, the next record's offset).
+
+    Only records that ``tarfile``'s lenient parser (``(\\d+) ([^=]+)=`` then `len` bytes) reads the
+    same way are accepted."""
+    space = raw.find(b" ", pos, pos + 21)
+    digits = raw[pos:space] if space > pos else b""
+    if not digits.isdigit():
+        raise _fail(file, "a PAX header record has no valid length")
+    end = pos + int(digits)
+    equals = raw.find(b"=", space + 1, end)
+    if end > len(raw) or equals <= space + 1 or raw[end - 1] != 0x0A:
+        raise _fail(file, "a PAX header record is malformed")
+    return raw[space + 1: equals], raw[equals + 1: end - 1], end
 
 
 def _check_tail(file: MappedFile, pos: int) -> None:
