@@ -166,8 +166,6 @@ DIFFERENTIAL = [
          CorruptFileError, "4 bytes lie between the central directory and the end records"),
     Case("zip: a second end signature in the comment", lambda m: _second_eocd_in_comment(), CorruptFileError,
          "no end-of-central-directory record ends the file"),  # zipfile takes the last signature, miniz the real one
-    Case("npz: a.npy and A.npy", lambda m: zip_of([("a.npy", npy_of(np.zeros(1))), ("A.npy", npy_of(np.ones(1)))]),
-         CorruptFileError, "members 'a.npy' and 'A.npy' have the same name when case is ignored", suffix=".npz"),
     Case("npz: end record counts 2 here, 0 in all (found by pytorch_differential)", lambda m: _npz_counting(2, 0),
          CorruptFileError, "the end record counts 2 entries on this disk but 0 in all", suffix=".npz"),
     Case("npz: end record counts 1 entry of 2 (zipfile reads both)", lambda m: _npz_counting(1, 1),
@@ -215,6 +213,18 @@ def test_weightio_reads_what_torch_reads_or_refuses(tmp_path, case):
     report = wio.scan(path)
     assert not report.safe  # scan never calls safe what weightio refuses
     assert not (tmp_path / "marker").exists()
+
+
+def test_npz_members_that_differ_only_in_case_are_read_apart_as_numpy_reads_them(tmp_path):
+    """numpy (zipfile) looks members up by exact name, so W and w are two arrays: no differential
+    to refuse (only torch's reader folds case)."""
+    path = tmp_path / "cased.npz"
+    path.write_bytes(zip_of([("a.npy", npy_of(np.zeros(2, np.float32))), ("A.npy", npy_of(np.ones(3, np.int16)))]))
+    with np.load(path) as theirs, wio.open(path) as ckpt:
+        assert sorted(ckpt) == sorted(theirs.files) == ["A", "a"]
+        for name in theirs.files:
+            np.testing.assert_array_equal(ckpt[name].numpy(), theirs[name])
+            assert ckpt[name].numpy().dtype == theirs[name].dtype
 
 
 def test_the_tar_cases_are_what_tarfile_opens():

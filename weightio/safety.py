@@ -279,7 +279,7 @@ def _collisions(file: MappedFile) -> tuple[tuple[str, str], ...]:
     if file.read(0, min(file.size, 4), "the first bytes") not in (b"PK\x03\x04", b"PK\x05\x06"):
         return ()
     try:
-        return tuple(_zip.case_collisions(_zip.read_members(file, case_collisions=True)))
+        return tuple(_zip.case_collisions(_zip.read_members(file)))
     except WeightioError:
         return ()
 

@@ -105,7 +105,7 @@ class ZipMember(NamedTuple):
 _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
 
 
-def read_members(file: MappedFile, limits: Limits | None = None, *, case_collisions: bool = False) -> list[ZipMember]:
+def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
     """Every member of the zip archive `file`, in central-directory order (the order of `zipfile`'s
     ``namelist()`` and of miniz's index, whose first entry names torch's archive prefix), fully
     validated (see module doc).
@@ -113,12 +113,12 @@ def read_members(file: MappedFile, limits: Limits | None = None, *, case_collisi
     The member count is bounded by ``limits.tensors`` and the central directory's size by
     ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
     is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
-    `case_collisions` lets names that fold equal through (for `weightio.scan`, which lists them).
+    Names that are equal once case is folded are kept (numpy reads them apart, as `zipfile` does);
+    the PyTorch reader, whose reference looks records up without regard to case, refuses them
+    through `case_collisions`.
     """
     limits = limits or current_limits()
     cached = _CACHE.get(file)
-    if case_collisions and cached is None:
-        return _walk(file, limits, case_collisions=True)
     if cached is not None:
         if len(cached) > limits.tensors:
             raise exceeded("member count", len(cached), "tensors", limits.tensors, path=file.path, unit="")
@@ -128,13 +128,13 @@ def read_members(file: MappedFile, limits: Limits | None = None, *, case_collisi
     return located
 
 
-def _walk(file: MappedFile, limits: Limits, *, case_collisions: bool = False) -> list[ZipMember]:
+def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
     cd_offset, cd_size, count = _find_central_directory(file)
     if count > limits.tensors:
         raise exceeded("member count", count, "tensors", limits.tensors, path=file.path, unit="")
     if cd_size > limits.header_bytes:
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
-    members = _read_central_directory(file, cd_offset, cd_size, count, case_collisions)
+    members = _read_central_directory(file, cd_offset, cd_size, count)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
     return located
@@ -245,14 +245,14 @@ def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[in
     return count, cd_size, cd_offset, record
 
 
-def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, count: int,
-                            case_collisions: bool = False) -> list[tuple[ZipMember, bytes, int]]:
+def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
+                            count: int) -> list[tuple[ZipMember, bytes, int]]:
     """Parse the central directory from one read (its size is bounded by the file's).
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
     """
     cd = file.read(cd_offset, cd_size, "the central directory")
-    members, names, folded, pos = [], set(), {}, 0
+    members, names, pos = [], set(), 0
     unpack = _CENTRAL.unpack_from
     for _ in range(count):
         if pos + _CENTRAL.size > cd_size:
@@ -273,23 +273,12 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int, coun
             _check_entry(file, name, flags, method)
         if name in names:
             raise _fail(file, f"member {name!r} appears twice")
-        if not case_collisions:
-            _check_fold(file, folded, raw_name, name)
         names.add(name)
         members.append((_member((name, method, crc, csize, usize, offset, -1, raw_name)), raw_name, flags))
         pos = start + nlen + xlen + clen
     if pos != cd_size:  # zipfile reads entries until cd_size bytes are used, whatever the count says
         raise _fail(file, f"the central directory holds {cd_size - pos} bytes after its {count} entries")
     return members
-
-
-def _check_fold(file: MappedFile, folded: dict[bytes, str], raw_name: bytes, name: str) -> None:
-    """Refuse a name equal to an earlier one once ASCII letters are folded (miniz's comparison)."""
-    key = raw_name.lower()  # bytes.lower folds A-Z only, as miniz's MZ_TOLOWER does
-    other = folded.setdefault(key, name)
-    if other is not name:
-        raise _fail(file, f"members {other!r} and {name!r} have the same name when case is ignored; torch.load "
-                          "looks records up without regard to case, so it could read the other one")
 
 
 def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:

@@ -117,14 +117,18 @@ class ZipContainer(Container):
     torch's reader (miniz) takes the archive prefix from the *first* central-directory entry (up to
     its first ``/``), refuses an archive with any member outside that prefix (``torch.load`` lists
     every record), and looks each record up by ``prefix + name`` with ASCII letters folded. The
-    same rule here, over the raw name bytes, with names that fold equal refused by `_zip`, reads
-    the same record torch reads or refuses the file.
+    same rule here, over the raw name bytes, with names that fold equal refused (torch would read
+    whichever its sorted index meets first), reads the same record torch reads or refuses the file.
     """
 
     kind = "zip"
 
     def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
         super().__init__(file, limits)
+        for first, other in _zip.case_collisions(members)[:1]:
+            raise CorruptFileError(f"zip archive: members {first!r} and {other!r} have the same name when case is "
+                                   "ignored; torch.load looks records up without regard to case, so it could read "
+                                   "the other one", path=file.path)
         self.raw_prefix = _archive_prefix(file, members)
         self.prefix = self.raw_prefix.decode("utf-8", "replace")
         self.records = {m.raw_name.lower(): m for m in members}
@@ -483,7 +487,7 @@ def _zip_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     that lexes as one whole pickle) or its name (``*.pkl``/``*.pickle`` in any case), read within
     the limit the reader applies. Names that fold equal are listed too (the reader refuses them)."""
     try:
-        members = _zip.read_members(file, case_collisions=True)
+        members = _zip.read_members(file)
     except WeightioError:
         return _stacked_pickles(file)  # e.g. a pickle with a zip appended: look at the front
     limit = current_limits().header_bytes
