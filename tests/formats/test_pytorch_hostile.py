@@ -365,3 +365,26 @@ def test_a_pax_size_moves_the_walk_to_the_next_header(tmp_path):
         assert [(m.name, m.size) for m in _tar.read_members(file)] == [("a", 1024), ("b", 3)]
     finally:
         file.close()
+
+
+@pytest.mark.parametrize("opcode", [b"F", b"I", b"L", b"S", b"V", b"c", b"p"], ids=lambda o: o.decode())
+def test_a_text_argument_never_searches_past_the_header_limit(tmp_path, opcode):
+    """A text opcode's argument ends at a newline: with none in sight, the search stops at
+    limits.header_bytes (a pickle is header), not at the end of a file of any size — found by
+    the `huge` fuzz harness, whose inputs are followed by a hole of several times memory."""
+    path = tmp_path / "model.pt"
+    with open(path, "wb") as f:
+        f.write(b"\x80\x02" + opcode + b"1")
+        f.truncate(64 << 30)  # a 64 GiB hole: no newline anywhere
+    for scan in (False, True):
+        with wio.limits.using(header_bytes=1 << 20):
+            if scan:
+                report = wio.scan(path)
+                assert not report.safe
+                assert "no STOP opcode within its first 1048576 bytes" in str(report)
+                continue
+            with pytest.raises(CorruptFileError) as info:
+                wio.open(path)
+    assert str(info.value) == (f"{path}: pickle 1: no STOP opcode within its first 1048576 bytes "
+                               "(limits.header_bytes; raise it with weightio.limits.using(header_bytes=...), "
+                               "--max-header-bytes, or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)")

@@ -574,15 +574,28 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
     def fail(message: str) -> CorruptFileError:
         return CorruptFileError(f"{what}: {message}", path=path)
 
-    if end is not None and end != len(data):
+    limits = limits or _limits.current()
+    end = len(data) if end is None else end
+    # A pickle is header: it ends within limits.header_bytes of its start. Lexing no further bounds
+    # the work by the limit, not by the file (a text opcode's newline search, or an argument's
+    # length, would otherwise run through the data that follows, however large).
+    capped = end - start > limits.header_bytes
+    if capped:
+        end = start + limits.header_bytes
+    if end != len(data):
         data = memoryview(data)[:end]  # the lexer relies on reads past the end failing
-    lexer = _Lexer(data, start, len(data), fail, limits or _limits.current())
+    lexer = _Lexer(data, start, len(data), fail, limits)
     if collect:
         lexer.refusals = []
     try:
         lexer.pos = lexer.run()
     except UnsafePickleError as e:
         raise UnsafePickleError(f"{what}: {e.message}", path=path) from None
+    except CorruptFileError as e:
+        if capped and ("runs past the end" in e.message or "without a STOP" in e.message):
+            raise CorruptFileError(f"{what}: no STOP opcode within its first {limits.header_bytes} bytes "
+                                   f"{_limits.hint('header_bytes')}", path=path) from None
+        raise
     if collect:
         lexer.refusals = [e if isinstance(e, CorruptFileError) else UnsafePickleError(f"{what}: {e.message}", path=path)
                           for e in lexer.refusals]
