@@ -94,3 +94,27 @@ def test_an_in_place_write_through_a_torch_tensor_never_reaches_the_file(tmp_pat
             assert again["w"].to("torch").tolist() == [0, 1, 2, 3]  # a later open too
     assert path.read_bytes() == before
     assert wio.load(path)["w"].tolist() == [0, 1, 2, 3]
+
+
+def test_writable_twins_are_private_windows_and_survive_page_release(tmp_path):
+    """`writable_twin`: the same elements in private copy-on-write memory; releasing pages (what convert
+    and stats do on the read-only mapping) never discards a write made there; arrays that are not
+    views of a file get None; a view whose checkpoint was closed gets a copy."""
+    from weightio._io import drop_array_pages, writable_twin
+
+    path = tmp_path / "w.safetensors"
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    wio.save({"w": values}, path)
+    with wio.open(path) as ckpt:
+        view = ckpt["w"].numpy()[::2, 1::2]  # strided: same strides in the twin
+        twin = writable_twin(view)
+        assert twin.flags.writeable and twin.strides == view.strides and np.array_equal(twin, view)
+        twin[0, 0] = -1
+        drop_array_pages(twin)
+        drop_array_pages(view)
+        assert twin[0, 0] == -1 and view[0, 0] == 1
+        assert writable_twin(ckpt["w"].numpy()[:0]).shape == (0, 6)
+        kept = ckpt["w"].numpy()
+    assert writable_twin(values) is None and writable_twin(np.arange(3)[::-1]) is None
+    closed = writable_twin(kept)  # the checkpoint is closed: its descriptor too
+    assert closed.flags.writeable and closed.base is None and np.array_equal(closed, values)
