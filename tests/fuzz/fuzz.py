@@ -27,6 +27,7 @@ a corpus as a regression run, or under coverage.py to see which lines a corpus r
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import resource
@@ -346,7 +347,7 @@ def zip64_variant(data: bytes) -> bytes:
 # for its mapping (checked in /proc/self/smaps); every tensor's first and last stored bytes and its
 # first and last rows are read (never the whole tensor: a conversion of a 100 GiB tensor allocates
 # what it asks for, which is documented). Seeds: safetensors, GGUF and .npy headers built here,
-# declaring one tensor that ends at the end of the hole.
+# declaring one tensor that ends at the end of the hole; inputs of other formats are refused.
 
 
 def huge_hole() -> int:
@@ -358,13 +359,19 @@ def huge_hole() -> int:
     return max(4 * total // (1 << 30) + 1, 64) << 30
 
 
+# The formats whose readers' work is bounded by their headers, not by the file's size. Outside it:
+# the PyTorch lexer searches a text opcode's argument for its newline through the whole file (a
+# 13-byte pickle + the hole: minutes, and every page of the hole read; reported, not fixed here),
+# and the ggml readers walk tensor records through the hole.
+HUGE_FORMATS = ("safetensors", "gguf", "npy")
+
+
 def _sniffed(file: MappedFile) -> Any:
     fmt = weightio.formats.sniff.sniff(file)
-    reader = weightio.formats.READERS.get(fmt)
-    if reader is None:
+    if fmt not in HUGE_FORMATS:
         file.close()
-        raise weightio.errors.FormatError(f"no reader for {fmt}", path=file.path)
-    return weightio.formats.resolve(reader)(file)
+        raise weightio.errors.FormatError(f"{fmt}: not a format the huge harness reads", path=file.path)
+    return weightio.formats.resolve(weightio.formats.READERS[fmt])(file)
 
 
 def _committed(path: str) -> int:
@@ -385,7 +392,11 @@ def _committed(path: str) -> int:
 
 
 def _exercise_huge(harness: Harness, path: str) -> None:
-    file = MappedFile(path)
+    try:
+        file = MappedFile(path)
+    except WeightioError:  # an earlier input's mapping, held by a reference cycle (an exception's
+        gc.collect()  # traceback), not yet freed: the capped address space holds one hole, not two
+        file = MappedFile(path)
     if sys.platform == "linux" and _committed(file.path):
         file.close()
         raise AssertionError(f"mapping {file.path} ({file.size} bytes) commits memory")
