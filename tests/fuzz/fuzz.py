@@ -339,7 +339,7 @@ def zip64_variant(data: bytes) -> bytes:
     return data[:cd_offset] + directory + end64 + locator + eocd
 
 
-# ----------------------------------------------------------------------------- files larger than memory (issue 12, class 7)
+# ----------------------------------------------------------------------------- larger than memory (issue 12, 7)
 #
 # The `huge` harness appends a hole of `huge_hole()` bytes (4x this machine's memory) to every
 # input, so each file is far larger than memory, whatever its format (sniffed). Opening one must
