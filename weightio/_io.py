@@ -127,7 +127,7 @@ class MappedFile:
         self._data: np.ndarray | None = np.frombuffer(self._mmap, dtype=np.uint8)
         self._mmap.owner = weakref.ref(self)
         self._mmap.address = self._data.__array_interface__["data"][0]
-        self._windows: weakref.WeakValueDictionary[tuple[int, int], mmap.mmap] = weakref.WeakValueDictionary()
+        self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
 
     @property
     def data(self) -> np.ndarray:
@@ -209,19 +209,19 @@ class MappedFile:
         first, last = start // PRIVATE_WINDOW, max(start, stop - 1) // PRIVATE_WINDOW
         offset = first * PRIVATE_WINDOW
         with self._lock:  # the descriptor stays open (and ours) while it is mapped
-            self.check()
             window = self._windows.get((first, last))
             if window is None:
+                self.check()  # (a window already mapped was mapped after the same check)
                 length = min((last + 1) * PRIVATE_WINDOW, self.size) - offset
                 try:
-                    window = mmap.mmap(self._fd, length, access=mmap.ACCESS_COPY, offset=offset)
+                    mapped = mmap.mmap(self._fd, length, access=mmap.ACCESS_COPY, offset=offset)
                 except OSError as e:
                     raise InputError(f"cannot map bytes {offset}..{offset + length} copy-on-write for a writable "
                                      f"(zero-copy torch) tensor: {e.strerror or e}; the kernel commits memory for "
                                      "writable mappings: read it as numpy (read-only), or in slices",
                                      path=self.path, errno=e.errno) from e
-                self._windows[first, last] = window
-        return np.frombuffer(window, dtype=np.uint8), offset
+                window = self._windows[first, last] = np.frombuffer(mapped, dtype=np.uint8)
+        return window, offset
 
     def close(self) -> None:
         """Drop this reader's hold on the mapping.
@@ -273,8 +273,11 @@ def writable_twin(arr: np.ndarray) -> np.ndarray | None:
     if arr.size == 0:
         return np.empty(arr.shape, arr.dtype)
     first = arr.__array_interface__["data"][0] - found.address  # the element at index 0
-    low = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s < 0)
-    high = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s > 0) + arr.itemsize
+    if arr.flags.c_contiguous:
+        low, high = first, first + arr.nbytes
+    else:
+        low = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s < 0)
+        high = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s > 0) + arr.itemsize
     window, offset = file.private_window(low, high)
     return np.ndarray(arr.shape, arr.dtype, buffer=window, offset=first - offset, strides=arr.strides)
 
