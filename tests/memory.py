@@ -16,3 +16,26 @@ def resident_bytes(path: str | os.PathLike[str]) -> int:
             elif fields and fields[0] == "Rss:" and current == target:
                 total += int(fields[1]) * 1024
     return total
+
+
+def mapping_at(address: int) -> tuple[str, str, int] | None:
+    """What this process has mapped at `address`: (permissions, path, offset in that file), e.g.
+    ("rw-p", "/x.safetensors", 4096) for a private writable mapping of the file; None if nothing."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high:
+                path = fields[5].strip() if len(fields) > 5 else ""
+                return fields[1], path, int(fields[2], 16) + address - low
+    return None
+
+
+def same_file_bytes(address: int, array: object) -> bool:
+    """Whether `address` (a torch tensor's ``data_ptr()``) maps the same byte of the same file as
+    numpy `array`'s first element does: zero-copy, possibly through another mapping of the file
+    (zero-copy torch tensors live in private copy-on-write mappings, numpy views in the shared
+    read-only one)."""
+    here = mapping_at(address)
+    there = mapping_at(array.__array_interface__["data"][0])  # type: ignore[attr-defined]
+    return here is not None and here[1].startswith("/") and here[1:] == (there or ())[1:]

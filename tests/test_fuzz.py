@@ -23,7 +23,7 @@ from weightio.errors import CorruptFileError, WeightioError
 
 FUZZ = Path(__file__).resolve().parent / "fuzz" / "fuzz.py"
 HARNESSES = ("safetensors", "npy", "npz", "pytorch_zip", "pytorch_legacy", "pytorch_tar", "gguf", "ggml",
-             "cli_convert", "pytorch_differential")
+             "cli_convert", "pytorch_differential", "huge")
 RUNS, SECONDS = 1500, 6
 
 
@@ -62,7 +62,7 @@ def test_the_harness_list_is_the_one_tested_here(fuzz):
     assert tuple(fuzz.HARNESSES) == HARNESSES
 
 
-@pytest.mark.parametrize("name", HARNESSES)
+@pytest.mark.parametrize("name", [h for h in HARNESSES if h != "huge"])  # huge: seeds built, see below
 def test_every_harness_has_fixture_seeds_of_its_format(fuzz, name):
     seeds = fuzz.seed_files(fuzz.HARNESSES[name])
     assert seeds, f"no fixture seeds the {name} harness"
@@ -109,6 +109,45 @@ def test_only_weightio_errors_with_a_message_pass_the_harness(fuzz, tmp_path):
         fuzz.run_one(harness(ValueError("bare")), str(path))
     with pytest.raises(AssertionError, match="WeightioError with an empty message"):
         fuzz.run_one(harness(WeightioError("")), str(path))
+
+
+def test_a_file_that_cannot_be_mapped_is_a_finding(fuzz, tmp_path):
+    """Issue 12, class 7: a regular file refused for lack of memory (a mapping that commits memory)."""
+    from weightio.errors import InputError
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"anything")
+
+    def refused(file):
+        file.close()
+        raise InputError("cannot map file: Cannot allocate memory", path=str(path))
+
+    with pytest.raises(AssertionError, match="a readable file could not be mapped"):
+        fuzz.run_one(fuzz.Harness(refused, lambda fmt, head: False, 64, "x.bin"), str(path))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sparse files and /proc/self/smaps")
+def test_the_huge_harness_seeds_open_as_files_larger_than_memory(fuzz, tmp_path):
+    """Each seed plus the hole is one tensor of more than 4x this machine's memory whose first
+    stored bytes are the seed's last 16; the harness opens, lists and reads it end to end."""
+    harness = fuzz.HARNESSES["huge"]
+    assert harness.hole >= 64 << 30
+    assert fuzz.seed(harness, tmp_path / "corpus") == 3
+    scratch = fuzz.Scratch(harness.suffix, harness.hole)
+    try:
+        for seed in sorted((tmp_path / "corpus").iterdir()):
+            try:
+                path = scratch.write(seed.read_bytes())
+            except OSError as e:
+                pytest.skip(f"no sparse file of {harness.hole >> 30} GiB here: {e}")
+            with wio.open(path) as ckpt:
+                (name,) = list(ckpt)
+                view = ckpt[name]
+                assert view.nbytes == 16 + harness.hole, seed.name
+                assert bytes(view.raw()[:16]) == b"weightio-far-end" and view.raw()[-1] == 0, seed.name
+            fuzz.run_one(harness, path)
+    finally:
+        shutil.rmtree(scratch.dir, ignore_errors=True)
 
 
 def test_replay_runs_a_corpus_without_libfuzzer_and_counts_findings(fuzz, tmp_path, capsys):

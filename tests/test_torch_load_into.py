@@ -17,6 +17,7 @@ import weightio as wio  # noqa: E402
 from weightio.errors import ShapeMismatchError, TensorNotFoundError, WeightioError  # noqa: E402
 
 from .conftest import FIXTURES  # noqa: E402
+from .memory import same_file_bytes  # noqa: E402
 
 MODELS = FIXTURES / "models"
 BERT, DEBERTA, CLS = MODELS / "bert", MODELS / "deberta-v2", MODELS / "bert-for-sequence-classification"
@@ -231,10 +232,35 @@ def test_assign_keeps_zero_copy_views_on_a_meta_module(tmp_path):
     with wio.VarBuilder.from_path(path, device="torch") as vb:
         assert wio.torch.load_into(target, vb, assign=True) == ([], [])
         mapped = vb.to_device("numpy").get_unchecked("0.weight")
-        assert target[0].weight.data_ptr() == mapped.__array_interface__["data"][0]  # the file's own pages
+        assert same_file_bytes(target[0].weight.data_ptr(), mapped)  # the file's own pages
     x = torch.randn(2, 8)
     assert torch.equal(target.eval()(x), source(x))
     assert isinstance(target[0].weight, torch.nn.Parameter)
+
+
+def test_training_zero_copy_parameters_never_changes_the_file(tmp_path):
+    """assign=True parameters are zero-copy pages of the file, private to this process: an optimizer
+    step writes to its own copies of the touched pages, never to the file, nor to what numpy views
+    or a later open in this process read."""
+    source = _net()
+    path = _save_torch(tmp_path, "net.safetensors", source.state_dict())
+    before = path.read_bytes()
+    with torch.device("meta"):
+        target = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    with wio.open(path) as ckpt:
+        assert wio.torch.load_into(target, ckpt, assign=True) == ([], [])
+        assert same_file_bytes(target[0].weight.data_ptr(), ckpt["0.weight"].numpy())
+        optimizer = torch.optim.SGD(target.parameters(), lr=0.5)
+        for _ in range(3):
+            optimizer.zero_grad()
+            target(torch.randn(4, 8)).square().sum().backward()
+            optimizer.step()
+        assert not torch.equal(target[0].weight, source[0].weight)  # trained, in place
+        assert np.array_equal(ckpt["0.weight"].numpy(), source[0].weight.detach().numpy())  # numpy: the file
+    assert path.read_bytes() == before
+    with wio.open(path) as again:
+        for name, value in source.state_dict().items():
+            assert torch.equal(again[name].to("torch"), value), name
 
 
 def test_strict_missing_and_unexpected_messages(tmp_path):

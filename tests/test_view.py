@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import weightio as wio
 from weightio.errors import UsageError
 
 from .conftest import FIXTURES
+from .memory import mapping_at
 
 
 def test_header_facts_need_no_data():
@@ -48,33 +52,69 @@ def test_array_protocol_and_casts():
 
 
 def test_torch_cpu_shares_memory_when_torch_is_installed():
+    """No copy: a zero-copy torch tensor lies in a private (copy-on-write) mapping of the file itself,
+    at the same offset as the read-only numpy view in the shared read-only mapping."""
     torch = pytest.importorskip("torch")
-    with wio.open(FIXTURES / "dtypes.safetensors") as ckpt:
+    path = str(FIXTURES / "dtypes.safetensors")
+    with wio.open(path) as ckpt:
+        mapping = ckpt.readers[0].file
+        base = mapping.data.__array_interface__["data"][0]
         for name in ("f32", "bf16", "f8_e4m3", "i64", "bool"):
             v = ckpt[name]
             t = v.to("torch")
             assert str(t.dtype) == "torch." + {"f32": "float32", "bf16": "bfloat16", "f8_e4m3": "float8_e4m3fn",
                                                "i64": "int64", "bool": "bool"}[name]
-            assert t.data_ptr() == v.numpy().__array_interface__["data"][0]  # no copy
-            assert tuple(t.shape) == v.shape
+            assert tuple(t.shape) == v.shape and t.view(torch.uint8).numpy().tobytes() == v.raw().tobytes()
+            offset = v.numpy().__array_interface__["data"][0] - base
+            if sys.platform == "linux":  # the same bytes of the file, mapped twice: no copy
+                assert mapping_at(base + offset) == ("r--s", os.path.realpath(path), offset)  # numpy: read-only
+                assert mapping_at(t.data_ptr()) == ("rw-p", os.path.realpath(path), offset)  # torch: private
         assert ckpt["bf16"].to("torch", dtype="float32").dtype == torch.float32
 
 
 def test_an_in_place_write_through_a_torch_tensor_never_reaches_the_file(tmp_path):
-    """torch cannot refuse writes to a zero-copy tensor; the private mapping keeps them from the file."""
+    """torch cannot refuse writes to a zero-copy tensor; its private copy-on-write pages keep them from
+    the file, from numpy views and from later opens."""
     pytest.importorskip("torch")
     path = tmp_path / "w.safetensors"
-    wio.save({"w": np.arange(4, dtype=np.float32)}, path)
+    wio.save({"w": np.arange(4, dtype=np.float32), "v": np.arange(4, dtype=np.float32)}, path)
     before = path.read_bytes()
     with wio.open(path) as ckpt:
         t = ckpt["w"].to("torch")
-        t.add_(10)  # would be SIGSEGV on a read-only shared mapping
+        t.add_(10)  # would be SIGSEGV on the read-only mapping
         assert t.tolist() == [10, 11, 12, 13]
+        assert ckpt["v"].to("torch").tolist() == [0, 1, 2, 3]  # a neighbour in the same page is untouched
         with pytest.raises(ValueError, match="read-only"):
             ckpt["w"].numpy()[0] = 1  # numpy still refuses
         forced = ckpt["w"].numpy()
-        forced.flags.writeable = True  # a deliberate override is possible, and also stays private
-        forced[0] = -1
-        assert ckpt["w"].numpy()[0] == -1  # every view in this process shares the private pages
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            forced.flags.writeable = True  # the memory itself is read-only: no override
+        assert ckpt["w"].numpy().tolist() == [0, 1, 2, 3]  # numpy views read the file's bytes
+        with wio.open(path) as again:
+            assert again["w"].to("torch").tolist() == [0, 1, 2, 3]  # a later open too
     assert path.read_bytes() == before
     assert wio.load(path)["w"].tolist() == [0, 1, 2, 3]
+
+
+def test_writable_twins_are_private_windows_and_survive_page_release(tmp_path):
+    """`writable_twin`: the same elements in private copy-on-write memory; releasing pages (what convert
+    and stats do on the read-only mapping) never discards a write made there; arrays that are not
+    views of a file get None; a view whose checkpoint was closed gets a copy."""
+    from weightio._io import drop_array_pages, writable_twin
+
+    path = tmp_path / "w.safetensors"
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    wio.save({"w": values}, path)
+    with wio.open(path) as ckpt:
+        view = ckpt["w"].numpy()[::2, 1::2]  # strided: same strides in the twin
+        twin = writable_twin(view)
+        assert twin.flags.writeable and twin.strides == view.strides and np.array_equal(twin, view)
+        twin[0, 0] = -1
+        drop_array_pages(twin)
+        drop_array_pages(view)
+        assert twin[0, 0] == -1 and view[0, 0] == 1
+        assert writable_twin(ckpt["w"].numpy()[:0]).shape == (0, 6)
+        kept = ckpt["w"].numpy()
+    assert writable_twin(values) is None and writable_twin(np.arange(3)[::-1]) is None
+    closed = writable_twin(kept)  # the checkpoint is closed: its descriptor too
+    assert closed.flags.writeable and closed.base is None and np.array_equal(closed, values)

@@ -40,9 +40,10 @@ def gather_shards(path: str, cases: dict[str, int], rank: int, world: int) -> tu
     """Every case's whole tensor, rebuilt from the ranks' shards; the bytes this rank's report
     counted; the bytes of the mapping resident in this process (measured while it is mapped)."""
     with wio.VarBuilder.from_path(path, device="torch") as vb:
-        gathered = {}
+        gathered, shards = {}, []
         for name, dim in cases.items():
-            local = vb.get_sharded(None, name, dim, rank, world).contiguous()
+            shards.append(vb.get_sharded(None, name, dim, rank, world))  # kept: its pages are mapped while it lives
+            local = shards[-1].contiguous()
             parts = [torch.empty_like(local) for _ in range(world)]
             dist.all_gather(parts, local)
             gathered[name] = torch.cat(parts, dim)

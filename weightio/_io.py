@@ -4,11 +4,19 @@ Inputs are mapped once and exposed as one read-only `uint8` numpy array; every t
 a slice of that array, so the mapping is exported to numpy exactly once and stays mapped for as
 long as any view lives (closing never unmaps under a live view).
 
-The mapping is private and copy-on-write (`mmap.ACCESS_COPY`, ``MAP_PRIVATE``), although weightio
-only reads it: numpy views are read-only, but frameworks that share the memory (a zero-copy
-torch CPU tensor) do not honour that flag, and an in-place write there must neither kill the
-process (a write to a read-only mapping is SIGSEGV) nor reach the file. With a private mapping
-the write copies the page for this process alone; the file and other processes never see it.
+The mapping is shared and read-only (`mmap.ACCESS_READ`: ``MAP_SHARED``, ``PROT_READ``). A
+read-only mapping commits no memory: a file of any size maps (a model many times larger than
+memory opens, lists and reads), its pages are the page cache's, shared with every process that
+reads the file. A writable private mapping of the whole file (``MAP_PRIVATE``, ``PROT_WRITE``)
+would be charged in full to the kernel's overcommit accounting: a 64 GiB file on a 24 GiB
+machine would not map at all.
+
+Writable memory is given per tensor, on demand (`writable_twin`): frameworks that share the
+memory (a zero-copy torch CPU tensor) cannot be told it is read-only, and an in-place write to a
+read-only mapping is SIGSEGV. Such a tensor is built over a private copy-on-write mapping
+(``MAP_PRIVATE``) of just the `PRIVATE_WINDOW`-aligned stretch of the file that holds it: a write
+copies the touched pages for that mapping alone; the file, the read-only mapping (every numpy
+view), other processes and later opens never see it, and only that stretch is committed.
 
 A file changed under us: the open file descriptor is kept, and every access to the mapping
 (`MappedFile.data`, which every ``buffer()`` and so every ``numpy()`` goes through) first
@@ -37,6 +45,7 @@ import os
 import stat
 import struct
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
@@ -44,11 +53,18 @@ import numpy as np
 
 from .errors import CorruptFileError, InputError, WeightioError, WriteError
 
-__all__ = ["MappedFile", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
-           "fsync_directory", "lock_temporary", "remove_stale_temporaries", "write_all"]
+__all__ = ["MappedFile", "PRIVATE_WINDOW", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
+           "fsync_directory", "lock_temporary", "remove_stale_temporaries", "writable_twin", "write_all"]
 
 TEMP_SUFFIX = ".weightio-tmp"
 _CLOSED = "the checkpoint was closed; open it again to read tensors"
+
+# Private (writable) mappings cover whole windows of this size, aligned in the file: tensors in one
+# window share one mapping (so a model of 100k tensors does not need 100k mappings, and the
+# kernel's map count stays far below its limit), and no mapping is larger than the tensors it
+# serves plus two windows. A multiple of every platform's mapping granularity.
+PRIVATE_WINDOW = 64 << 20
+assert PRIVATE_WINDOW % mmap.ALLOCATIONGRANULARITY == 0
 
 
 def describe_file_type(mode: int) -> str:
@@ -101,14 +117,17 @@ class MappedFile:
             self._stamp = (opened.st_size, opened.st_mtime_ns)
             if self.size == 0:
                 raise CorruptFileError("empty file (0 bytes)", path=self.path)
-            self._mmap: mmap.mmap | None = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+            self._mmap: _FileMapping | None = _FileMapping(self._fd, 0, access=mmap.ACCESS_READ)
         except BaseException as e:
             os.close(self._fd)
             if isinstance(e, OSError):
                 raise InputError(f"cannot map file: {e.strerror or e}", path=self.path, errno=e.errno) from e
             raise
+        # read-only memory: every view derived from it is read-only, and cannot be made writable
         self._data: np.ndarray | None = np.frombuffer(self._mmap, dtype=np.uint8)
-        self._data.flags.writeable = False  # every view derived from it is read-only, and cannot be made writable
+        self._mmap.owner = weakref.ref(self)
+        self._mmap.address = self._data.__array_interface__["data"][0]
+        self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
 
     @property
     def data(self) -> np.ndarray:
@@ -174,6 +193,36 @@ class MappedFile:
             )
         return fmt.unpack(self.read(offset, fmt.size, what))
 
+    def private_window(self, start: int, stop: int) -> tuple[np.ndarray, int]:
+        """Writable private (copy-on-write) memory holding bytes `start`..`stop` of the file.
+
+        Returns a writable ``uint8`` array over a ``MAP_PRIVATE`` mapping of the `PRIVATE_WINDOW`
+        windows those bytes fall in, and the file offset of its first byte. Mappings are shared
+        while alive (a second tensor in the same windows gets the same one); writes to one go to
+        this process's copies of the touched pages, never to the file or the read-only mapping.
+
+        Raises:
+            CorruptFileError: the file changed since it was opened (mapping it now could SIGBUS).
+            WeightioError: closed.
+            InputError: the kernel refused the mapping (strict overcommit, out of address space).
+        """
+        first, last = start // PRIVATE_WINDOW, max(start, stop - 1) // PRIVATE_WINDOW
+        offset = first * PRIVATE_WINDOW
+        with self._lock:  # the descriptor stays open (and ours) while it is mapped
+            window = self._windows.get((first, last))
+            if window is None:
+                self.check()  # (a window already mapped was mapped after the same check)
+                length = min((last + 1) * PRIVATE_WINDOW, self.size) - offset
+                try:
+                    mapped = mmap.mmap(self._fd, length, access=mmap.ACCESS_COPY, offset=offset)
+                except OSError as e:
+                    raise InputError(f"cannot map bytes {offset}..{offset + length} copy-on-write for a writable "
+                                     f"(zero-copy torch) tensor: {e.strerror or e}; the kernel commits memory for "
+                                     "writable mappings: read it as numpy (read-only), or in slices",
+                                     path=self.path, errno=e.errno) from e
+                window = self._windows[first, last] = np.frombuffer(mapped, dtype=np.uint8)
+        return window, offset
+
     def close(self) -> None:
         """Drop this reader's hold on the mapping.
 
@@ -184,12 +233,53 @@ class MappedFile:
         """
         with self._lock:
             self._data = None
+            self._windows.clear()  # private windows live on with the tensors over them
             mm, self._mmap = self._mmap, None
             if mm is not None:
                 os.close(self._fd)
         if mm is not None:
             with contextlib.suppress(BufferError):
                 mm.close()
+
+
+class _FileMapping(mmap.mmap):
+    """The read-only mapping of a whole file, which knows its `MappedFile` (weakly) and its address,
+    so that an array found to be a view of it can be given private memory (`writable_twin`)."""
+
+    owner: weakref.ref[MappedFile]
+    address: int
+
+
+def writable_twin(arr: np.ndarray) -> np.ndarray | None:
+    """The same elements as `arr`, in writable memory, if `arr` is a view of a file's read-only mapping.
+
+    The twin has `arr`'s dtype, shape and strides over a private copy-on-write mapping of the file
+    (`MappedFile.private_window`): no bytes are copied until written, and writes never reach the
+    file, the read-only mapping or anything else mapped from it. A view of a file whose checkpoint
+    was closed gets a copy. None for any other array (whatever memory it has is the caller's own).
+
+    Raises:
+        CorruptFileError: the file changed since it was opened.
+        InputError: the kernel refused the private mapping.
+    """
+    found: object = arr
+    while isinstance(found, (np.ndarray, memoryview)):
+        found = found.base if isinstance(found, np.ndarray) else found.obj
+    if not isinstance(found, _FileMapping):
+        return None
+    file = found.owner()
+    if file is None or file.closed:
+        return np.array(arr, copy=True)
+    if arr.size == 0:
+        return np.empty(arr.shape, arr.dtype)
+    first = arr.__array_interface__["data"][0] - found.address  # the element at index 0
+    if arr.flags.c_contiguous:
+        low, high = first, first + arr.nbytes
+    else:
+        low = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s < 0)
+        high = first + sum(s * (n - 1) for s, n in zip(arr.strides, arr.shape, strict=True) if s > 0) + arr.itemsize
+    window, offset = file.private_window(low, high)
+    return np.ndarray(arr.shape, arr.dtype, buffer=window, offset=first - offset, strides=arr.strides)
 
 
 def _changed(opened: tuple[int, int], now: tuple[int, int]) -> str:
@@ -399,7 +489,7 @@ def write_all(out: IO[bytes], data: np.ndarray | bytes | memoryview, chunk: int 
 
 def drop_array_pages(data: np.ndarray) -> None:
     """Tell the kernel this process no longer needs the mapped pages under `data` (a no-op unless
-    `data` is a view of an ``mmap.mmap``).
+    `data` is a view of a file's read-only mapping).
 
     The pages stay in the page cache (a later read is a cheap minor fault) but leave this
     process's resident set: what keeps a streaming conversion's peak RSS at one tensor.
@@ -408,7 +498,8 @@ def drop_array_pages(data: np.ndarray) -> None:
     while isinstance(root.base, np.ndarray):
         root = root.base
     mapping = root.base.obj if isinstance(root.base, memoryview) else root.base  # np.frombuffer keeps a memoryview
-    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise") or data.nbytes == 0:
+    # only a file's read-only mapping: on a private one, dropping written pages would lose the writes
+    if not isinstance(mapping, _FileMapping) or not hasattr(mapping, "madvise") or data.nbytes == 0:
         return
     start = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     lo = start - start % mmap.PAGESIZE

@@ -59,7 +59,8 @@ def load_into(
         renames: a rename applied before the automatic rules (see `VarBuilder.rename`).
         assign: replace the module's tensors by the loaded ones instead of copying into them
             (for modules built on the ``meta`` device). Loaded tensors whose dtype and device
-            already match are zero-copy views of the file: read-only (see `weightio.devices`).
+            already match are zero-copy: private copy-on-write pages of the file, so training
+            them changes neither the file nor a later open (see `weightio.devices`).
         device: where tensors are read to before the copy (``"torch"``: zero-copy CPU views); for
             `assign`, the device of tensors that replace ``meta`` ones.
 

@@ -30,14 +30,17 @@ This package takes arrays and tensor views, never paths: open a checkpoint first
 reusable pinned buffers. A GPU backend is also the `staging.Engine` that ring drives, so one
 class per framework holds all of that framework's code. `release_staging` frees the rings.
 
-**Writing to zero-copy tensors.** numpy views are read-only. A ``torch:cpu`` tensor shares the
-same pages, and torch has no read-only tensors. Files are mapped privately (copy-on-write, see
-`weightio._io`): an in-place write (``t.add_(1)``, an optimizer step, ``t.copy_(…)``) copies the
-touched pages for this process — the file never changes and nothing crashes — but every view
-of those bytes in this process sees the new values. Clone a tensor you want to modify
-(``t.clone()``), or copy into your own parameters (`weightio.torch.load_into` does). torch's
-"non-writable NumPy array" warning is silenced for this reason: the tensor is documented as
-read-only.
+**Writing to zero-copy tensors.** numpy views are read-only, and so is the mapping under them
+(shared, read-only: it commits no memory, so files larger than memory open). torch has no
+read-only tensors, so a ``torch:cpu`` tensor of a file's bytes is built over a private
+copy-on-write mapping of the stretch of the file that holds it (64 MiB windows, see
+`weightio._io`): the same page-cache pages, no copy. An in-place write (``t.add_(1)``, an
+optimizer step, ``t.copy_(…)``) copies the touched pages for that mapping alone — the file, the
+numpy views and later opens never see it, and nothing crashes — but another zero-copy tensor of
+the same bytes made while it lives may share them. Clone a tensor you want to modify and compare
+(``t.clone()``), or copy into your own parameters (`weightio.torch.load_into` does). A writable
+tensor larger than the kernel lets one process commit (more than RAM + swap, under the default
+heuristic overcommit) is refused with `InputError`; read it as numpy or in slices.
 """
 
 from __future__ import annotations
@@ -201,10 +204,10 @@ def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype
         dtype: the dtype wanted, or None to keep the stored one.
 
     numpy: the zero-copy read-only view when no cast is needed, else a new array.
-    torch CPU: a tensor sharing the view's memory (no copy) when no cast is needed; the memory is
-    the file's private copy-on-write mapping: an in-place write to that tensor changes what this
-    process reads (every view of those pages), never the file (see the module docstring) — clone
-    first to keep the checkpoint's values.
+    torch CPU: a tensor sharing the view's file pages (no copy) when no cast is needed, through a
+    private copy-on-write mapping: an in-place write to that tensor changes that tensor (and any
+    zero-copy tensor of the same bytes made while it lives), never the file, the numpy views or a
+    later open (see the module docstring) — clone first to keep the checkpoint's values.
     """
     b = backend(device)
     adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)

@@ -3,7 +3,8 @@
 `TorchBackend` is both the `weightio.devices.Backend` for a torch device and, on devices other
 than the CPU, the `weightio.devices.staging.Engine` its `StagedLoader` drives:
 
-- ``torch:cpu``: tensors share the host arrays' memory (`torch_from_numpy`, no copy);
+- ``torch:cpu``: tensors share the host arrays' memory (`torch_from_numpy`, no copy; views of a
+  file get private copy-on-write pages of it, so that an in-place write cannot crash);
 - ``torch:cuda:N``: runs staged through a ring of pinned buffers, non-blocking copies ordered by
   CUDA events recorded on the target device's current stream;
 - other devices (``torch:mps``, ``torch:xpu``): one copy per run, straight from the host memory
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import writable_twin
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import ML_FLOATS, Device, import_framework
@@ -96,7 +98,7 @@ class TorchBackend:
         dev[pos : pos + n].copy_(host[:n], non_blocking=self.pin)
 
     def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None:
-        dev[pos : pos + len(src)].copy_(torch_from_numpy(src))
+        dev[pos : pos + len(src)].copy_(torch_from_numpy(src, writable=False))
 
     def event(self) -> Any:
         return self.torch.cuda.Event() if self.torch_device.type == "cuda" else None
@@ -133,12 +135,18 @@ def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
 # ----------------------------------------------------------------------------- numpy <-> torch
 
 
-def torch_from_numpy(arr: np.ndarray) -> Any:
+def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     """A torch CPU tensor sharing `arr`'s memory, for every dtype in the table (bf16, fp8 too).
 
+    torch has no read-only tensors, and a write to a file's read-only mapping is SIGSEGV: a view
+    of a file's mapping is first moved to private copy-on-write memory over the same file pages
+    (`weightio._io.writable_twin`: no copy, one mapping per 64 MiB window of the file), unless
+    `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU).
+
     torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,
-    then viewed back as the torch dtype. torch warns about read-only arrays; the warning is
-    silenced here because the tensor is documented as read-only.
+    then viewed back as the torch dtype. torch warns about read-only arrays (other read-only
+    arrays are wrapped as they are); the warning is silenced here because the tensor is
+    documented as read-only.
     """
     torch = import_framework("torch")
     target = _torch_dtype(torch, arr.dtype)
@@ -146,6 +154,9 @@ def torch_from_numpy(arr: np.ndarray) -> Any:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if not arr.flags.aligned or any(s < 0 for s in arr.strides):  # torch needs aligned, positive strides
         arr = arr.copy()
+    if writable and not arr.flags.writeable:
+        twin = writable_twin(arr)
+        arr = arr if twin is None else twin
     bridge = arr
     if arr.dtype in ML_FLOATS:  # torch.from_numpy knows numpy's own types only
         bridge = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
