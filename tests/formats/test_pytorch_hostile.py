@@ -188,6 +188,21 @@ def _duplicate() -> bytes:
                     ("archive/data.pkl", P2 + call("posix", "system", s("touch x")) + STOP)])
 
 
+def _size_holding_its_own_tensor() -> bytes:
+    """{'w': T} where T's size is a dict D that, once T exists, is given T itself (through the memo):
+    describing T in an error once recursed through T's repr without end (found by cli_convert)."""
+    size = b"}q\x00"  # EMPTY_DICT, BINPUT 0
+    t = g("torch._utils", "_rebuild_tensor_v2") + MARK + W + i(0) + size + ints((4,)) + NEWFALSE + \
+        call("collections", "OrderedDict") + b"tR" + b"q\x01"  # TUPLE, REDUCE, BINPUT 1
+    mutate = b"h\x00" + s("x") + b"h\x01" + b"s" + b"0"  # D['x'] = T; POP
+    return torch_zip(P2 + b"}" + s("w") + t + b"s" + mutate + STOP, {"0": f32(1, 2, 3, 4)})
+
+
+ZIP_CASES.append(("a size that holds its own tensor (cycle through the memo)", _size_holding_its_own_tensor,
+                  CorruptFileError, "tensor 'w': offset 0, size {'x': <tensor dense size=<dict of 1>>} and stride "
+                                    "(4,) must be an int and tuples of ints"))
+
+
 @pytest.mark.parametrize("build,error,message", [c[1:] for c in ZIP_CASES], ids=[c[0] for c in ZIP_CASES])
 def test_hostile_zip_checkpoints(write, build, error, message):
     _fails(write, build(), error, message)

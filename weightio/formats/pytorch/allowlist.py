@@ -61,7 +61,7 @@ class StorageRef:
         raise UnsafePickleError("BUILD on a storage is not allowed")
 
     def __repr__(self) -> str:
-        return f"<storage {self.key!r} {self.dtype} x{self.view_numel}>"
+        return _describe(self, 2)
 
 
 class TensorRef:
@@ -88,7 +88,7 @@ class TensorRef:
         raise UnsafePickleError("BUILD on a tensor is not allowed (tensor state goes through _rebuild_from_type_v2)")
 
     def __repr__(self) -> str:
-        return f"<tensor {self.kind} size={short_repr(self.size)}>"
+        return _describe(self, 2)
 
 
 # ----------------------------------------------------------------------------- torch stand-ins
@@ -560,7 +560,12 @@ def _describe(value: Any, depth: int) -> str:
         return repr(value)
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         return _describe_container(value, depth)
-    if isinstance(value, (Function, Token, TensorRef, StorageRef, NumpyArray, NumpyDType, Namespace)):
+    if isinstance(value, TensorRef):  # its parts are file values too: described within the same depth
+        return f"<tensor {value.kind} size={_describe(value.size, max(depth - 1, 0))}>"
+    if isinstance(value, StorageRef):
+        parts = (value.key, value.dtype, value.view_numel)
+        return "<storage {} {} x{}>".format(*(_describe(v, 0) for v in parts))
+    if isinstance(value, (Function, Token, NumpyArray, NumpyDType, Namespace)):
         return repr(value)
     if isinstance(value, FrozenClass):
         return value.allowlisted_as
