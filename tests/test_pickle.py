@@ -893,6 +893,44 @@ def test_nesting_without_marks_is_refused_before_c_recursion(write, body, messag
     assert done.stdout.startswith(f"{path}: ") and not done.stderr
 
 
+_OPEN_ON_A_SMALL_STACK = """
+import sys, threading
+import weightio as wio
+from weightio.errors import CorruptFileError
+threading.stack_size(512 * 1024)  # a macOS thread's default stack
+out = []
+def read():
+    try:
+        with wio.limits.using(nesting_depth=10**6):  # raised as far as a user can
+            wio.open(sys.argv[1])
+    except CorruptFileError as e:
+        out.append(str(e))
+t = threading.Thread(target=read)
+t.start(); t.join()
+print(out[0])
+"""
+
+
+def test_object_nesting_has_a_ceiling_the_limit_cannot_raise(write):
+    """Raising limits.nesting_depth cannot make C recursion safe: objects stay within 5 000 levels,
+    which a 512 KiB thread stack hashes without overflowing."""
+    import subprocess
+
+    path = write("deep.pkl", P2 + EMPTY_DICT + CHAIN + NONE + SETITEM + STOP)
+    done = subprocess.run([sys.executable, "-c", _OPEN_ON_A_SMALL_STACK, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == (f"{path}: pickle 1: the pickled object nests deeper than 5,000 levels (TUPLE1 at "
+                                   "offset 5004) (no pickle may nest deeper: CPython would hash or compare it by "
+                                   "unchecked C recursion)")
+    hashes = ("import sys, threading\nthreading.stack_size(512 * 1024)\nt = ()\n"
+              "for _ in range(int(sys.argv[1])): t = (t,)\n"
+              "th = threading.Thread(target=lambda: print(hash(t) is not None)); th.start(); th.join()")
+    done = subprocess.run([sys.executable, "-c", hashes, str(lexer.MAX_OBJECT_DEPTH)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "True\n", done.stderr[-500:]
+
+
 def _depth(value) -> int:  # noqa: ANN001
     if isinstance(value, dict):
         value = [*value.keys(), *value.values()]

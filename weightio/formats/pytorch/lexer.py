@@ -97,9 +97,10 @@ from .opcodes import (
     WIDE,
 )
 
-__all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "lex", "prepass"]
+__all__ = ["MAX_MARKS", "MAX_OBJECT_DEPTH", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "lex", "prepass"]
 
 _U32 = struct.Struct("<I")
+MAX_OBJECT_DEPTH = 5_000  # the ceiling on limits.nesting_depth for objects (not MARKs): see _Lexer.__init__
 
 
 def _chunk_size(max_opcodes: int, max_stack: int) -> int:
@@ -119,7 +120,10 @@ class _Lexer:
         self.data, self.pos, self.end, self.fail = data, start, end, fail
         self.max_opcodes, self.max_stack, self.max_marks = limits.pickle_opcodes, limits.pickle_stack, \
             limits.nesting_depth
-        self.max_depth = limits.nesting_depth
+        # CPython hashes and compares nested tuples by C recursion, unchecked: past ~100 000 levels
+        # (far fewer on a thread's smaller stack) that overflows the C stack. Raising the limit
+        # cannot make that safe, so object nesting stays below a ceiling whatever the limit says.
+        self.max_depth = min(limits.nesting_depth, MAX_OBJECT_DEPTH)
         self.stack: list[int] = []  # per item: depth * LEVEL + tag (see .opcodes)
         self.marks: list[int] = []  # the enclosing fences, innermost last
         self.fence = 0  # stack length at the innermost MARK
@@ -282,8 +286,10 @@ class _Lexer:
         return self.fail(f"more than {self.max_stack:,} items on the pickle stack {_limits.hint('pickle_stack')}")
 
     def _too_nested(self, op: int, at: int) -> Exception:
+        why = _limits.hint("nesting_depth") if self.max_depth < MAX_OBJECT_DEPTH else \
+            "(no pickle may nest deeper: CPython would hash or compare it by unchecked C recursion)"
         return self.fail(f"the pickled object nests deeper than {self.max_depth:,} levels ({OPCODE_NAMES[op]} at "
-                         f"offset {at}) {_limits.hint('nesting_depth')}")
+                         f"offset {at}) {why}")
 
     def _nest(self, op: int, taken: list[int], tag: int, at: int) -> int:
         """The item an opcode pushes: `tag`, as deep as `taken` (+1 for a container of them)."""
