@@ -832,7 +832,8 @@ def test_the_security_doc_counts_the_catalogue():
     rows = re.findall(r"^\| ([^|]+) \| (\d+) \| (.*) \| (\d+) \|$", DOC.read_text(), re.M)
     fmts = {"safetensors": "safetensors", "`.npy`": "npy", "`.npz` and zip": "npz", "GGUF": "gguf",
             "legacy ggml": "ggml", "PyTorch (zip, legacy, tar) and pickles": "pytorch",
-            "format confusion and polyglots": "confusion", "parser differentials (torch, zipfile, tarfile)": "differential",
+            "format confusion and polyglots": "confusion",
+            "parser differentials (torch, zipfile, tarfile)": "differential",
             "the command line and writers": "cli", "models larger than memory": "huge"}
     assert [r[0] for r in rows] == list(fmts)
     for label, here, others, total in rows:

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -29,7 +29,7 @@ import weightio as wio
 from weightio.errors import CorruptFileError, FormatError, WeightioError
 
 from .hostile import npy_of, pax_record, tar_header, tar_of, zip_of
-from .pytorch_files import LEGACY_MAGIC, P2, STOP, call, f32, i, pid, s, state_dict, tensor, torch_zip
+from .pytorch_files import LEGACY_MAGIC, P2, STOP, call, f32, pid, s, state_dict, tensor, torch_zip
 
 W = pid("FloatStorage", "0", 4)
 SD = state_dict({"w": tensor(W, 0, (4,), (1,))})  # tensor 'w' = storage '0', 4 floats
@@ -335,7 +335,7 @@ def torch_results(tmp_path_factory):
                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
     results = json.loads(out.stdout.strip().splitlines()[-1])
     return {case.name: (results[f"{p} True"], results[f"{p} False"], (Path(p).parent / "marker").exists())
-            for case, p in zip(_TORCH_CASES, paths)}
+            for case, p in zip(_TORCH_CASES, paths, strict=True)}
 
 
 @pytest.mark.parametrize("case", _TORCH_CASES, ids=[c.name for c in _TORCH_CASES])

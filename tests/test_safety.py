@@ -265,7 +265,6 @@ def test_fickling_is_stopped_by_a_work_budget_and_the_report_says_so(tmp_path):
 def test_scan_json_is_one_json_document_when_fickling_prints(tmp_path, monkeypatch):
     import fickling.analysis
     from click.testing import CliRunner
-
     from weightio.cli import main
 
     real = fickling.analysis.check_safety

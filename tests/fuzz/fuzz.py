@@ -74,9 +74,9 @@ with atheris.instrument_imports(include=["weightio"]) if _INSTRUMENT else contex
     import weightio.formats.numpy
     import weightio.formats.pytorch
     import weightio.formats.pytorch.flatten
+    import weightio.formats.pytorch.tar
     import weightio.formats.pytorch.unpickler
     import weightio.formats.safetensors
-    import weightio.formats.pytorch.tar
     import weightio.formats.sniff
     import weightio.quant
     import weightio.quant.kernels

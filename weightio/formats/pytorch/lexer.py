@@ -67,6 +67,7 @@ from .opcodes import (
     LONG_BINPUT,
     MARK,
     MAX_MARKS,
+    MAX_OBJECT_DEPTH,
     MAX_OPCODES,
     MAX_STACK,
     MAX_WEAK_KEYS,
@@ -80,6 +81,7 @@ from .opcodes import (
     PUSH_ONLY,
     REFUSED_CORRUPT,
     REFUSED_UNSAFE,
+    REFUSED_WHY,
     S4,
     SAFE,
     SHORT_BINUNICODE,
@@ -100,7 +102,6 @@ from .opcodes import (
 __all__ = ["MAX_MARKS", "MAX_OBJECT_DEPTH", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "lex", "prepass"]
 
 _U32 = struct.Struct("<I")
-MAX_OBJECT_DEPTH = 5_000  # the ceiling on limits.nesting_depth for objects (not MARKs): see _Lexer.__init__
 
 
 def _chunk_size(max_opcodes: int, max_stack: int) -> int:
@@ -118,12 +119,9 @@ class _Lexer:
     def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], Exception],
                  limits: _limits.Limits) -> None:
         self.data, self.pos, self.end, self.fail = data, start, end, fail
-        self.max_opcodes, self.max_stack, self.max_marks = limits.pickle_opcodes, limits.pickle_stack, \
-            limits.nesting_depth
-        # CPython hashes and compares nested tuples by C recursion, unchecked: past ~100 000 levels
-        # (far fewer on a thread's smaller stack) that overflows the C stack. Raising the limit
-        # cannot make that safe, so object nesting stays below a ceiling whatever the limit says.
-        self.max_depth = min(limits.nesting_depth, MAX_OBJECT_DEPTH)
+        self.max_opcodes, self.max_stack = limits.pickle_opcodes, limits.pickle_stack
+        self.max_marks = limits.nesting_depth
+        self.max_depth = min(limits.nesting_depth, MAX_OBJECT_DEPTH)  # a ceiling: see .opcodes
         self.stack: list[int] = []  # per item: depth * LEVEL + tag (see .opcodes)
         self.marks: list[int] = []  # the enclosing fences, innermost last
         self.fence = 0  # stack length at the innermost MARK
@@ -384,7 +382,7 @@ class _Lexer:
                                            "an allowlisted global; refused"))
         elif op in REFUSED_CORRUPT:
             self._refuse(self.fail(f"opcode {OPCODE_NAMES[op]} at offset {at} is not used by checkpoints "
-                                   f"({_REFUSED_WHY[OPCODE_NAMES[op]]})"))
+                                   f"({REFUSED_WHY[OPCODE_NAMES[op]]})"))
         start, stop = self._argument(op, pos, first)
         self.pos = stop
         handler = _HANDLERS.get(op)
@@ -536,12 +534,6 @@ def _find_newline(data: Any, start: int, end: int) -> int:
     return -1
 
 
-_REFUSED_WHY = {
-    "PERSID": "text persistent ids; torch writes BINPERSID, and cannot load protocol-0 checkpoints either",
-    "NEXT_BUFFER": "protocol-5 out-of-band buffers",
-    "READONLY_BUFFER": "protocol-5 out-of-band buffers",
-}
-
 _HANDLERS: dict[int, Callable[..., None]] = {
     OP["MARK"]: _Lexer._mark,
     OP["PROTO"]: _Lexer._proto,
@@ -581,13 +573,11 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
         return CorruptFileError(f"{what}: {message}", path=path)
 
     limits = limits or _limits.current()
-    end = len(data) if end is None else end
-    # A pickle is header: it ends within limits.header_bytes of its start. Lexing no further bounds
-    # the work by the limit, not by the file (a text opcode's newline search, or an argument's
-    # length, would otherwise run through the data that follows, however large).
-    capped = end - start > limits.header_bytes
-    if capped:
-        end = start + limits.header_bytes
+    # a pickle is header: lexing stops at limits.header_bytes, so no newline search or argument length
+    # runs through the data after it, however large the file
+    stop = len(data) if end is None else end
+    end = min(stop, start + limits.header_bytes)
+    capped = end < stop
     if end != len(data):
         data = memoryview(data)[:end]  # the lexer relies on reads past the end failing
     lexer = _Lexer(data, start, len(data), fail, limits)
@@ -598,10 +588,10 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
     except UnsafePickleError as e:
         raise UnsafePickleError(f"{what}: {e.message}", path=path) from None
     except CorruptFileError as e:
-        if capped and ("runs past the end" in e.message or "without a STOP" in e.message):
-            raise CorruptFileError(f"{what}: no STOP opcode within its first {limits.header_bytes} bytes "
-                                   f"{_limits.hint('header_bytes')}", path=path) from None
-        raise
+        if not (capped and ("runs past the end" in e.message or "without a STOP" in e.message)):
+            raise
+        raise fail(f"no STOP opcode within its first {limits.header_bytes} bytes "
+                   f"{_limits.hint('header_bytes')}") from None
     if collect:
         lexer.refusals = [e if isinstance(e, CorruptFileError) else UnsafePickleError(f"{what}: {e.message}", path=path)
                           for e in lexer.refusals]

@@ -11,7 +11,7 @@ import pickle
 
 from ... import limits as _limits
 
-__all__ = ["MAX_MARKS", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "MEMO_SLACK", "OPCODE_NAMES"]
+__all__ = ["MAX_MARKS", "MAX_OBJECT_DEPTH", "MAX_OPCODES", "MAX_STACK", "MAX_WEAK_KEYS", "MEMO_SLACK", "OPCODE_NAMES"]
 
 # The defaults of weightio.limits (pickle_opcodes, pickle_stack, nesting_depth), under the names
 # the lexer's documentation uses:
@@ -19,6 +19,8 @@ MAX_OPCODES = _limits.DEFAULTS.pickle_opcodes  # per pickle; a state dict needs 
 MAX_STACK = _limits.DEFAULTS.pickle_stack  # items on the stack at once; picklers batch 1000 per APPENDS/SETITEMS
 MAX_MARKS = _limits.DEFAULTS.nesting_depth  # nested MARKs; one per level of nesting of the pickled object
 MAX_WEAK_KEYS = 10_000  # colliding keys cost ~0.4 s at 10 000, 40 s at 100 000
+MAX_OBJECT_DEPTH = 5_000  # objects nest no deeper, whatever limits.nesting_depth says: CPython hashes nested
+#                            tuples by unchecked C recursion (5 000 levels hash on a 512 KiB thread stack)
 MEMO_SLACK = 256  # BINPUT indices (0-255) are always allowed
 WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
 
@@ -122,6 +124,11 @@ NESTS.update({c: 0 for c, n in OPCODE_NAMES.items()
               if n in ("REDUCE", "NEWOBJ", "NEWOBJ_EX", "BINPERSID", "READONLY_BUFFER")})
 # Opcodes a checkpoint has no use for and that need outside state (text ids, out-of-band buffers).
 REFUSED_CORRUPT = frozenset(c for c, n in OPCODE_NAMES.items() if n in ("PERSID", "NEXT_BUFFER", "READONLY_BUFFER"))
+REFUSED_WHY = {
+    "PERSID": "text persistent ids; torch writes BINPERSID, and cannot load protocol-0 checkpoints either",
+    "NEXT_BUFFER": "protocol-5 out-of-band buffers",
+    "READONLY_BUFFER": "protocol-5 out-of-band buffers",
+}
 
 # Per-opcode arrays for the lexer's inner loop (index: opcode byte).
 ARG = [None] * 256
