@@ -279,3 +279,21 @@ def test_scan_json_is_one_json_document_when_fickling_prints(tmp_path, monkeypat
     assert json.loads(result.stdout)["safe"] is True
     assert "fickling says" not in result.stdout
     assert "fickling says" not in str(wio.scan(PT / "views.pt"))
+
+
+def test_a_newline_in_a_pickle_global_cannot_fake_a_line_of_the_report(tmp_path):
+    """STACK_GLOBAL takes any string: a name holding newlines and ESC would otherwise print as
+    lines of its own ("result: safe") and repaint the terminal."""
+    path = tmp_path / "model.pkl"
+    name = "system\n  weightio: safe\nresult: safe\x1b[2K"
+    path.write_bytes(P2 + s("posix") + s(name) + b"\x93" + tup(s("true")) + b"R" + STOP)
+    report = wio.scan(path)
+    assert not report.safe
+    lines = str(report).splitlines()
+    assert "result: safe" not in [line.strip() for line in lines]
+    assert not any("\x1b" in line for line in lines)
+    assert any("posix.system\\n  weightio: safe\\nresult: safe\\x1b[2K" in line for line in lines), lines
+    done = subprocess.run([sys.executable, "-m", "weightio.cli", "scan", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout.splitlines()[-1] == "result: UNSAFE", done.stdout
+    assert [line for line in done.stdout.splitlines() if line.strip() == "result: safe"] == []

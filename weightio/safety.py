@@ -58,6 +58,7 @@ from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import _zip, open_file
 from .formats.pytorch import allowlist, containers, lexer, unpickler
 from .formats.sniff import sniff
+from .text import printable
 
 __all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION",
            "MAX_FICKLING_WORK"]
@@ -193,24 +194,29 @@ class ScanReport:
 
 
 def _file_lines(f: FileScan) -> list[str]:
+    """The report of one file, one line per item: every text from the file (globals, messages,
+    names) escaped by `printable`, so that a newline or a terminal control sequence in a pickle
+    cannot fake a line of the report or repaint its verdict."""
     status = "safe" if f.safe else "UNSAFE" if any(p.refused or p.problems for p in f.pickles) else "not readable"
-    lines = [f"{f.path}: {status} ({f.format or 'unknown format'}{'; ' + f.note if f.note else ''})",
-             f"  weightio: {f.verdict}"]
-    lines += [f"  case collision: {a!r} and {b!r} (torch.load could read either)" for a, b in f.collisions]
+    one = printable
+    lines = [f"{one(f.path)}: {status} ({f.format or 'unknown format'}{'; ' + one(f.note) if f.note else ''})",
+             f"  weightio: {one(f.verdict)}"]
+    lines += [f"  case collision: {one(repr(a))} and {one(repr(b))} (torch.load could read either)"
+              for a, b in f.collisions]
     for p in f.pickles:
-        lines.append(f"  {p.location} ({p.size:,} bytes)")
-        marked = [f"{g} (refused)" if g in p.refused else g for g in p.globals]
+        lines.append(f"  {one(p.location)} ({p.size:,} bytes)")
+        marked = [f"{one(g)} (refused)" if g in p.refused else one(g) for g in p.globals]
         lines.append(f"    globals: {', '.join(marked) if marked else 'none'}")
-        lines += [f"    refused: {problem}" for problem in p.problems]
+        lines += [f"    refused: {one(problem)}" for problem in p.problems]
         if p.severity is not None:
             lines.append(f"    fickling: {p.severity} (default analyses), {p.ml_severity} (ML allowlist)")
-            lines += [f"      - [{x.severity}] {x.analysis}: {x.message}" for x in p.findings[:8]]
+            lines += [f"      - [{x.severity}] {one(x.analysis)}: {one(x.message)}" for x in p.findings[:8]]
             if len(p.findings) > 8:
                 lines.append(f"      … {len(p.findings) - 8} more findings")
         if p.fickling_stopped:
-            lines.append(f"    fickling: not run to the end — {p.note}")
+            lines.append(f"    fickling: not run to the end — {one(p.note)}")
         elif p.note:
-            lines.append(f"    note: {p.note}")
+            lines.append(f"    note: {one(p.note)}")
     return lines
 
 
