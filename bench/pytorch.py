@@ -109,9 +109,11 @@ def _phases(path: str) -> dict:
     marks.append(("zip walk", time.perf_counter()))
     container = containers.ZipContainer.__new__(containers.ZipContainer)
     containers.Container.__init__(container, file, limits)
-    container.records = {m.name: m for m in members}
-    container.prefix = containers._archive_prefix(file, members)
-    data = container._read_record(container.records[container.prefix + "data.pkl"], limits.header_bytes)
+    container.raw_prefix = containers._archive_prefix(file, members)  # what ZipContainer.__init__ does, timed apart
+    container.prefix = container.raw_prefix.decode("utf-8", "replace")
+    container.records = {m.raw_name.lower(): m for m in members}
+    container.byteorder = container._byteorder()
+    data = container._read_record(container.record("data.pkl"), limits.header_bytes)
     marks.append(("data.pkl read", time.perf_counter()))
     lexer.prepass(data, limits=limits)
     marks.append(("prepass", time.perf_counter()))
