@@ -628,11 +628,17 @@ HUGE_FORMATS = ("safetensors", "gguf", "npy")
 
 
 def _sniffed(file: MappedFile) -> Any:
-    fmt = weightio.formats.sniff.sniff(file)
-    if fmt not in HUGE_FORMATS:
+    """What `weightio.formats.open_file` does with a mapped file: the file is closed on any failure
+    (the campaign of 2026-11-23 ran out of descriptors after 57k inputs when a failed sniff left
+    them to the garbage collector)."""
+    try:
+        fmt = weightio.formats.sniff.sniff(file)
+        if fmt not in HUGE_FORMATS:
+            raise weightio.errors.FormatError(f"{fmt}: not a format the huge harness reads", path=file.path)
+        return weightio.formats.resolve(weightio.formats.READERS[fmt])(file)
+    except BaseException:
         file.close()
-        raise weightio.errors.FormatError(f"{fmt}: not a format the huge harness reads", path=file.path)
-    return weightio.formats.resolve(weightio.formats.READERS[fmt])(file)
+        raise
 
 
 def _committed(path: str) -> int:
