@@ -770,3 +770,20 @@ def test_numbers_too_large_to_print_reach_the_cli_cleanly(tmp_path, case):
         assert "Traceback" not in result.output and not isinstance(result.exception, ValueError)
         if result.exit_code == 1:
             assert case.message in result.output, result.output
+
+
+def test_describing_a_large_value_never_copies_it():
+    """`text.describe` looks at 4 items of a container: a million-item header list is not copied."""
+    import tracemalloc
+
+    from weightio.text import describe
+
+    big = list(range(1_000_000))
+    tracemalloc.start()
+    try:
+        text = describe({"shape": big})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text == "{'shape': [0, 1, 2, 3, …]}"
+    assert peak < 64 * 1024, peak
