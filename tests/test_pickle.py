@@ -21,7 +21,7 @@ import weightio as wio
 import weightio.formats.pytorch  # noqa: F401
 import weightio.safety  # noqa: F401
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
-from weightio.formats.pytorch import allowlist, lexer
+from weightio.formats.pytorch import allowlist, lexer, refs
 from weightio.formats.pytorch.flatten import flatten, plain_value
 
 from .conftest import FIXTURES
@@ -427,7 +427,7 @@ def test_allowlist_is_exact_strings_and_every_entry_imports_nothing():
 
 
 def test_flatten_names_nested_containers_and_keeps_plain_leaves():
-    ref = allowlist.TensorRef(None, 0, (), ())
+    ref = refs.TensorRef(None, 0, (), ())
     root = {"model": {"fc.weight": ref}, "opt": {"state": {0: {"exp_avg": ref}}, "groups": [{"lr": 0.1}]},
             "epoch": 3, "betas": (0.9, 0.99), "layers": [ref, ref]}
     tensors, metadata = flatten(root, budget=1000, root_name="x")
@@ -436,7 +436,7 @@ def test_flatten_names_nested_containers_and_keeps_plain_leaves():
 
 
 def test_flatten_names_a_bare_tensor_after_the_file_and_refuses_name_clashes(write):
-    ref = allowlist.TensorRef(None, 0, (), ())
+    ref = refs.TensorRef(None, 0, (), ())
     assert flatten(ref, budget=10, root_name="weights") == ({"weights": ref}, {})
     with pytest.raises(FormatError, match="two entries flatten to the same name 'a.b'"):
         flatten({"a.b": ref, "a": {"b": 1}}, budget=100, root_name="x")
@@ -444,12 +444,12 @@ def test_flatten_names_a_bare_tensor_after_the_file_and_refuses_name_clashes(wri
 
 def test_short_repr_is_bounded_for_any_value():
     big = 10**5000
-    assert allowlist.short_repr(big) == "<int of 16,610 bits>"
+    assert refs.short_repr(big) == "<int of 16,610 bits>"
     assert plain_value(big) == "<int of 16,610 bits>"
     nested: list = []
     for _ in range(10_000):
         nested = [nested]
-    assert len(allowlist.short_repr(nested)) <= 80
+    assert len(refs.short_repr(nested)) <= 80
 
 
 # ----------------------------------------------------------------------------- property tests
@@ -1032,7 +1032,7 @@ def test_short_descriptions_never_copy_a_container():
     big = set(range(1_000_000))
     with bounded(seconds=5, extra_mib=16):
         for _ in range(1000):
-            assert allowlist.short_repr(big).startswith("set({0, 1, 2, 3, …")
+            assert refs.short_repr(big).startswith("set({0, 1, 2, 3, …")
 
 
 # ----------------------------------------------------------------------------- the fuzz harnesses find these classes

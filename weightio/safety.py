@@ -56,7 +56,7 @@ from typing import Any
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import _zip, open_file
-from .formats.pytorch import allowlist, containers, lexer, unpickler
+from .formats.pytorch import allowlist, containers, lexer, refs, unpickler
 from .formats.sniff import sniff
 from .text import printable
 
@@ -364,7 +364,7 @@ def _loader_problems(data: bytes, location: str) -> list[str]:
 
 
 def _any_storage(pid: Any) -> Any:
-    return allowlist.StorageRef("scan", "uint8", 0)
+    return refs.StorageRef("scan", "uint8", 0)
 
 
 class _Absorber:
@@ -429,7 +429,7 @@ def _record(data: bytes) -> tuple[list[str], list[Any], str]:
     try:
         root = recorder.load()
     except Exception as e:  # a malformed pickle: keep what was recorded up to there
-        stopped = f"{type(e).__name__}: {allowlist.short_repr(str(e))}"
+        stopped = f"{type(e).__name__}: {refs.short_repr(str(e))}"
     objects = [root, *recorder.memo.copy().values(), *absorber.created]
     return recorder.seen, objects, stopped
 
@@ -496,7 +496,7 @@ def _fickling(data: bytes, objects: list[Any]) -> tuple[str | None, str | None, 
             default = check_safety(pickled)
             ml = check_safety(pickled, analyzer=Analyzer([MLAllowlist()]))
     except Exception as e:  # fickling failing on a hostile pickle is itself worth reporting
-        return None, None, (), f"fickling could not analyse it ({type(e).__name__}: {allowlist.short_repr(str(e))})"
+        return None, None, (), f"fickling could not analyse it ({type(e).__name__}: {refs.short_repr(str(e))})"
     return default.severity.name, ml.severity.name, *_findings([*ml.results, *default.results])
 
 

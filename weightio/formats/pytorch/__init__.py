@@ -4,8 +4,9 @@
 * `containers` — the zip, legacy raw-pickle and tar layouts; `containers.pickles` lists the
   pickles a file holds (for `weightio scan`).
 * `lexer`, `opcodes` — the pickle prepass; `unpickler` — the allowlist unpickler;
-  `allowlist` — the stand-ins globals become; `inert` — the immutable kinds of object they
-  are; `flatten` — nested objects to dotted names.
+  `allowlist` — the table of globals and the stand-ins they become (`rebuilds`: torch's
+  rebuild functions; `refs`: the tensor and storage records they build, and `short_repr`);
+  `inert` — the immutable kinds of object they are; `flatten` — nested objects to dotted names.
 * `tar` — the strict tar walker of torch 0.1.x files.
 """
 

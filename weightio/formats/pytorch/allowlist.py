@@ -28,6 +28,8 @@ import numpy as np
 from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from .inert import FrozenClass, Function, Token
+from .rebuilds import LAYOUTS, torch_functions
+from .refs import StorageRef, TensorRef, check_state, short_repr
 
 __all__ = [
     "ALLOWLIST", "Function", "Namespace", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef",
@@ -35,186 +37,6 @@ __all__ = [
 ]
 
 _WIDE = 2**61 - 1  # CPython hashes an int as int % (2**61 - 1): below this, distinct ints never collide
-
-
-# ----------------------------------------------------------------------------- what the stand-ins build
-
-
-class StorageRef:
-    """A torch storage as a persistent id describes it: where its bytes are is the container's business.
-
-    Attributes:
-        key: the storage key (zip: the ``data/<key>`` record; legacy: the key in the storage list).
-        dtype: the torch dtype name of its elements (``"float32"``, ``"qint8"`` …).
-        numel: elements the id claims the storage holds.
-        view_offset, view_numel: a legacy storage *view*: its elements within the root storage.
-    """
-
-    __slots__ = ("key", "dtype", "numel", "view_offset", "view_numel")
-
-    def __init__(self, key: str, dtype: Any, numel: int, view_offset: int = 0, view_numel: int | None = None) -> None:
-        self.key, self.dtype, self.numel = key, dtype, numel
-        self.view_offset = view_offset
-        self.view_numel = numel if view_numel is None else view_numel
-
-    def __setstate__(self, state: Any) -> None:
-        raise UnsafePickleError("BUILD on a storage is not allowed")
-
-    def __repr__(self) -> str:
-        return _describe(self, 2)
-
-
-class TensorRef:
-    """A tensor as the pickle describes it. Nothing is checked until the reader builds its index
-    (so that errors can name the tensor).
-
-    Attributes:
-        storage: what the pickle passed as storage (a `StorageRef` when well formed).
-        offset, size, stride: in elements, as passed to ``_rebuild_tensor*``.
-        dtype: an explicit dtype (``_rebuild_tensor_v3``, meta tensors), else None (the storage's).
-        kind: ``"dense"``, ``"meta"``, ``"quantized"``, ``"sparse"``, or ``"unsupported"``.
-        note: for non-dense kinds, what to tell the user.
-        metadata: the tensor metadata dict of ``_rebuild_tensor_v2/v3`` (conj / neg bits).
-    """
-
-    __slots__ = ("storage", "offset", "size", "stride", "dtype", "kind", "note", "metadata")
-
-    def __init__(self, storage: Any, offset: Any, size: Any, stride: Any, dtype: Any = None,
-                 kind: str = "dense", note: str = "", metadata: Any = None) -> None:
-        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
-        self.dtype, self.kind, self.note, self.metadata = dtype, kind, note, metadata
-
-    def __setstate__(self, state: Any) -> None:
-        raise UnsafePickleError("BUILD on a tensor is not allowed (tensor state goes through _rebuild_from_type_v2)")
-
-    def __repr__(self) -> str:
-        return _describe(self, 2)
-
-
-# ----------------------------------------------------------------------------- torch stand-ins
-
-def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> TensorRef:
-    return TensorRef(storage, storage_offset, size, stride)
-
-
-def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
-                       backward_hooks: Any, metadata: Any = None) -> TensorRef:
-    return TensorRef(storage, storage_offset, size, stride, None, "dense", "", metadata)
-
-
-def _rebuild_tensor_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
-                       backward_hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
-    return TensorRef(storage, storage_offset, size, stride, dtype=dtype, metadata=metadata)
-
-
-def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any) -> Any:
-    return data
-
-
-def _rebuild_parameter_with_state(data: Any, requires_grad: Any, backward_hooks: Any, state: Any) -> Any:
-    _check_state(state, "a Parameter's state")
-    return data
-
-
-def _rebuild_qtensor(storage: Any, storage_offset: Any, size: Any, stride: Any, quantizer_params: Any,
-                     requires_grad: Any, backward_hooks: Any) -> TensorRef:
-    scheme = quantizer_params[0] if isinstance(quantizer_params, tuple) and quantizer_params else None
-    note = (f"quantized tensor ({scheme}); weightio does not dequantize torch quantized tensors — call "
-            ".dequantize() in torch before saving")
-    return TensorRef(storage, storage_offset, size, stride, kind="quantized", note=note)
-
-
-def _rebuild_sparse_tensor(layout: Any, data: Any) -> TensorRef:
-    """COO: ``(indices, values, size[, is_coalesced])``; compressed: ``(compressed, plain, values, size)``."""
-    coo = isinstance(layout, Token) and layout.name == "sparse_coo"
-    parts = data if isinstance(data, tuple) else ()
-    values, size = (parts[1:3] if coo else parts[2:4]) if len(parts) >= 3 else (None, None)
-    dtype = values.dtype if isinstance(values, TensorRef) else None
-    if dtype is None and isinstance(values, TensorRef) and isinstance(values.storage, StorageRef):
-        dtype = values.storage.dtype
-    note = f"sparse tensor ({layout}); numpy has no sparse layout — call .to_dense() in torch before saving"
-    return TensorRef(None, 0, size, None, dtype=dtype, kind="sparse", note=note)
-
-
-def _rebuild_meta_tensor_no_storage(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
-    return TensorRef(None, 0, size, stride, dtype=dtype, kind="meta",
-                     note="meta tensor: it has a shape but no data (saved from device='meta')")
-
-
-def _rebuild_device_tensor_from_cpu_tensor(data: Any, dtype: Any, device: Any, requires_grad: Any) -> Any:
-    """An XLA/MTIA tensor saved through a CPU copy: that copy, when no dtype conversion was asked."""
-    if isinstance(data, TensorRef) and isinstance(dtype, Token) and dtype.value == effective_dtype(data):
-        return data
-    return TensorRef(None, 0, getattr(data, "size", None), None, dtype=dtype, kind="unsupported",
-                     note=f"device tensor ({device}) saved with a dtype conversion, which weightio does not apply")
-
-
-def effective_dtype(ref: TensorRef) -> str | None:
-    """The torch dtype name of a tensor: its explicit dtype, else its storage's."""
-    if isinstance(ref.dtype, Token):
-        return ref.dtype.value
-    return ref.storage.dtype if isinstance(ref.storage, StorageRef) else None
-
-
-def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
-    """``torch._tensor._rebuild_from_type_v2``: a tensor with Python attributes, or a subclass.
-
-    Accepted only when `func` is one of the rebuild stand-ins, the type is ``torch.Tensor`` or
-    ``torch.nn.Parameter``, and the state has no dunder keys; then it is ``func(*args)``.
-    """
-    if not (isinstance(func, Function) and func.kind == "rebuild"):
-        raise UnsafePickleError(f"_rebuild_from_type_v2 with function {short_repr(func)}, which is not a torch "
-                                "rebuild function; refused")
-    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type"):
-        raise UnsafePickleError(f"_rebuild_from_type_v2 with type {short_repr(new_type)}; only torch.Tensor and "
-                                "torch.nn.Parameter are allowed")
-    if not isinstance(args, tuple):
-        raise CorruptFileError(f"_rebuild_from_type_v2 arguments must be a tuple, found {type(args).__name__}")
-    _check_state(state, "a tensor's state")
-    return func(*args)
-
-
-def _rebuild_from_type(func: Any, new_type: Any, args: Any, dict_: Any) -> Any:
-    return _rebuild_from_type_v2(func, new_type, args, dict_)
-
-
-def _check_state(state: Any, what: str) -> None:
-    """Object state set by BUILD-like calls: a dict (or (dict, slots dict)) of plain attribute names."""
-    parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
-    for part in parts:
-        if part is None:
-            continue
-        if not isinstance(part, dict):
-            raise CorruptFileError(f"{what} must be a dict, found {type(part).__name__}")
-        for key in part:
-            if not isinstance(key, str) or key.startswith("__"):
-                raise UnsafePickleError(f"{what} sets attribute {short_repr(key)}; dunder or non-string "
-                                        "attribute names are refused")
-
-
-def _size(sizes: Any = ()) -> tuple:
-    """``torch.Size``: a tuple of ints (as in torch), so never a tuple of nested containers."""
-    if not isinstance(sizes, (tuple, list)) or not all(type(d) is int for d in sizes):
-        raise CorruptFileError(f"torch.Size takes a tuple of ints, found {short_repr(sizes)}")
-    return tuple(sizes)
-
-
-def _device(kind: Any, index: Any = None) -> str:
-    if not isinstance(kind, str) or not (index is None or type(index) is int):
-        raise CorruptFileError(f"torch.device({short_repr(kind)}, {short_repr(index)}) is malformed")
-    return kind if index is None else f"{kind}:{index}"
-
-
-def _get_layout(name: Any) -> Token:
-    layout = _LAYOUTS.get(name) if isinstance(name, str) else None
-    if layout is None:
-        raise CorruptFileError(f"unknown torch layout {short_repr(name)}")
-    return layout
-
-
-_REBUILDS = (_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter, _rebuild_parameter_with_state,
-             _rebuild_qtensor, _rebuild_sparse_tensor, _rebuild_meta_tensor_no_storage,
-             _rebuild_device_tensor_from_cpu_tensor)
 
 
 # ----------------------------------------------------------------------------- builtins and collections
@@ -242,7 +64,7 @@ class OrderedDict(dict):
     __slots__ = ()
 
     def __setstate__(self, state: Any) -> None:
-        _check_state(state, "an OrderedDict's state")
+        check_state(state, "an OrderedDict's state")
 
 
 def _ordered_dict(items: Any = None) -> OrderedDict:
@@ -273,6 +95,8 @@ class Namespace(metaclass=FrozenClass):
     Pickled with NEWOBJ (protocol 2+), which calls ``__new__`` only: it builds the whole object.
     """
 
+    bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
+
     __slots__ = ("fields",)
     allowlisted_as = "argparse.Namespace"
 
@@ -284,7 +108,7 @@ class Namespace(metaclass=FrozenClass):
         return obj
 
     def __setstate__(self, state: Any) -> None:
-        _check_state(state, "an argparse.Namespace's state")
+        check_state(state, "an argparse.Namespace's state")
         self.fields = dict(state) if isinstance(state, dict) else {}
 
     def __repr__(self) -> str:
@@ -342,6 +166,8 @@ _TEXT_KINDS = "SU"
 class NumpyDType:
     """``numpy.dtype(code, align, copy)`` plus its BUILD state; resolved by `resolve`."""
 
+    bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
+
     __slots__ = ("code", "byteorder", "structured")
 
     def __init__(self, code: Any = None, align: Any = False, copy: Any = False) -> None:
@@ -381,6 +207,8 @@ class NumpyArray:
         array: the rebuilt read-only array (a view of the pickled bytes), or None before BUILD.
         error: why the array cannot be served (unsupported dtype), or None.
     """
+
+    bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
 
     __slots__ = ("array", "error")
 
@@ -483,10 +311,8 @@ STORAGE_CLASSES: dict[str, str] = {
     "QUInt8Storage": "quint8", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
 }
 _TENSOR_CLASSES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
-_LAYOUT_NAMES = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
 _QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
              "per_tensor_symmetric", "per_channel_symmetric")
-_LAYOUTS = {f"torch.{n}": Token("torch", n, "layout") for n in _LAYOUT_NAMES}
 
 
 def _allowlist() -> dict[tuple[str, str], Any]:
@@ -498,15 +324,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
     def function(module: str, name: str, call: Any, kind: str = "function") -> None:
         table[(module, name)] = Function(module, name, call, kind)
 
-    for func in _REBUILDS:
-        function("torch._utils", func.__name__, func, "rebuild")
-    function("torch._utils", "_rebuild_xla_tensor", _rebuild_device_tensor_from_cpu_tensor, "rebuild")
-    for module in ("torch._tensor", "torch.tensor"):  # torch.tensor: the module's name before torch 1.9
-        function(module, "_rebuild_from_type_v2", _rebuild_from_type_v2)
-        function(module, "_rebuild_from_type", _rebuild_from_type)
-    function("torch.serialization", "_get_layout", _get_layout)
-    function("torch", "Size", _size)
-    function("torch", "device", _device)
+    table.update(torch_functions())
     for module, name in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
         table[(module, name)] = Token(module, name, "tensor_type")
     for prefix in ("torch", "torch.cuda"):
@@ -518,7 +336,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         table[("torch", name)] = Token("torch", name, "storage", torch_dtype)
     for module in ("torch", "torch.storage"):
         table[(module, "UntypedStorage")] = Token(module, "UntypedStorage", "storage", "uint8")
-    for token in _LAYOUTS.values():
+    for token in LAYOUTS.values():
         table[("torch", token.name)] = token
     for name in _QSCHEMES:
         table[("torch", name)] = Token("torch", name, "qscheme")
@@ -541,51 +359,3 @@ def _allowlist() -> dict[tuple[str, str], Any]:
 
 
 ALLOWLIST: dict[tuple[str, str], Any] = _allowlist()
-
-
-# ----------------------------------------------------------------------------- describing values
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """A bounded one-line description of any unpickled value (never expands shared structure)."""
-    text = _describe(value, 2)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _describe(value: Any, depth: int) -> str:
-    if type(value) is int:
-        return repr(value) if value.bit_length() <= 256 else f"<int of {value.bit_length():,} bits>"
-    if isinstance(value, (str, bytes, bytearray)):
-        return repr(value[:60]) + ("…" if len(value) > 60 else "")
-    if isinstance(value, (float, bool, complex, type(None))):
-        return repr(value)
-    if isinstance(value, (list, tuple, set, frozenset, dict)):
-        return _describe_container(value, depth)
-    if isinstance(value, TensorRef):  # its parts are file values too: described within the same depth
-        return f"<tensor {value.kind} size={_describe(value.size, max(depth - 1, 0))}>"
-    if isinstance(value, StorageRef):
-        parts = (value.key, value.dtype, value.view_numel)
-        return "<storage {} {} x{}>".format(*(_describe(v, 0) for v in parts))
-    if isinstance(value, (Function, Token, NumpyArray, NumpyDType, Namespace)):
-        return repr(value)
-    if isinstance(value, FrozenClass):
-        return value.allowlisted_as
-    return f"<{type(value).__name__}>"
-
-
-def _describe_container(value: Any, depth: int) -> str:
-    kind = type(value).__name__
-    if depth == 0 and value:
-        return f"<{kind} of {len(value):,}>"
-    items = list(islice(value.items() if isinstance(value, dict) else value, 4))  # never a copy of all
-    if isinstance(value, dict):
-        body = ", ".join(f"{_describe(k, depth - 1)}: {_describe(v, depth - 1)}" for k, v in items)
-    else:
-        body = ", ".join(_describe(v, depth - 1) for v in items)
-    body += ", …" if len(value) > 4 else ""
-    if isinstance(value, dict):
-        return "{" + body + "}"
-    if isinstance(value, list):
-        return "[" + body + "]"
-    if isinstance(value, tuple):
-        return "(" + body + ("," if len(value) == 1 else "") + ")"
-    return f"{kind}({{{body}}})"

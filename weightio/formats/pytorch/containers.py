@@ -15,8 +15,9 @@ from ...limits import current as current_limits
 from .. import _zip
 from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
-from .allowlist import StorageRef, TensorRef, Token, short_repr
+from .inert import Token
 from .opcodes import OPCODE_NAMES, PROTO
+from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import itemsize
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "open_container", "pickles"]

@@ -19,7 +19,8 @@ from typing import Any
 from ...errors import CorruptFileError, FormatError
 from ...limits import DEFAULTS, exceeded
 from ...limits import hint as limits_hint
-from .allowlist import Namespace, NumpyArray, StorageRef, TensorRef, short_repr
+from .allowlist import Namespace, NumpyArray
+from .refs import StorageRef, TensorRef, short_repr
 
 __all__ = ["flatten", "is_tensor", "plain_value"]
 

@@ -72,9 +72,11 @@ from ...limits import exceeded
 from ...text import dims, number
 from .. import _zip
 from ..base import MAX_NDIM, Reader, TensorInfo
-from .allowlist import NumpyArray, StorageRef, TensorRef, Token, short_repr
+from .allowlist import NumpyArray
 from .containers import Container, Span, open_container
 from .flatten import flatten
+from .inert import Token
+from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, QUANTIZED_DTYPES, itemsize
 
 __all__ = ["PyTorchReader"]
