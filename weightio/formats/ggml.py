@@ -202,7 +202,10 @@ class GGMLReader(Reader):
         if vocab_count:
             n_vocab = self._u32(pos, "the vocabulary size")
             pos += 4
-        self.metadata["ggml.tokens"], pos = self._read_vocab(pos, n_vocab, scored=self.magic != "ggml")
+        scored = self.magic != "ggml"
+        self.metadata["ggml.tokens"], scores, pos = self._read_vocab(pos, n_vocab, scored=scored)
+        if scored:
+            self.metadata["ggml.scores"] = scores
         self._read_tensors(pos)
 
     def _read_tensors(self, pos: int) -> None:
@@ -262,7 +265,7 @@ class GGMLReader(Reader):
         n_vocab = self.file.unpack(_I32, pos, "whisper's vocabulary size")[0]
         if n_vocab < 0:
             raise self._fail(f"whisper's vocabulary size at offset {pos} is negative ({n_vocab})")
-        self.metadata["whisper.tokens"], pos = self._read_vocab(pos + 4, n_vocab, scored=False)
+        self.metadata["whisper.tokens"], _, pos = self._read_vocab(pos + 4, n_vocab, scored=False)
         self._read_tensors(pos)
 
     def _read_filters(self, pos: int) -> int:
@@ -302,9 +305,9 @@ class GGMLReader(Reader):
             return era
         return self.version if self.magic == "ggjt" else 1
 
-    def _read_vocab(self, pos: int, n_vocab: int, *, scored: bool) -> tuple[GGUFArray, int]:
+    def _read_vocab(self, pos: int, n_vocab: int, *, scored: bool) -> tuple[GGUFArray, GGUFArray | None, int]:
         """`n_vocab` length-prefixed tokens (each followed by an f32 score when `scored`): the lazy
-        token array (and ``ggml.scores``), and the position after them."""
+        token array, the scores (None unless `scored`), and the position after them."""
         entry = 8 if scored else 4
         if n_vocab * entry > self.file.size - pos:
             raise self._fail(f"a vocabulary of {n_vocab} entries cannot fit in the {self.file.size - pos} bytes left")
@@ -324,9 +327,8 @@ class GGMLReader(Reader):
             raise self._fail("the vocabulary runs past the end of the file")
         if pos > limit:
             raise exceeded("the header length (through the vocabulary)", pos, "header_bytes", limit, path=self.path)
-        if scored:
-            self.metadata["ggml.scores"] = self._scores(starts, pos)
-        return GGUFArray.strings(self.file, starts, pos - (entry - 4), gap), pos
+        scores = self._scores(starts, pos) if scored else None
+        return GGUFArray.strings(self.file, starts, pos - (entry - 4), gap), scores, pos
 
     def _scores(self, starts: array, end: int) -> GGUFArray:
         """Each score sits just before the next token's length prefix (the last one at the end)."""
