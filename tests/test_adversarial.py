@@ -460,8 +460,8 @@ GGML = [
     _c("ggml", "cut inside a tensor header", lambda m: ggml_file(GGJT, [(ggml_tensor(b"t", (4,))[:7], b"")],
                                                                aligned=False),
        CorruptFileError, "file ends inside a tensor header (needs 12 bytes at offset 36, file has 43)"),
-    _c("ggml", "'lmgg' magic on a GGUF body", lambda m: b"lmgg" + GG_ONE[4:], CorruptFileError,
-       "the vocabulary runs past the end of the file"),
+    _c("ggml", "'lmgg' magic on a GGUF body", lambda m: b"lmgg" + GG_ONE[4:], FormatError,
+       "in a layout weightio does not know: as llama.cpp's layout, the vocabulary runs past the end of the file"),
 ]
 
 PYTORCH = [

@@ -293,6 +293,14 @@ def _carried_metadata(metadata: Mapping[str, Any], source: str, fmt: str, notes:
     return _escape_surrogates(carried, fmt, notes)
 
 
+def _whisper_arrays(metadata: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+    """A whisper.cpp model's mel filters and vocabulary, for a GGUF output: arrays (FLOAT32, and
+    STRING with each token's bytes as stored), which GGUF holds though they are not scalars."""
+    if fmt != "gguf" or metadata.get("ggml.layout") != "whisper":
+        return {}
+    return {k: metadata[k] for k in ("whisper.mel_filters", "whisper.tokens") if k in metadata}
+
+
 # Lone surrogates: U+DC80-U+DCFF stand for undecodable bytes (GGUF strings are read with
 # surrogateescape), the others for nothing at all (a pickle may hold any str).
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -406,7 +414,9 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
                      f"({layout.fmt} has no aliases)")
     views = {n: ckpt[n] for n in names if n not in aliases}
     sources = {n: _plan_tensor(view, layout.fmt, cast, dequantize) for n, view in views.items()}
-    metadata = _carried_metadata(ckpt.metadata, ckpt.format, layout.fmt, notes)
+    arrays = _whisper_arrays(ckpt.metadata, layout.fmt)
+    metadata = _carried_metadata({k: v for k, v in ckpt.metadata.items() if k not in arrays}, ckpt.format,
+                                 layout.fmt, notes) | arrays
     sizes = {n: src.nbytes for n, src in sources.items()}
     shards = [list(sources)] if limit is None else plan_shards(sizes, limit)
     if layout.fmt == "npy" and len(sources) != 1:

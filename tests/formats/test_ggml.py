@@ -139,6 +139,72 @@ HOSTILE = [
 ]
 
 
+
+def _whisper_head(n_mels: int = 2, ftype: int = 0) -> bytes:
+    """'lmgg' and whisper.cpp's 11 int32 hparams (n_vocab 6, widths 32, n_mels, ftype)."""
+    return b"lmgg" + struct.pack("<11i", 6, 2, 32, 1, 1, 2, 32, 1, 1, n_mels, ftype)
+
+
+def _filters(n_mel: int = 2, n_fft: int = 3, values: int | None = None) -> bytes:
+    return struct.pack("<ii", n_mel, n_fft) + bytes(4 * (n_mel * n_fft if values is None else values))
+
+
+W_VOCAB = struct.pack("<i", 1) + struct.pack("<I", 1) + b"a"
+WHISPER = _whisper_head() + _filters() + W_VOCAB  # 89 bytes: the tensor records start here
+WHISPER_Q2 = _whisper_head(ftype=2007) + _filters() + W_VOCAB
+
+# whisper.cpp's layout behind the same 'lmgg' magic (the module docstring of weightio.formats.ggml)
+HOSTILE += [
+    ("whisper: n_mel x n_fft of (2^31-1)^2", _whisper_head(2**31 - 1) + struct.pack("<ii", 2**31 - 1, 2**31 - 1),
+     CorruptFileError, "mel filters of 2147483647 x 2147483647 float32 (18446744056529682436 bytes from offset 56) "
+     "run past the end of the file (56 bytes)"),
+    ("whisper: negative n_fft", _whisper_head() + _filters(2, -1, 0) + W_VOCAB, CorruptFileError,
+     "the mel filters at offset 48 have a negative size (n_mel 2, n_fft -1)"),
+    ("whisper: truncated mel table", _whisper_head() + _filters(2, 3, 2), CorruptFileError,
+     "mel filters of 2 x 3 float32 (24 bytes from offset 56) run past the end of the file (64 bytes)"),
+    ("whisper: no vocabulary count", _whisper_head() + _filters(), CorruptFileError,
+     "file ends inside whisper's vocabulary size (needs 4 bytes at offset 80, file has 80)"),
+    ("whisper: vocabulary count 2^31-1", _whisper_head() + _filters() + struct.pack("<i", 2**31 - 1),
+     CorruptFileError, "a vocabulary of 2147483647 entries cannot fit in the 0 bytes left"),
+    ("whisper: negative vocabulary count", _whisper_head() + _filters() + struct.pack("<i", -1), CorruptFileError,
+     "whisper's vocabulary size at offset 80 is negative (-1)"),
+    ("whisper: token past the end", _whisper_head() + _filters() + struct.pack("<iI", 1, 1000) + b"ab",
+     CorruptFileError, "the vocabulary runs past the end of the file"),
+    ("whisper: 5 dims", WHISPER + _tensor(b"t", (1, 1, 1, 1, 1), 0) + bytes(4), CorruptFileError,
+     "a tensor at offset 89 has 5 dimensions (0 to 4 allowed)"),
+    ("whisper: n_dims -1", WHISPER + struct.pack("<iii", -1, 1, 0) + b"t", CorruptFileError,
+     "has 4294967295 dimensions (0 to 4 allowed)"),
+    ("whisper: name length -1", WHISPER + struct.pack("<iiii", 1, -1, 0, 1) + bytes(4), CorruptFileError,
+     "a tensor name needs bytes 105..4294967400 but the file has 109"),
+    ("whisper: 70 kB name", WHISPER + _tensor(b"n" * 70_000, (1,), 0) + bytes(4), CorruptFileError,
+     "70000 exceeds the 65535-byte limit (limits.name_bytes"),
+    ("whisper: 0-d quantized tensor", WHISPER_Q2 + _tensor(b"t", (), 8) + bytes(34), CorruptFileError,
+     "tensor 't': rows of 1 elements are not whole Q8_0 blocks of 32"),
+    ("whisper: overflowing dims", WHISPER + _tensor(b"t", (2**32 - 1,) * 4, 0), CorruptFileError,
+     "tensor 't': dimensions [4294967295, 4294967295, 4294967295, 4294967295] overflow a 64-bit element count"),
+    ("whisper: data past the end", WHISPER + _tensor(b"t", (8,), 0) + bytes(16), CorruptFileError,
+     "tensor 't': data at 106..138 runs past the end of the file (122 bytes)"),
+    ("whisper: duplicate name", WHISPER + (_tensor(b"t", (1,), 0) + bytes(4)) * 2, CorruptFileError,
+     "tensor 't': tensor name appears twice"),
+    ("whisper: unknown type", WHISPER_Q2 + _tensor(b"t", (4,), 77) + bytes(16), UnsupportedDTypeError,
+     "tensor 't': ggml type 77 is unknown in whisper.cpp (quantization version 2) files"),
+    ("whisper: K-quant at quantization version 0", WHISPER + _tensor(b"t", (256,), 12) + bytes(144),
+     UnsupportedDTypeError, "ggml type 12 is unknown in whisper.cpp (quantization version 0) files"),
+    ("whisper: quantization version 3", _whisper_head(ftype=3002) + _filters() + W_VOCAB, FormatError,
+     "whisper hparam ftype 3002 names quantization version 3; weightio knows versions 0, 1, 2"),
+    ("whisper: negative ftype", _whisper_head(ftype=-1) + _filters() + W_VOCAB, CorruptFileError,
+     "whisper hparam ftype is negative (-1)"),
+    ("whisper: header cut in the hparams", _whisper_head()[:40], FormatError,
+     "as whisper.cpp's, file ends inside whisper's 11 hparams (needs 44 bytes at offset 4, file has 40)"),
+    # parses as neither, and its filter bank is not n_mels rows: it does not claim to be whisper's
+    ("cut whisper-like file, filters not n_mels rows", _whisper_head() + _filters(3, 3, 4), FormatError,
+     "in a layout weightio does not know: as llama.cpp's layout, the vocabulary runs past the end of the file; as "
+     "whisper.cpp's, mel filters of 3 x 3 float32 (36 bytes from offset 56) run past the end of the file (72 bytes)"),
+    ("ggml examples' layout (gpt-2)", (GGML / "gpt2.bin").read_bytes(), FormatError,
+     "weightio reads llama.cpp's and whisper.cpp's layouts by themselves; the ggml examples' layout"),
+]
+
+
 @pytest.mark.parametrize("content,error,message", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
 def test_hostile_legacy_files(write, content, error, message):
     path = write("hostile.bin", content)

@@ -109,7 +109,8 @@ class Harness(NamedTuple):
 
 
 def _ggml(file: MappedFile) -> Any:
-    """llama layout first; the ggml examples' layout (gpt-2) when the file is not that."""
+    """The reader's own choice for 'ggml' files (llama.cpp's layout, then whisper.cpp's); the ggml
+    examples' layout (gpt-2) when the file is neither."""
     try:
         return weightio.formats.ggml.GGMLReader(file)
     except WeightioError:

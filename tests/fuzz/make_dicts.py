@@ -83,8 +83,13 @@ GGML_TYPE_IDS = [u32(i) for i in (*range(13), 14, 15, 16, 20, 23, 24, 29, 30, 31
 GGUF = [b"GGUF", b"FUGG", u32(1), u32(2), u32(3), u32(3 << 24), b"general.alignment", b"general.architecture",
         b"split.count", b"split.no", b"tokenizer.ggml.tokens", u64(17) + b"general.alignment", u64(5) + b"split",
         u32(9) + u32(8), u32(9) + u32(9), u32(9) + u32(4), b"\xff" * 4] + GGML_TYPE_IDS + NUMBERS
+# whisper.cpp: n_mels / n_mel (80, 128), n_fft 201, vocabulary sizes, ftype with quantization version 2,
+# int32 -1 counts, and its tensor names
+WHISPER = [u32(80), u32(128), u32(201), u32(51864), u32(51865), u32(50257), u32(1500), u32(448), u32(2002),
+           u32(2007), u32(1008), u32(3002), b"encoder.conv1.bias", b"decoder.token_embedding.weight",
+           b"encoder.positional_embedding", b"<|endoftext|>"]
 GGML = [b"lmgg", b"fmgg", b"tjgg", u32(1), u32(2), u32(3), u32(4), u32(1000), u32(2000), u32(32), u32(256),
-        b"\x00\x00\x80\x3f"] + GGML_TYPE_IDS + NUMBERS
+        b"\x00\x00\x80\x3f"] + GGML_TYPE_IDS + NUMBERS + WHISPER
 
 # Names that writers must refuse or escape, and text a terminal acts on (the cli_convert harness).
 HOSTILE_TEXT = [b"../", b"/", b"..", b"\x1b[", b"\x1b]0;", b"\x07", b"\xc2\x9b", b"\xe2\x80\xae", b"\xed\xa0\x80",

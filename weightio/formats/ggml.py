@@ -1,6 +1,7 @@
-"""Legacy llama.cpp files from before GGUF: ``ggml`` (unversioned), ``ggmf`` v1, ``ggjt`` v1-v3.
+"""Files of the ggml era, before GGUF: llama.cpp's ``ggml`` (unversioned), ``ggmf`` v1 and ``ggjt``
+v1-v3, whisper.cpp's models (``ggml-base.en.bin`` …) and the ggml repository's examples.
 
-The layout (llama.cpp ``llama.cpp``/``llama.h`` up to commit 468ea24, August 2023; candle
+llama.cpp's layout (``llama.cpp``/``llama.h`` up to commit 468ea24, August 2023; candle
 ``quantized/ggml_file.rs``), all little-endian::
 
     u32      magic           'ggml' 0x67676d6c, 'ggmf' 0x67676d66 or 'ggjt' 0x67676a74
@@ -20,35 +21,73 @@ The layout (llama.cpp ``llama.cpp``/``llama.h`` up to commit 468ea24, August 202
       padding  ggjt only: zeros to the next multiple of 32 (absolute file offset)
       data     the tensor's bytes
 
+whisper.cpp's layout (its loader ``whisper_model_load`` in ``src/whisper.cpp`` is the spec; its
+converters ``models/convert-pt-to-ggml.py`` and ``convert-h5-to-ggml.py`` and its
+``whisper-quantize`` write it), all little-endian, no alignment anywhere::
+
+    u32      magic           'ggml' (bytes "lmgg"), no version
+    i32[11]  hparams         n_vocab, n_audio_ctx, n_audio_state, n_audio_head, n_audio_layer,
+                             n_text_ctx, n_text_state, n_text_head, n_text_layer, n_mels, ftype
+                             (ftype = file type + 1000 * quantization version)
+    i32      n_mel           mel filter bank: rows (the converters write n_mels)
+    i32      n_fft           columns (201 for whisper's 400-point FFT)
+    f32[n_mel * n_fft]       the filters, row-major (openai/whisper's ``mel_filters.npz``)
+    i32      n_vocab         tokens stored (fewer than hparams' n_vocab: whisper.cpp names the
+                             special tokens itself)
+    vocab[n_vocab]:          u32 len, u8[len] bytes (byte-level BPE: not always whole UTF-8)
+    tensors, until the end of the file: as llama.cpp's, but n_dims may be 0 (0..4)
+
+The ggml repository's examples (gpt-2, gpt-j, …) write the 'ggml' magic, model-specific int32
+hparams, an int32 vocabulary count, the vocabulary without scores and whisper's tensor records;
+their ``ftype`` carries the quantization version as whisper's does.
+
+**Telling the 'ggml' layouts apart.** Nothing in the file names its program, so `GGMLReader(path)`
+decides by structure, always in this order: (1) llama.cpp's layout, as before whisper support; (2)
+whisper.cpp's. A layout is accepted only when its whole structure parses, tensor records included,
+exactly to the end of the file. When neither does, the file is judged by what its first bytes
+claim: whisper.cpp's when its filter bank has as many rows as the hparams' ``n_mels`` (``i32`` at
+offset 48 equals the one at 40, and is positive); else llama.cpp's when the file ends inside
+llama's 28 bytes of hparams, or they are llama's (ftype 0-18, n_head > 0, n_rot * n_head = n_embd);
+the claimed layout's own error is raised (`CorruptFileError` naming what is wrong, or
+`UnsupportedDTypeError`). A file that claims neither raises `FormatError`, naming the magic, what
+stopped each layout, and how to read the ggml examples' layout, which cannot be recognised (its
+hparams are the model's): ``GGMLReader(path, hparams=("n_vocab", "n_ctx", "n_embd", "n_head",
+"n_layer", "ftype"), vocab_count=True)``. 'ggmf' and 'ggjt' files are llama.cpp's alone.
+
 Block layouts changed twice while these files were written, and the type ids did not:
 
-| era | files | Q4_0 / Q4_1 | Q5_0 / Q5_1 | Q8_0 |
+| era | files (qnt: quantization version) | Q4_0 / Q4_1 | Q5_0 / Q5_1 | Q8_0 |
 |---|---|---|---|---|
-| 1 (to May 2023) | ggml, ggmf, ggjt v1 | f32 scales, interleaved nibbles (20 / 24 B) | interleaved | f32 (36 B) |
-| 2 (llama.cpp #1405) | ggjt v2 | f32 scales, split nibbles (20 / 24 B) | as today | f32 scale (36 B) |
-| 3 (llama.cpp #1508) | ggjt v3 | as today (GGUF) | as today | as today |
+| 1 (to May 2023) | ggml, ggmf, ggjt v1; qnt 0 | f32 scales, interleaved nibbles (20 / 24 B) | interleaved | f32 36 B |
+| 2 (llama.cpp #1405) | ggjt v2; qnt 1 | f32 scales, split nibbles (20 / 24 B) | as today | f32 36 B |
+| 3 (llama.cpp #1508) | ggjt v3; qnt 2 | as today (GGUF) | as today | as today |
 
-This reader reads every tensor of a ggjt v3 file (K-quants included: they appeared in June 2023,
-with today's layouts), F32 and F16 tensors of every version, and ggjt v2's Q5_0/Q5_1. Other
-quantized tensors of older files are listed with their type, and reading them raises
-`UnsupportedDTypeError` naming the change that made their layout obsolete (llama.cpp itself
-stopped loading them). Q4_2 and Q4_3 (removed in spring 2023) are refused the same way.
+whisper.cpp and the examples fold the quantization version (ggml's ``GGML_QNT_VERSION``, 2 since
+May 2023) into ``ftype``: ``ftype // 1000`` (``GGML_QNT_VERSION_FACTOR``) is 0, 1 or 2, era 1, 2
+or 3; F32/F16-only files write a bare ftype of 0 or 1. This reader reads every tensor of era 3
+(K-quants included: they appeared in June 2023, with today's layouts), F32 and F16 tensors of
+every era, and era 2's Q5_0/Q5_1. Other quantized tensors of older files are listed with their
+type, and reading them raises `UnsupportedDTypeError` naming the change that made their layout
+obsolete (llama.cpp and whisper.cpp themselves stopped loading them). Q4_2 and Q4_3 (removed in
+spring 2023) are refused the same way.
 
-Metadata: ``ggml.magic`` (``"ggml"``, ``"ggmf"``, ``"ggjt"``), ``ggml.version``, one
-``ggml.<hparam>`` per hyperparameter, ``ggml.tokens`` (a lazily decoded string array, see
-`weightio.formats.gguf.GGUFArray`) and, for ggmf/ggjt, ``ggml.scores``.
-
-The same 'ggml' magic also starts the example models of the ggml repository (gpt-2, gpt-j, …),
-whose hyperparameters are model-specific int32s followed by an int32 vocabulary count and no
-scores; ``GGMLReader(path, hparams=("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer", "ftype"),
-vocab_count=True)`` reads them (their ``ftype`` carries the era: ``ftype // 1000`` is 0, 1 or 2).
+Metadata of llama.cpp files: ``ggml.magic`` (``"ggml"``, ``"ggmf"``, ``"ggjt"``), ``ggml.version``,
+one ``ggml.<hparam>`` per hyperparameter, ``ggml.tokens`` (a lazily decoded string array, see
+`weightio.formats.gguf.GGUFArray`) and, for ggmf/ggjt, ``ggml.scores``. Of whisper.cpp files:
+``ggml.magic``, ``ggml.version`` (0), ``ggml.layout`` (``"whisper"``), ``whisper.<hparam>`` for the
+first ten hparams, ``whisper.ftype`` (``ftype % 1000``, as whisper.cpp uses it) and
+``whisper.qnt_version`` (``ftype // 1000``), ``whisper.n_mel``, ``whisper.n_fft``,
+``whisper.mel_filters`` (a FLOAT32 `GGUFArray` of ``n_mel * n_fft`` values: a view of the file,
+read when used, never copied at open; ``.numpy().reshape(n_mel, n_fft)``) and ``whisper.tokens``
+(lazily decoded like ``ggml.tokens``; ``raw_strings()`` gives each token's bytes).
 
 Rules enforced here (`CorruptFileError`): every length and count is checked against the bytes
-left before it is used; `weightio.limits` bound the header (hparams and vocabulary:
-``header_bytes``), the tensor count and the name length; names are UTF-8, non-empty and
-unique; 1 to 4 dims whose non-zero ones multiply to less than 2^60 (numpy's limit, empty
-tensors included); rows are whole blocks; data ends inside the file. A type id whose size is
-unknown stops the walk with `UnsupportedDTypeError`, since nothing after it can be located.
+left before it is used (negative whisper counts included); `weightio.limits` bound the header
+(hparams, filters and vocabulary: ``header_bytes``), the tensor count and the name length; names
+are UTF-8, non-empty and unique; 1 to 4 dims (whisper: 0 to 4) whose non-zero ones multiply to
+less than 2^60 (numpy's limit, empty tensors included); rows are whole blocks; data ends inside
+the file. A type id whose size is unknown stops the walk with `UnsupportedDTypeError`, since
+nothing after it can be located.
 """
 
 from __future__ import annotations
@@ -61,21 +100,32 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
+from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
 from .gguf import MAX_ELEMENTS, GGUFArray, GGUFValueType
 
-__all__ = ["GGMLReader", "LLAMA_HPARAMS"]
+__all__ = ["GGMLReader", "LLAMA_HPARAMS", "WHISPER_HPARAMS"]
 
 _MAGICS = {b"lmgg": "ggml", b"fmgg": "ggmf", b"tjgg": "ggjt"}
 _VERSIONS = {"ggmf": (1,), "ggjt": (1, 2, 3)}
 LLAMA_HPARAMS = ("n_vocab", "n_embd", "n_mult", "n_head", "n_layer", "n_rot", "ftype")
+WHISPER_HPARAMS = ("n_vocab", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer", "n_text_ctx",
+                   "n_text_state", "n_text_head", "n_text_layer", "n_mels", "ftype")
+_EXAMPLES_HINT = ("the ggml examples' layout (gpt-2, gpt-j, …: the model's own hparams) is read with "
+                  "weightio.formats.ggml.GGMLReader(path, hparams=(\"n_vocab\", \"n_ctx\", \"n_embd\", \"n_head\", "
+                  "\"n_layer\", \"ftype\"), vocab_count=True), naming that model's hparams")
 _ALIGN = 32  # ggjt tensor data alignment
 _MAX_DIMS = 4
 _U32 = struct.Struct("<I")
 _TENSOR_HEAD = struct.Struct("<III")  # n_dims, name_len, ggml_type
+_WHISPER_HEAD = struct.Struct("<11i")  # WHISPER_HPARAMS
+_I32 = struct.Struct("<i")
+_FILTERS = struct.Struct("<ii")  # n_mel, n_fft
+_QNT_FACTOR = 1000  # ggml's GGML_QNT_VERSION_FACTOR: ftype = file type + 1000 * quantization version
+_QNT_VERSIONS = (0, 1, 2)  # ggml's GGML_QNT_VERSION has been 2 since May 2023
+_LLAMA_FTYPES = range(19)  # llama_ftype 0 (ALL_F32) .. 18 (MOSTLY_Q6_K)
 
 # Sizes of the block types whose layout changed, per era (block elements, bytes); other ids
 # keep the GGUF-era sizes of weightio.quant.types.
@@ -93,29 +143,38 @@ _OLD_LAYOUT = {  # (era, type id) -> what changed since, for the error message
     (2, 3): "float32 scales (llama.cpp #1508 made them f16 in ggjt v3)",
     (2, 8): "a float32 scale (llama.cpp #1508 made it f16 in ggjt v3)",
 }
+_LLAMA_FIX = ("weightio reads quantized legacy tensors in today's layouts only (ggjt v3, and ggjt v2 Q5_0/Q5_1): "
+              "re-convert the model to GGUF with a current llama.cpp")
+_WHISPER_FIX = ("weightio reads quantized whisper.cpp tensors in today's layouts only (quantization version 2, and "
+                "version 1's Q5_0/Q5_1): quantize the F16 model again with a current whisper.cpp (whisper-quantize)")
 _ERA_TYPES = {1: (0, 1, 2, 3, 4, 5, 6, 7, 8), 2: (0, 1, 2, 3, 6, 7, 8)}  # ids files of that era can hold
 
 
 class GGMLReader(Reader):
-    """A validated legacy ggml/ggmf/ggjt file. See the module docstring.
+    """A validated file of the ggml era. See the module docstring.
 
     Args:
         path: the file.
-        hparams: names of the int32 hyperparameters after the magic (default: llama's seven).
+        hparams: names of the int32 hyperparameters after the magic, for the ggml examples'
+            layout. Default: llama.cpp's seven, and for an unversioned 'ggml' file whichever of
+            llama.cpp's and whisper.cpp's layouts it is (the module docstring says how).
         vocab_count: whether an int32 vocabulary size precedes the vocabulary (ggml examples).
 
     Attributes:
         magic: ``"ggml"``, ``"ggmf"`` or ``"ggjt"``.
         version: the file version (0 for unversioned 'ggml').
+        layout: ``"llama"``, ``"whisper"`` or ``"examples"``: whose layout the file has.
         era: 1, 2 or 3: which block layouts the file's quantized tensors use.
     """
 
     format = "ggml"
 
-    def __init__(self, path: Any, *, hparams: Sequence[str] = LLAMA_HPARAMS, vocab_count: bool = False) -> None:
+    def __init__(self, path: Any, *, hparams: Sequence[str] | None = None, vocab_count: bool = False) -> None:
         super().__init__(path)
         self._old: dict[str, str] = {}
-        self._validate(self._read, tuple(hparams), vocab_count)
+        self._min_dims = 1
+        self.layout = "examples" if vocab_count else "llama"
+        self._validate(self._read, None if hparams is None else tuple(hparams), vocab_count)
 
     def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.path, tensor=tensor)
@@ -123,8 +182,15 @@ class GGMLReader(Reader):
     def _u32(self, pos: int, what: str) -> int:
         return self.file.unpack(_U32, pos, what)[0]
 
-    def _read(self, hparams: tuple[str, ...], vocab_count: bool) -> None:
+    def _read(self, hparams: tuple[str, ...] | None, vocab_count: bool) -> None:
         pos = self._read_magic()
+        if hparams is None and not vocab_count and self.magic == "ggml":
+            self._read_unversioned(pos)
+        else:
+            self._read_llama(pos, hparams or LLAMA_HPARAMS, vocab_count)
+
+    def _read_llama(self, pos: int, hparams: tuple[str, ...], vocab_count: bool) -> None:
+        """llama.cpp's layout (and the ggml examples' with `vocab_count`), from the first hparam."""
         values = []
         for name in hparams:
             values.append(self._u32(pos, f"hparam {name}"))
@@ -136,12 +202,86 @@ class GGMLReader(Reader):
         if vocab_count:
             n_vocab = self._u32(pos, "the vocabulary size")
             pos += 4
-        pos = self._read_vocab(pos, n_vocab)
+        scored = self.magic != "ggml"
+        self.metadata["ggml.tokens"], scores, pos = self._read_vocab(pos, n_vocab, scored=scored)
+        if scored:
+            self.metadata["ggml.scores"] = scores
+        self._read_tensors(pos)
+
+    def _read_tensors(self, pos: int) -> None:
         while pos < self.file.size:
             if len(self.tensors) >= self.limits.tensors:  # the format has no count: stop at the limit
                 raise exceeded("tensor count", len(self.tensors) + 1, "tensors", self.limits.tensors,
                                path=self.path, unit="")
             pos = self._read_tensor(pos)
+
+    def _read_unversioned(self, pos: int) -> None:
+        """llama.cpp's layout, else whisper.cpp's; else the error of the layout the file claims."""
+        failed: dict[str, WeightioError] = {}
+        for layout, parse in (("llama", self._read_llama), ("whisper", self._read_whisper)):
+            self.layout = layout
+            try:
+                parse(pos, LLAMA_HPARAMS, False) if layout == "llama" else parse(pos)
+                return
+            except WeightioError as e:
+                failed[layout] = e
+                self.metadata.clear(), self.tensors.clear(), self._old.clear()
+        claimed = self._claimed_layout()
+        if claimed is not None:
+            raise failed[claimed]
+        raise FormatError(
+            "an unversioned 'ggml' file (magic 0x67676d6c, bytes 'lmgg') in a layout weightio does not know: "
+            f"as llama.cpp's layout, {_reason(failed['llama'])}; as whisper.cpp's, {_reason(failed['whisper'])}. "
+            f"weightio reads llama.cpp's and whisper.cpp's layouts by themselves; {_EXAMPLES_HINT}", path=self.path)
+
+    def _claimed_layout(self) -> str | None:
+        """The layout a file that none parses claims by its first bytes (module docstring)."""
+        size, data = self.file.size, self.file.data
+        if size >= 56:
+            n_mels, _, n_mel = struct.unpack_from("<3i", data, 40)
+            if n_mel == n_mels > 0:
+                return "whisper"
+        if size < 32:
+            return "llama"  # it ends inside llama's hparams: truncated before any layout can be told
+        _, n_embd, _, n_head, _, n_rot, ftype = struct.unpack_from("<7I", data, 4)
+        return "llama" if ftype in _LLAMA_FTYPES and n_head and n_rot * n_head == n_embd else None
+
+    def _read_whisper(self, pos: int) -> None:
+        """whisper.cpp's layout, from the first hparam (module docstring)."""
+        values = dict(zip(WHISPER_HPARAMS, self.file.unpack(_WHISPER_HEAD, pos, "whisper's 11 hparams"), strict=True))
+        pos += _WHISPER_HEAD.size
+        ftype = values.pop("ftype")
+        if ftype < 0:
+            raise self._fail(f"whisper hparam ftype is negative ({ftype})")
+        qnt = ftype // _QNT_FACTOR
+        if qnt not in _QNT_VERSIONS:
+            raise FormatError(f"whisper hparam ftype {ftype} names quantization version {qnt}; weightio knows "
+                              f"versions {', '.join(map(str, _QNT_VERSIONS))} (a newer whisper.cpp?)", path=self.path)
+        self.era, self._min_dims = qnt + 1, 0
+        self.metadata.update({"ggml.magic": self.magic, "ggml.version": self.version, "ggml.layout": "whisper"})
+        self.metadata.update({f"whisper.{k}": v for k, v in values.items()})
+        self.metadata.update({"whisper.ftype": ftype % _QNT_FACTOR, "whisper.qnt_version": qnt})
+        pos = self._read_filters(pos)
+        n_vocab = self.file.unpack(_I32, pos, "whisper's vocabulary size")[0]
+        if n_vocab < 0:
+            raise self._fail(f"whisper's vocabulary size at offset {pos} is negative ({n_vocab})")
+        self.metadata["whisper.tokens"], _, pos = self._read_vocab(pos + 4, n_vocab, scored=False)
+        self._read_tensors(pos)
+
+    def _read_filters(self, pos: int) -> int:
+        """The mel filter bank: a lazily read FLOAT32 array over the file (nothing copied)."""
+        n_mel, n_fft = self.file.unpack(_FILTERS, pos, "the mel filters' n_mel and n_fft")
+        if n_mel < 0 or n_fft < 0:
+            raise self._fail(f"the mel filters at offset {pos} have a negative size (n_mel {n_mel}, n_fft {n_fft})")
+        pos += _FILTERS.size
+        nbytes = 4 * n_mel * n_fft
+        if nbytes > self.file.size - pos:
+            raise self._fail(f"mel filters of {n_mel} x {n_fft} float32 ({nbytes} bytes from offset {pos}) run past "
+                             f"the end of the file ({self.file.size} bytes)")
+        self.metadata.update({"whisper.n_mel": n_mel, "whisper.n_fft": n_fft})
+        self.metadata["whisper.mel_filters"] = GGUFArray.numbers(GGUFValueType.FLOAT32, self.file, n_mel * n_fft,
+                                                                 np.dtype("<f4"), pos)
+        return pos + nbytes
 
     def _read_magic(self) -> int:
         magic = self.file.read(0, min(4, self.file.size), "the magic")
@@ -159,14 +299,15 @@ class GGMLReader(Reader):
 
     def _era(self, hparams: dict[str, int], vocab_count: bool) -> int:
         if vocab_count:  # ggml examples: the quantization version is folded into ftype
-            era = hparams.get("ftype", 0) // 1000 + 1
+            era = hparams.get("ftype", 0) // _QNT_FACTOR + 1
             if era not in (1, 2, 3):
                 raise self._fail(f"ftype {hparams.get('ftype')} names quantization version {era - 1} (0-2 exist)")
             return era
         return self.version if self.magic == "ggjt" else 1
 
-    def _read_vocab(self, pos: int, n_vocab: int) -> int:
-        scored = self.magic != "ggml"
+    def _read_vocab(self, pos: int, n_vocab: int, *, scored: bool) -> tuple[GGUFArray, GGUFArray | None, int]:
+        """`n_vocab` length-prefixed tokens (each followed by an f32 score when `scored`): the lazy
+        token array, the scores (None unless `scored`), and the position after them."""
         entry = 8 if scored else 4
         if n_vocab * entry > self.file.size - pos:
             raise self._fail(f"a vocabulary of {n_vocab} entries cannot fit in the {self.file.size - pos} bytes left")
@@ -186,10 +327,8 @@ class GGMLReader(Reader):
             raise self._fail("the vocabulary runs past the end of the file")
         if pos > limit:
             raise exceeded("the header length (through the vocabulary)", pos, "header_bytes", limit, path=self.path)
-        self.metadata["ggml.tokens"] = GGUFArray.strings(self.file, starts, pos - (entry - 4), gap)
-        if scored:
-            self.metadata["ggml.scores"] = self._scores(starts, pos)
-        return pos
+        scores = self._scores(starts, pos) if scored else None
+        return GGUFArray.strings(self.file, starts, pos - (entry - 4), gap), scores, pos
 
     def _scores(self, starts: array, end: int) -> GGUFArray:
         """Each score sits just before the next token's length prefix (the last one at the end)."""
@@ -200,8 +339,9 @@ class GGMLReader(Reader):
     def _read_tensor(self, pos: int) -> int:
         n_dims, name_len, type_id = self.file.unpack(_TENSOR_HEAD, pos, "a tensor header")
         pos += _TENSOR_HEAD.size
-        if not 1 <= n_dims <= _MAX_DIMS:
-            raise self._fail(f"a tensor at offset {pos - 12} has {n_dims} dimensions (1 to {_MAX_DIMS} allowed)")
+        if not self._min_dims <= n_dims <= _MAX_DIMS:
+            raise self._fail(f"a tensor at offset {pos - 12} has {n_dims} dimensions "
+                             f"({self._min_dims} to {_MAX_DIMS} allowed)")
         ne = struct.unpack("<" + "I" * n_dims, self.file.read(pos, 4 * n_dims, "tensor dimensions"))
         pos += 4 * n_dims
         name = self._name(pos, name_len)
@@ -235,9 +375,10 @@ class GGMLReader(Reader):
         if math.prod(d for d in shape if d) >= MAX_ELEMENTS:
             raise self._fail(f"dimensions {list(shape[::-1])} overflow a 64-bit element count (numpy needs the "
                              "product of the non-zero dimensions below 2^60)", name)
-        if shape[-1] % t.block_size:
-            raise self._fail(f"rows of {shape[-1]} elements are not whole {t.name} blocks of {t.block_size}", name)
-        nbytes = math.prod(shape[:-1]) * t.row_bytes(shape[-1])
+        row = shape[-1] if shape else 1  # whisper's records may be 0-d: one element
+        if row % t.block_size:
+            raise self._fail(f"rows of {row} elements are not whole {t.name} blocks of {t.block_size}", name)
+        nbytes = math.prod(shape[:-1]) * t.row_bytes(row)
         if t.quantized:
             return TensorInfo(np.dtype("<f4"), shape, start, nbytes, None, t.name)
         return TensorInfo(t.dtype, shape, start, nbytes)
@@ -253,14 +394,16 @@ class GGMLReader(Reader):
         if old is None:
             return t
         if (self.era, type_id) in _OLD_LAYOUT:
-            self._old[name] = (f"{self._describe()} files store {t.name} blocks with {_OLD_LAYOUT[self.era, type_id]};"
-                               " weightio reads quantized legacy tensors in today's layouts only (ggjt v3, and "
-                               "ggjt v2 Q5_0/Q5_1): re-convert the model to GGUF with a current llama.cpp")
+            fix = _WHISPER_FIX if self.layout == "whisper" else _LLAMA_FIX
+            change = _OLD_LAYOUT[self.era, type_id]
+            self._old[name] = f"{self._describe()} files store {t.name} blocks with {change}; {fix}"
         elif t.removed is not None:
             self._old[name] = t.removed
         return GGMLType(t.id, t.name, old[0], old[1], None, t.removed)
 
     def _describe(self) -> str:
+        if self.layout == "whisper":
+            return f"whisper.cpp (quantization version {self.era - 1})"
         return self.magic if self.magic == "ggml" else f"{self.magic} v{self.version}"
 
     def buffer(self, name: str) -> np.ndarray:
@@ -268,3 +411,8 @@ class GGMLReader(Reader):
         if reason is not None:
             raise UnsupportedDTypeError(reason, path=self.path, tensor=name)
         return self.file.data
+
+
+def _reason(error: WeightioError) -> str:
+    """What stopped one layout, for the message that lists them all."""
+    return error.message if error.tensor is None else f"tensor {error.tensor!r}: {error.message}"
