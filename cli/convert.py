@@ -12,7 +12,7 @@ from weightio.convert import ConvertResult, convert, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.text import printable
 
-from ._format import human_bytes, plural
+from ._format import human_bytes, json_text, plural
 from ._options import common_options, echo, limit_options, progress_bar
 
 
@@ -55,8 +55,22 @@ def _report(result: ConvertResult) -> None:
              "metadata:")
         for removed, kept in sorted(result.aliases.items()):
             echo(f"    {printable(removed)} -> {printable(kept)}")
+    if result.copied:
+        names = ", ".join(printable(os.path.basename(f)) for f in result.copied[:6])
+        echo(f"  copied: {plural(len(result.copied), 'other file')} of the model directory ({names}"
+             f"{' …' if len(result.copied) > 6 else ''})")
+    for rel, why in result.skipped.items():
+        echo(f"  not copied: {printable(rel)} ({why})")
     for note in result.notes:
         echo(f"  note: {note}")
+
+
+def _json(result: ConvertResult) -> str:
+    """The ``--json`` document (schema ``weightio.convert/1``, documented in docs/convert.md)."""
+    return json_text({"schema": "weightio.convert/1", "format": result.format, "files": result.files,
+                      "tensors": result.tensors, "nbytes": result.nbytes, "verified": result.verified,
+                      "aliases": result.aliases, "copied": result.copied, "skipped": result.skipped,
+                      "notes": result.notes})
 
 
 @click.command("convert")
@@ -73,10 +87,14 @@ def _report(result: ConvertResult) -> None:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
 @click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
 @click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@click.option("--weights-only", is_flag=True,
+              help="From a model directory into a directory: do not copy its other files (config, tokenizer …).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.convert/1).")
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
-                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool) -> None:
+                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
+                    as_json: bool) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
     SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
@@ -86,6 +104,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     disk leave no partial DST, and SRC is never modified. Temporary files that a killed
     conversion left beside DST (``.*.weightio-tmp``) are removed first, when no running process
     holds them. Tied weights of PyTorch checkpoints are written once, with aliases in the metadata.
+    From a model directory (or hf:// repo) into a directory, the directory's other files (config,
+    tokenizer, generation config …) are copied beside the weights; weight files of other formats
+    are listed, not copied.
 
     \b
     Examples:
@@ -105,5 +126,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
             bar.update(advance)
 
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
-                         select=patterns or None, verify=verify, overwrite=force, progress=progress)
-    _report(result)
+                         select=patterns or None, verify=verify, overwrite=force, progress=progress,
+                         copy_files=not weights_only)
+    if as_json:
+        click.echo(_json(result))
+    else:
+        _report(result)

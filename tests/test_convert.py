@@ -183,7 +183,8 @@ def test_sharded_output_layout_and_index(tmp_path):
     out = tmp_path / "out"
     result = convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="30kB", verify=True)
     shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    assert sorted(p.name for p in out.iterdir()) == [*shards, "model.safetensors.index.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", *shards, "model.safetensors.index.json",
+                                                     "tokenizer.json", "tokenizer_config.json"]  # model_files
     assert result.files == [str(out / s) for s in shards] + [str(out / "model.safetensors.index.json")]
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["metadata"] == {"total_size": 79912}  # as huggingface_hub: "format" is in each shard
@@ -229,7 +230,8 @@ def test_overwrite_replaces_stale_shards_and_index(tmp_path):
     with pytest.raises(WriteError, match="model.safetensors.index.json: already exists and would shadow"):
         convert(FIXTURES / "tiny-bert", str(out) + "/")
     convert(FIXTURES / "tiny-bert", str(out) + "/", overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"]
     with wio.open(out) as ckpt:
         assert len(ckpt) == 39 and len(ckpt.files) == 1
 

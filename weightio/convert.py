@@ -53,11 +53,12 @@ import ml_dtypes
 import numpy as np
 
 from . import limits as _limits
+from . import model_files
 from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, parse_dtype
-from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
+from .errors import CorruptFileError, InputError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
 from .records import TensorSource
 from .view import TensorView
@@ -86,6 +87,10 @@ class ConvertResult:
         aliases: ``removed name -> kept name`` for tied weights written once.
         notes: things a person should know (metadata that could not be kept, copies of tied weights…).
         verified: True when every tensor was read back and compared.
+        copied: the files of the source directory copied beside the weights (config, tokenizer
+            …; see `weightio.model_files`), as destination paths.
+        skipped: ``source file -> why`` for files of the source directory not copied (weights
+            in another format, links to nothing), relative to the source directory.
     """
 
     files: list[str]
@@ -95,6 +100,8 @@ class ConvertResult:
     aliases: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verified: bool = False
+    copied: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def parse_size(text: str | int) -> int:
@@ -343,6 +350,7 @@ def convert(
     verify: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    copy_files: bool = True,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -359,6 +367,9 @@ def convert(
         verify: read every output tensor back and compare its bytes before committing.
         overwrite: replace existing outputs (atomically); by default they are refused.
         progress: called as ``progress(bytes_done_now, total_bytes)`` after each tensor.
+        copy_files: when `src` is a model directory (or an ``hf://`` folder) and `dst` a
+            directory, copy the directory's other files (config, tokenizer …) beside the
+            weights, as `weightio.model_files` says; other weight files are listed, not copied.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -377,6 +388,7 @@ def convert(
     src, dst = os.fspath(src), os.fspath(dst)
     if dst.startswith("hf://"):
         raise UsageError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
+    into_dir = copy_files and (os.path.isdir(dst) or dst.endswith(("/", os.sep)))
     layout = _layout(dst, format)
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
@@ -384,7 +396,8 @@ def convert(
     cast = target_dtype(dtype)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
-        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
+        extra = model_files.of_source(src, ckpt.files, os.path.dirname(layout.base)) if into_dir else None
+        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra)
     if stale:
         result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
                                + ", ".join(os.path.basename(p) for p in stale))
@@ -392,7 +405,8 @@ def convert(
 
 
 def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantize: bool, limit: int | None,
-             select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None) -> ConvertResult:
+             select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None,
+             extra: model_files.ModelFiles | None = None) -> ConvertResult:
     names = ckpt.select(*(select or ()))
     if not names:
         raise UsageError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
@@ -413,18 +427,25 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
         raise UsageError(f".npy holds one tensor and {len(sources)} are selected; select one (--filter NAME) "
                          "or write .npz / .safetensors", path=layout.base)
     total = sum(sizes.values()) * (2 if verify else 1)
-    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite)
+    copies = [] if extra is None else [(os.path.join(extra.root, *rel.split("/")),
+                                        os.path.join(os.path.dirname(layout.base), *rel.split("/")))
+                                       for rel in extra.files]
+    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies)
     files = writer.run(shards, metadata, aliases, verify)
-    return ConvertResult(files, layout.fmt, len(sources), sum(sizes.values()), aliases, notes, verify)
+    copied = [final for _, final in copies]
+    return ConvertResult([f for f in files if f not in copied], layout.fmt, len(sources), sum(sizes.values()),
+                         aliases, notes, verify, copied, dict(extra.skipped) if extra else {})
 
 
 class _Writer:
     """Writes the planned tensors as one file or a sharded set, staged then committed."""
 
     def __init__(self, ckpt: Checkpoint, layout: Outputs, views: dict[str, TensorView],
-                 sources: dict[str, TensorSource], meter: _Meter, overwrite: bool) -> None:
+                 sources: dict[str, TensorSource], meter: _Meter, overwrite: bool,
+                 copies: list[tuple[str, str]]) -> None:
         self.ckpt, self.layout, self.views, self.sources, self.meter = ckpt, layout, views, sources, meter
         self.staging = Staging(overwrite)
+        self.copies = copies  # (source file, destination) of the model directory's other files
 
     def run(self, shards: list[list[str]], metadata: dict[str, Any], aliases: dict[str, str],
             verify: bool) -> list[str]:
@@ -455,6 +476,7 @@ class _Writer:
             raise WriteError("already exists and would shadow the new file when the directory is opened; "
                              "pass overwrite=True (CLI: --force) to replace it", path=self.layout.index,
                              errno=errno.EEXIST)
+        check_outputs([final for _, final in self.copies], self.ckpt.files, self.staging.overwrite)
 
     def _write(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any],
                aliases: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -462,9 +484,12 @@ class _Writer:
         extra = {k: v for k, v in aliases.items() if k not in metadata}
         if len(shards) == 1:
             meta = {"format": "pt", **metadata, **extra} if fmt == "safetensors" else metadata
-            return [self._save(shards[0], outputs[0], meta or None)]
+            written = [self._save(shards[0], outputs[0], meta or None)]
+            self._copy_files()
+            return written
         written = [self._save(shard, final, {"format": "pt"})
                    for shard, final in zip(shards, outputs[:-1], strict=True)]
+        self._copy_files()  # staged before the index, which stays the commit point
         carried = {k: v for k, v in metadata.items() if k != "format"}  # "format" is per file, not the index's
         self._write_index(shards, outputs, {**carried, **extra})
         return written
@@ -485,6 +510,20 @@ class _Writer:
             raise
         self.staging.hold(staged)
         return staged, names
+
+    def _copy_files(self) -> None:
+        for source, final in self.copies:
+            self.staging.make_dirs(os.path.dirname(os.path.abspath(final)))
+            staged = self.staging.path_for(final)
+            try:
+                with open(source, "rb") as src, atomic_write(staged) as out:
+                    while chunk := src.read(1 << 20):
+                        write_all(out, chunk)
+            except OSError as e:
+                if isinstance(e, WeightioError):
+                    raise
+                raise InputError(f"cannot be copied: {e.strerror}", path=source, errno=e.errno) from None
+            self.staging.hold(staged)
 
     def _write_index(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any]) -> None:
         total = sum(self.sources[n].nbytes for shard in shards for n in shard)
