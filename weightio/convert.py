@@ -58,8 +58,9 @@ from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_tempo
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, parse_dtype
-from .errors import CorruptFileError, InputError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
+from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
+from .formats.ggml_to_gguf import LlamaOptions, as_llama, is_llama
 from .records import TensorSource
 from .view import TensorView
 from .writing import block_type, check_materializable, write_sources
@@ -351,6 +352,7 @@ def convert(
     overwrite: bool = False,
     progress: Progress | None = None,
     copy_files: bool = True,
+    ggml_options: Mapping[str, Any] | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -370,6 +372,9 @@ def convert(
         copy_files: when `src` is a model directory (or an ``hf://`` folder) and `dst` a
             directory, copy the directory's other files (config, tokenizer …) beside the
             weights, as `weightio.model_files` says; other weight files are listed, not copied.
+        ggml_options: a llama ggml/ggjt file written as ``.gguf`` becomes the llama GGUF model
+            llama.cpp's converter writes (`weightio.formats.ggml_to_gguf`); these set what the
+            file does not say: ``context_length``, ``eps``, ``gqa``, ``name``, ``description``.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -394,10 +399,13 @@ def convert(
     if limit is not None and layout.fmt != "safetensors":
         raise UsageError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
     cast = target_dtype(dtype)
+    llama = LlamaOptions.from_mapping(ggml_options)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
         extra = model_files.of_source(src, ckpt.files, os.path.dirname(layout.base)) if into_dir else None
-        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra)
+        if ggml_options and not (ckpt.format == "ggml" and layout.fmt == "gguf"):
+            raise UsageError("ggml options apply to a legacy ggml file converted to .gguf", path=ckpt.path)
+        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra, llama)
     if stale:
         result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
                                + ", ".join(os.path.basename(p) for p in stale))
@@ -406,7 +414,7 @@ def convert(
 
 def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantize: bool, limit: int | None,
              select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None,
-             extra: model_files.ModelFiles | None = None) -> ConvertResult:
+             extra: model_files.ModelFiles | None = None, llama: LlamaOptions | None = None) -> ConvertResult:
     names = ckpt.select(*(select or ()))
     if not names:
         raise UsageError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
@@ -420,7 +428,14 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
                      f"({layout.fmt} has no aliases)")
     views = {n: ckpt[n] for n in names if n not in aliases}
     sources = {n: _plan_tensor(view, layout.fmt, cast, dequantize) for n, view in views.items()}
-    metadata = _carried_metadata(ckpt.metadata, ckpt.format, layout.fmt, notes)
+    types: dict[str, str] = {}
+    llama_model = as_llama(ckpt.metadata, {n: v.shape for n, v in views.items()}, os.path.basename(ckpt.path),
+                           llama or LlamaOptions(), notes) if is_llama(ckpt.metadata) and layout.fmt == "gguf" else None
+    if llama_model is not None:
+        metadata, types, renames = llama_model
+        sources = {n: dataclasses.replace(src, name=renames[n]) for n, src in sources.items()}
+    else:
+        metadata = _carried_metadata(ckpt.metadata, ckpt.format, layout.fmt, notes)
     sizes = {n: src.nbytes for n, src in sources.items()}
     shards = [list(sources)] if limit is None else plan_shards(sizes, limit)
     if layout.fmt == "npy" and len(sources) != 1:
@@ -431,6 +446,7 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
                                         os.path.join(os.path.dirname(layout.base), *rel.split("/")))
                                        for rel in extra.files]
     writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies)
+    writer.value_types = types
     files = writer.run(shards, metadata, aliases, verify)
     copied = [final for _, final in copies]
     return ConvertResult([f for f in files if f not in copied], layout.fmt, len(sources), sum(sizes.values()),
@@ -446,6 +462,7 @@ class _Writer:
         self.ckpt, self.layout, self.views, self.sources, self.meter = ckpt, layout, views, sources, meter
         self.staging = Staging(overwrite)
         self.copies = copies  # (source file, destination) of the model directory's other files
+        self.value_types: dict[str, str] = {}  # GGUF types of keys that do not come from a GGUF source
 
     def run(self, shards: list[list[str]], metadata: dict[str, Any], aliases: dict[str, str],
             verify: bool) -> list[str]:
@@ -485,11 +502,11 @@ class _Writer:
         if len(shards) == 1:
             meta = {"format": "pt", **metadata, **extra} if fmt == "safetensors" else metadata
             written = [self._save(shards[0], outputs[0], meta or None)]
-            self._copy_files()
+            model_files.stage_copies(self.staging, self.copies)
             return written
         written = [self._save(shard, final, {"format": "pt"})
                    for shard, final in zip(shards, outputs[:-1], strict=True)]
-        self._copy_files()  # staged before the index, which stays the commit point
+        model_files.stage_copies(self.staging, self.copies)  # before the index, which stays the commit point
         carried = {k: v for k, v in metadata.items() if k != "format"}  # "format" is per file, not the index's
         self._write_index(shards, outputs, {**carried, **extra})
         return written
@@ -501,7 +518,8 @@ class _Writer:
         if self.layout.fmt == "gguf":  # keep each key's GGUF type (UINT64 stays UINT64)
             from .formats.gguf import value_types
 
-            options["value_types"] = {k: t for k, t in value_types(self.ckpt).items() if k in (metadata or {})}
+            options["value_types"] = {k: t for k, t in {**value_types(self.ckpt), **self.value_types}.items()
+                                      if k in (metadata or {})}
         try:
             write_sources(sources, staged, metadata, self.layout.fmt, **options)
         except WeightioError as e:
@@ -510,20 +528,6 @@ class _Writer:
             raise
         self.staging.hold(staged)
         return staged, names
-
-    def _copy_files(self) -> None:
-        for source, final in self.copies:
-            self.staging.make_dirs(os.path.dirname(os.path.abspath(final)))
-            staged = self.staging.path_for(final)
-            try:
-                with open(source, "rb") as src, atomic_write(staged) as out:
-                    while chunk := src.read(1 << 20):
-                        write_all(out, chunk)
-            except OSError as e:
-                if isinstance(e, WeightioError):
-                    raise
-                raise InputError(f"cannot be copied: {e.strerror}", path=source, errno=e.errno) from None
-            self.staging.hold(staged)
 
     def _write_index(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any]) -> None:
         total = sum(self.sources[n].nbytes for shard in shards for n in shard)
@@ -538,7 +542,9 @@ class _Writer:
         reader = open_file(path)
         try:
             stored = list(reader.tensors)
-            found = dict(zip(names, stored, strict=False)) if self.layout.fmt == "npy" else {n: n for n in stored}
+            written_as = {self.sources[n].name: n for n in names}  # output name -> source name (renames)
+            found = dict(zip(names, stored, strict=False)) if self.layout.fmt == "npy" else \
+                {written_as.get(s, s): s for s in stored}
             if sorted(found) != sorted(names):
                 raise CorruptFileError(f"verification failed: the file holds {len(stored)} tensors, "
                                        f"{len(names)} were written", path=path)

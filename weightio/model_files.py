@@ -31,9 +31,12 @@ import stat
 from dataclasses import dataclass, field
 
 from . import layout
+from ._io import atomic_write, write_all
+from ._staging import Staging
+from .errors import InputError, WeightioError
 from .layout import is_weights
 
-__all__ = ["ModelFiles", "scan", "of_source"]
+__all__ = ["ModelFiles", "scan", "of_source", "stage_copies"]
 
 
 @dataclass
@@ -127,3 +130,20 @@ def _index_of(directory: str) -> list[str]:
     except (OSError, layout.Ambiguous):
         return []
     return [os.path.join(directory, chosen)] if chosen is not None and chosen.endswith(".index.json") else []
+
+
+def stage_copies(staging: Staging, copies: list[tuple[str, str]]) -> None:
+    """Copy each ``(source, destination)`` to a staged temporary of its destination (sub-folders
+    created, and removed again if the conversion fails), fsynced and held for `Staging.commit`."""
+    for source, final in copies:
+        staging.make_dirs(os.path.dirname(os.path.abspath(final)))
+        staged = staging.path_for(final)
+        try:
+            with open(source, "rb") as src, atomic_write(staged) as out:
+                while chunk := src.read(1 << 20):
+                    write_all(out, chunk)
+        except OSError as e:
+            if isinstance(e, WeightioError):
+                raise
+            raise InputError(f"cannot be copied: {e.strerror}", path=source, errno=e.errno) from None
+        staging.hold(staged)
