@@ -90,11 +90,20 @@ def _json(result: ConvertResult) -> str:
 @click.option("--weights-only", is_flag=True,
               help="From a model directory into a directory: do not copy its other files (config, tokenizer …).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.convert/1).")
+@click.option("--ggml-context-length", type=click.IntRange(1, 2**32 - 1), metavar="N",
+              help="ggml llama -> .gguf: llama.context_length (default 2048; LLaMA-2: 4096).")
+@click.option("--ggml-eps", type=float, metavar="EPS",
+              help="ggml llama -> .gguf: the RMS norm epsilon (default 5e-6; LLaMA-1: 1e-6, LLaMA-2: 1e-5).")
+@click.option("--ggml-gqa", type=click.IntRange(1, 255), metavar="N",
+              help="ggml llama -> .gguf: grouped-query attention factor (default 1; LLaMA-2 70B: 8).")
+@click.option("--ggml-name", metavar="TEXT", help="ggml llama -> .gguf: general.name (default: SRC's file name).")
+@click.option("--ggml-description", metavar="TEXT", help="ggml llama -> .gguf: general.description.")
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
                     fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
-                    as_json: bool) -> None:
+                    as_json: bool, ggml_context_length: int | None, ggml_eps: float | None, ggml_gqa: int | None,
+                    ggml_name: str | None, ggml_description: str | None) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
     SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
@@ -106,7 +115,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     holds them. Tied weights of PyTorch checkpoints are written once, with aliases in the metadata.
     From a model directory (or hf:// repo) into a directory, the directory's other files (config,
     tokenizer, generation config …) are copied beside the weights; weight files of other formats
-    are listed, not copied.
+    are listed, not copied. A legacy llama ggml/ggjt file written as .gguf becomes the llama
+    GGUF model llama.cpp's own converter writes (vocabulary, hyper-parameters, GGUF names);
+    --ggml-* set what the old file does not say.
 
     \b
     Examples:
@@ -116,8 +127,11 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert model-Q4_K_M.gguf model.safetensors --dequantize --dtype fp16
       weightio convert weights.npz weights.safetensors
       weightio convert model.safetensors embed.npy --filter 'embeddings.word_embeddings.weight'
+      weightio convert llama-2-7b.ggmlv3.q4_0.bin llama.gguf --ggml-eps 1e-5 --ggml-context-length 4096
     """
     _check_destination(dst, fmt)
+    ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
+                              "name": ggml_name, "description": ggml_description}.items() if v is not None}
     with progress_bar(0, "converting") as bar:
         def progress(advance: int, total: int) -> None:
             if bar.total != total:
@@ -127,7 +141,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
 
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
                          select=patterns or None, verify=verify, overwrite=force, progress=progress,
-                         copy_files=not weights_only)
+                         copy_files=not weights_only, ggml_options=ggml or None)
     if as_json:
         click.echo(_json(result))
     else:
