@@ -12,7 +12,7 @@ from weightio.convert import ConvertResult, convert, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.text import printable
 
-from ._format import human_bytes, plural
+from ._format import human_bytes, json_text, plural
 from ._options import common_options, echo, limit_options, progress_bar
 
 
@@ -55,8 +55,22 @@ def _report(result: ConvertResult) -> None:
              "metadata:")
         for removed, kept in sorted(result.aliases.items()):
             echo(f"    {printable(removed)} -> {printable(kept)}")
+    if result.copied:
+        names = ", ".join(printable(os.path.basename(f)) for f in result.copied[:6])
+        echo(f"  copied: {plural(len(result.copied), 'other file')} of the model directory ({names}"
+             f"{' …' if len(result.copied) > 6 else ''})")
+    for rel, why in result.skipped.items():
+        echo(f"  not copied: {printable(rel)} ({why})")
     for note in result.notes:
         echo(f"  note: {note}")
+
+
+def _json(result: ConvertResult) -> str:
+    """The ``--json`` document (schema ``weightio.convert/1``, documented in docs/convert.md)."""
+    return json_text({"schema": "weightio.convert/1", "format": result.format, "files": result.files,
+                      "tensors": result.tensors, "nbytes": result.nbytes, "verified": result.verified,
+                      "aliases": result.aliases, "copied": result.copied, "skipped": result.skipped,
+                      "notes": result.notes})
 
 
 @click.command("convert")
@@ -73,10 +87,23 @@ def _report(result: ConvertResult) -> None:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
 @click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
 @click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@click.option("--weights-only", is_flag=True,
+              help="From a model directory into a directory: do not copy its other files (config, tokenizer …).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.convert/1).")
+@click.option("--ggml-context-length", type=click.IntRange(1, 2**32 - 1), metavar="N",
+              help="ggml llama -> .gguf: llama.context_length (default 2048; LLaMA-2: 4096).")
+@click.option("--ggml-eps", type=float, metavar="EPS",
+              help="ggml llama -> .gguf: the RMS norm epsilon (default 5e-6; LLaMA-1: 1e-6, LLaMA-2: 1e-5).")
+@click.option("--ggml-gqa", type=click.IntRange(1, 255), metavar="N",
+              help="ggml llama -> .gguf: grouped-query attention factor (default 1; LLaMA-2 70B: 8).")
+@click.option("--ggml-name", metavar="TEXT", help="ggml llama -> .gguf: general.name (default: SRC's file name).")
+@click.option("--ggml-description", metavar="TEXT", help="ggml llama -> .gguf: general.description.")
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
-                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool) -> None:
+                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
+                    as_json: bool, ggml_context_length: int | None, ggml_eps: float | None, ggml_gqa: int | None,
+                    ggml_name: str | None, ggml_description: str | None) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
     SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
@@ -86,6 +113,11 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     disk leave no partial DST, and SRC is never modified. Temporary files that a killed
     conversion left beside DST (``.*.weightio-tmp``) are removed first, when no running process
     holds them. Tied weights of PyTorch checkpoints are written once, with aliases in the metadata.
+    From a model directory (or hf:// repo) into a directory, the directory's other files (config,
+    tokenizer, generation config …) are copied beside the weights; weight files of other formats
+    are listed, not copied. A legacy llama ggml/ggjt file written as .gguf becomes the llama
+    GGUF model llama.cpp's own converter writes (vocabulary, hyper-parameters, GGUF names);
+    --ggml-* set what the old file does not say.
 
     \b
     Examples:
@@ -95,8 +127,11 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert model-Q4_K_M.gguf model.safetensors --dequantize --dtype fp16
       weightio convert weights.npz weights.safetensors
       weightio convert model.safetensors embed.npy --filter 'embeddings.word_embeddings.weight'
+      weightio convert llama-2-7b.ggmlv3.q4_0.bin llama.gguf --ggml-eps 1e-5 --ggml-context-length 4096
     """
     _check_destination(dst, fmt)
+    ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
+                              "name": ggml_name, "description": ggml_description}.items() if v is not None}
     with progress_bar(0, "converting") as bar:
         def progress(advance: int, total: int) -> None:
             if bar.total != total:
@@ -105,5 +140,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
             bar.update(advance)
 
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
-                         select=patterns or None, verify=verify, overwrite=force, progress=progress)
-    _report(result)
+                         select=patterns or None, verify=verify, overwrite=force, progress=progress,
+                         copy_files=not weights_only, ggml_options=ggml or None)
+    if as_json:
+        click.echo(_json(result))
+    else:
+        _report(result)

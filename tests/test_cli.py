@@ -235,7 +235,8 @@ def test_convert_sharded_with_notes(tmp_path):
                                           "  note: metadata not kept: npz files cannot store metadata (2 entries)"]
     result = _run("convert", FIXTURES / "tiny-bert", str(tmp_path / "sharded") + "/", "--max-shard-size", "30kB")
     assert result.stdout.splitlines() == [
-        f"wrote 3 shards + {tmp_path / 'sharded' / 'model.safetensors.index.json'}: 39 tensors, 79.9 kB (safetensors)"]
+        f"wrote 3 shards + {tmp_path / 'sharded' / 'model.safetensors.index.json'}: 39 tensors, 79.9 kB (safetensors)",
+        "  copied: 3 other files of the model directory (config.json, tokenizer.json, tokenizer_config.json)"]
 
 
 def test_convert_prints_aliases_of_tied_weights(tmp_path):
@@ -500,7 +501,7 @@ def test_scan_safe_checkpoints():
     assert result.stdout.splitlines() == [
         f"{FIXTURES / 'tiny-bert' / 'model.safetensors'}: safe (safetensors; no code can be stored in this format)",
         "  weightio: weightio reads it",
-        "skipped 1 file(s) that are no checkpoint: config.json",
+        "skipped 3 file(s) that are no checkpoint: config.json, tokenizer.json, tokenizer_config.json",
         "result: safe"]
 
 

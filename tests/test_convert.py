@@ -21,6 +21,7 @@ import weightio.convert as convert_module
 from weightio.convert import convert, parse_size, plan_shards
 from weightio.dtypes import TABLE
 from weightio.errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WriteError
+from weightio.formats.ggml_to_gguf import gguf_name
 
 from .conftest import FIXTURES, digest, manifest
 
@@ -104,7 +105,10 @@ def test_round_trip_every_fixture_through_every_format(tmp_path, path, fmt):
     with wio.open(FIXTURES / path) as ckpt:
         source_format = ckpt.format
     out = tmp_path / ("out" + SUFFIX[fmt])
-    convert(FIXTURES / path, out, select=_exact(names), dequantize=fmt != "gguf", verify=True)
+    result = convert(FIXTURES / path, out, select=_exact(names), dequantize=fmt != "gguf", verify=True)
+    if any("written as a llama GGUF model" in note for note in result.notes):  # ggml_to_gguf's names
+        specs = {gguf_name(n): spec for n, spec in specs.items()}
+        names = sorted(gguf_name(n) for n in names)
     _check_tensors(out, specs, names)
     if source_format in STORES and (source_format != "gguf" or fmt == "gguf" or not any(
             specs[n]["quantized"] for n in names)):
@@ -183,7 +187,8 @@ def test_sharded_output_layout_and_index(tmp_path):
     out = tmp_path / "out"
     result = convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="30kB", verify=True)
     shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    assert sorted(p.name for p in out.iterdir()) == [*shards, "model.safetensors.index.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", *shards, "model.safetensors.index.json",
+                                                     "tokenizer.json", "tokenizer_config.json"]  # model_files
     assert result.files == [str(out / s) for s in shards] + [str(out / "model.safetensors.index.json")]
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["metadata"] == {"total_size": 79912}  # as huggingface_hub: "format" is in each shard
@@ -229,7 +234,8 @@ def test_overwrite_replaces_stale_shards_and_index(tmp_path):
     with pytest.raises(WriteError, match="model.safetensors.index.json: already exists and would shadow"):
         convert(FIXTURES / "tiny-bert", str(out) + "/")
     convert(FIXTURES / "tiny-bert", str(out) + "/", overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"]
     with wio.open(out) as ckpt:
         assert len(ckpt) == 39 and len(ckpt.files) == 1
 
@@ -603,13 +609,30 @@ def test_header_struct_of_written_safetensors(tmp_path):
     assert header["weight"] == {"dtype": "F32", "shape": [4, 5], "data_offsets": [40, 120]}
 
 
+def _ggjt(path: Path, tensor: str) -> Path:
+    """A ggjt v3 file with llama's hyperparameters, a 4-token vocabulary and one F32 tensor."""
+    import struct
+
+    raw = b"tjgg" + struct.pack("<I7I", 3, 4, 8, 16, 2, 1, 4, 0)
+    for i, token in enumerate([b"<unk>", b"<s>", b"</s>", b" x"]):
+        raw += struct.pack("<I", len(token)) + token + struct.pack("<f", -i)
+    raw += struct.pack("<IIII", 1, len(tensor), 0, 8) + tensor.encode()
+    raw += bytes(-len(raw) % 32) + np.arange(8, dtype="<f4").tobytes()
+    path.write_bytes(raw)
+    return path
+
+
 def test_metadata_of_other_formats_in_gguf_keeps_typed_scalars(tmp_path):
-    result = convert(FIXTURES / "ggml" / "ggjt_v3.bin", tmp_path / "g.gguf", verify=True)
-    assert result.notes == ["metadata not kept: 2 entries that are not scalars (ggml.tokens, ggml.scores)"]
-    with wio.open(FIXTURES / "ggml" / "ggjt_v3.bin") as src, wio.open(tmp_path / "g.gguf") as out:
+    source = _ggjt(tmp_path / "m.bin", "model/wte")  # llama hyperparameters, but no llama tensor name
+    result = convert(source, tmp_path / "g.gguf", verify=True)
+    assert result.notes == ["not written as a llama model (llama.cpp could not load it): tensor 'model/wte' has no "
+                            "GGUF llama name; the ggml hyperparameters are kept as ggml.* keys",
+                            "metadata not kept: 2 entries that are not scalars (ggml.tokens, ggml.scores)"]
+    with wio.open(source) as src, wio.open(tmp_path / "g.gguf") as out:
         assert {k: out.metadata[k] for k in ("ggml.magic", "ggml.n_vocab", "ggml.n_embd")} == {
             k: src.metadata[k] for k in ("ggml.magic", "ggml.n_vocab", "ggml.n_embd")}
         assert isinstance(out.metadata["ggml.n_vocab"], int)
+        assert list(out) == ["model/wte"]
 
 
 def test_nested_pytorch_metadata_becomes_strings_in_safetensors(tmp_path):

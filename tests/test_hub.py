@@ -282,7 +282,8 @@ def test_unreachable_hub_falls_back_to_the_cache(server, tmp_path):
 def test_download_fetches_weights_and_configs_only(server, tmp_path):
     folder = Path(hub.download("weightio/both"))
     assert folder == _snapshot(tmp_path, "weightio/both")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                        "tokenizer_config.json"]
 
 
 def test_download_to_a_local_dir_and_a_named_file(server, tmp_path):

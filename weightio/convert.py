@@ -53,12 +53,14 @@ import ml_dtypes
 import numpy as np
 
 from . import limits as _limits
+from . import model_files
 from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
+from .formats.ggml_to_gguf import LlamaOptions, as_llama, is_llama
 from .records import TensorSource
 from .view import TensorView
 from .writing import block_type, check_materializable, write_sources
@@ -86,6 +88,10 @@ class ConvertResult:
         aliases: ``removed name -> kept name`` for tied weights written once.
         notes: things a person should know (metadata that could not be kept, copies of tied weights…).
         verified: True when every tensor was read back and compared.
+        copied: the files of the source directory copied beside the weights (config, tokenizer
+            …; see `weightio.model_files`), as destination paths.
+        skipped: ``source file -> why`` for files of the source directory not copied (weights
+            in another format, links to nothing), relative to the source directory.
     """
 
     files: list[str]
@@ -95,6 +101,8 @@ class ConvertResult:
     aliases: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     verified: bool = False
+    copied: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def parse_size(text: str | int) -> int:
@@ -351,6 +359,8 @@ def convert(
     verify: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    copy_files: bool = True,
+    ggml_options: Mapping[str, Any] | None = None,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -367,6 +377,12 @@ def convert(
         verify: read every output tensor back and compare its bytes before committing.
         overwrite: replace existing outputs (atomically); by default they are refused.
         progress: called as ``progress(bytes_done_now, total_bytes)`` after each tensor.
+        copy_files: when `src` is a model directory (or an ``hf://`` folder) and `dst` a
+            directory, copy the directory's other files (config, tokenizer …) beside the
+            weights, as `weightio.model_files` says; other weight files are listed, not copied.
+        ggml_options: a llama ggml/ggjt file written as ``.gguf`` becomes the llama GGUF model
+            llama.cpp's converter writes (`weightio.formats.ggml_to_gguf`); these set what the
+            file does not say: ``context_length``, ``eps``, ``gqa``, ``name``, ``description``.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -385,14 +401,19 @@ def convert(
     src, dst = os.fspath(src), os.fspath(dst)
     if dst.startswith("hf://"):
         raise UsageError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
+    into_dir = copy_files and (os.path.isdir(dst) or dst.endswith(("/", os.sep)))
     layout = _layout(dst, format)
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
         raise UsageError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
     cast = target_dtype(dtype)
+    llama = LlamaOptions.from_mapping(ggml_options)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src) as ckpt:
-        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
+        extra = model_files.of_source(src, ckpt.files, os.path.dirname(layout.base)) if into_dir else None
+        if ggml_options and not (ckpt.format == "ggml" and layout.fmt == "gguf"):
+            raise UsageError("ggml options apply to a legacy ggml file converted to .gguf", path=ckpt.path)
+        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra, llama)
     if stale:
         result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
                                + ", ".join(os.path.basename(p) for p in stale))
@@ -400,7 +421,8 @@ def convert(
 
 
 def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantize: bool, limit: int | None,
-             select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None) -> ConvertResult:
+             select: Sequence[str] | None, verify: bool, overwrite: bool, progress: Progress | None,
+             extra: model_files.ModelFiles | None = None, llama: LlamaOptions | None = None) -> ConvertResult:
     names = ckpt.select(*(select or ()))
     if not names:
         raise UsageError("no tensor matches " + ", ".join(map(repr, select or ())), path=ckpt.path)
@@ -414,27 +436,43 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
                      f"({layout.fmt} has no aliases)")
     views = {n: ckpt[n] for n in names if n not in aliases}
     sources = {n: _plan_tensor(view, layout.fmt, cast, dequantize) for n, view in views.items()}
-    arrays = _whisper_arrays(ckpt.metadata, layout.fmt)
-    metadata = _carried_metadata({k: v for k, v in ckpt.metadata.items() if k not in arrays}, ckpt.format,
-                                 layout.fmt, notes) | arrays
+    types: dict[str, str] = {}
+    llama_model = as_llama(ckpt.metadata, {n: v.shape for n, v in views.items()}, os.path.basename(ckpt.path),
+                           llama or LlamaOptions(), notes) if is_llama(ckpt.metadata) and layout.fmt == "gguf" else None
+    if llama_model is not None:
+        metadata, types, renames = llama_model
+        sources = {n: dataclasses.replace(src, name=renames[n]) for n, src in sources.items()}
+    else:
+        arrays = _whisper_arrays(ckpt.metadata, layout.fmt)
+        metadata = _carried_metadata({k: v for k, v in ckpt.metadata.items() if k not in arrays}, ckpt.format,
+                                     layout.fmt, notes) | arrays
     sizes = {n: src.nbytes for n, src in sources.items()}
     shards = [list(sources)] if limit is None else plan_shards(sizes, limit)
     if layout.fmt == "npy" and len(sources) != 1:
         raise UsageError(f".npy holds one tensor and {len(sources)} are selected; select one (--filter NAME) "
                          "or write .npz / .safetensors", path=layout.base)
     total = sum(sizes.values()) * (2 if verify else 1)
-    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite)
+    copies = [] if extra is None else [(os.path.join(extra.root, *rel.split("/")),
+                                        os.path.join(os.path.dirname(layout.base), *rel.split("/")))
+                                       for rel in extra.files]
+    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies)
+    writer.value_types = types
     files = writer.run(shards, metadata, aliases, verify)
-    return ConvertResult(files, layout.fmt, len(sources), sum(sizes.values()), aliases, notes, verify)
+    copied = [final for _, final in copies]
+    return ConvertResult([f for f in files if f not in copied], layout.fmt, len(sources), sum(sizes.values()),
+                         aliases, notes, verify, copied, dict(extra.skipped) if extra else {})
 
 
 class _Writer:
     """Writes the planned tensors as one file or a sharded set, staged then committed."""
 
     def __init__(self, ckpt: Checkpoint, layout: Outputs, views: dict[str, TensorView],
-                 sources: dict[str, TensorSource], meter: _Meter, overwrite: bool) -> None:
+                 sources: dict[str, TensorSource], meter: _Meter, overwrite: bool,
+                 copies: list[tuple[str, str]]) -> None:
         self.ckpt, self.layout, self.views, self.sources, self.meter = ckpt, layout, views, sources, meter
         self.staging = Staging(overwrite)
+        self.copies = copies  # (source file, destination) of the model directory's other files
+        self.value_types: dict[str, str] = {}  # GGUF types of keys that do not come from a GGUF source
 
     def run(self, shards: list[list[str]], metadata: dict[str, Any], aliases: dict[str, str],
             verify: bool) -> list[str]:
@@ -465,6 +503,7 @@ class _Writer:
             raise WriteError("already exists and would shadow the new file when the directory is opened; "
                              "pass overwrite=True (CLI: --force) to replace it", path=self.layout.index,
                              errno=errno.EEXIST)
+        check_outputs([final for _, final in self.copies], self.ckpt.files, self.staging.overwrite)
 
     def _write(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any],
                aliases: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -472,9 +511,12 @@ class _Writer:
         extra = {k: v for k, v in aliases.items() if k not in metadata}
         if len(shards) == 1:
             meta = {"format": "pt", **metadata, **extra} if fmt == "safetensors" else metadata
-            return [self._save(shards[0], outputs[0], meta or None)]
+            written = [self._save(shards[0], outputs[0], meta or None)]
+            model_files.stage_copies(self.staging, self.copies)
+            return written
         written = [self._save(shard, final, {"format": "pt"})
                    for shard, final in zip(shards, outputs[:-1], strict=True)]
+        model_files.stage_copies(self.staging, self.copies)  # before the index, which stays the commit point
         carried = {k: v for k, v in metadata.items() if k != "format"}  # "format" is per file, not the index's
         self._write_index(shards, outputs, {**carried, **extra})
         return written
@@ -486,7 +528,8 @@ class _Writer:
         if self.layout.fmt == "gguf":  # keep each key's GGUF type (UINT64 stays UINT64)
             from .formats.gguf import value_types
 
-            options["value_types"] = {k: t for k, t in value_types(self.ckpt).items() if k in (metadata or {})}
+            options["value_types"] = {k: t for k, t in {**value_types(self.ckpt), **self.value_types}.items()
+                                      if k in (metadata or {})}
         try:
             write_sources(sources, staged, metadata, self.layout.fmt, **options)
         except WeightioError as e:
@@ -509,7 +552,9 @@ class _Writer:
         reader = open_file(path)
         try:
             stored = list(reader.tensors)
-            found = dict(zip(names, stored, strict=False)) if self.layout.fmt == "npy" else {n: n for n in stored}
+            written_as = {self.sources[n].name: n for n in names}  # output name -> source name (renames)
+            found = dict(zip(names, stored, strict=False)) if self.layout.fmt == "npy" else \
+                {written_as.get(s, s): s for s in stored}
             if sorted(found) != sorted(names):
                 raise CorruptFileError(f"verification failed: the file holds {len(stored)} tensors, "
                                        f"{len(names)} were written", path=path)

@@ -43,7 +43,7 @@ from urllib.parse import unquote
 from . import layout
 from .errors import FormatError, InputError, WeightioError
 
-__all__ = ["HubPath", "parse", "resolve", "download", "pick_weights", "CONFIG_PATTERNS"]
+__all__ = ["HubPath", "parse", "resolve", "download", "model_files", "pick_weights", "CONFIG_PATTERNS"]
 
 SCHEME = "hf://"
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
@@ -403,6 +403,30 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
     if plan.named:
         return local[plan.file]
     return _local_folder(local[files[0]], files[0], plan.folder)
+
+
+def model_files(uri: str) -> tuple[str, list[str], list[str]] | None:
+    """The files of an ``hf://`` folder besides the weights `resolve` picks, for `weightio convert`
+    to copy: every file under the folder (sub-folders included) except hidden ones and the weight
+    files of any format (`weightio.layout.is_weights`), which are listed but not downloaded.
+
+    Returns:
+        ``(local folder, files fetched, other weight files)``, paths relative to the folder;
+        None when `uri` names a file.
+    """
+    repo = _Repo(parse(uri), uri)
+    plan = _plan(repo)
+    if plan.named:
+        return None
+    weights = set(_files_under(plan.files, plan.folder))
+    others = [f for f in _files_under(repo.files, plan.folder)
+              if f not in weights and not any(part.startswith(".") for part in f.split("/"))]
+    copied = sorted(f for f in others if not layout.is_weights(f))
+    anchor = _join(plan.folder, (copied or sorted(weights))[0])
+    local = {f: repo.fetch(_join(plan.folder, f)) for f in copied} or {"": repo.fetch(anchor)}
+    repo.remember_revision()
+    root = _local_folder(next(iter(local.values())), anchor, plan.folder)
+    return root, copied, sorted(f for f in others if layout.is_weights(f))
 
 
 def _configs(files: list[str], folder: str, weights: list[str]) -> list[str]:

@@ -24,7 +24,8 @@ from ._io import MappedFile
 from ._json import parse_json_object
 from .errors import CorruptFileError
 
-__all__ = ["LAYOUTS", "Ambiguous", "choose", "read_index", "split_part", "split_parts"]
+__all__ = ["LAYOUTS", "WEIGHT_SUFFIXES", "Ambiguous", "choose", "is_weights", "read_index", "split_part",
+           "split_parts"]
 
 # (index suffix or None, preferred file, other weight suffixes), most preferred first.
 # GGUF has no index file: a directory holds one .gguf, or the parts of one split set.
@@ -33,6 +34,12 @@ LAYOUTS: tuple[tuple[str | None, str, tuple[str, ...]], ...] = (
     (".bin.index.json", "pytorch_model.bin", (".bin", ".pt", ".pth", ".ckpt")),
     (None, "model.gguf", (".gguf",)),
 )
+
+# Names of weight files, of any framework: what `weightio convert` never copies beside its output
+# (the converted weights replace them; see weightio.model_files). Each layout's suffixes, plus
+# TensorFlow (tf_model.h5), Flax (flax_model.msgpack), ONNX and rust-bert (rust_model.ot) weights,
+# and the index of any of them (``pytorch_model.bin.index.json``).
+WEIGHT_SUFFIXES = tuple(s for _, _, suffixes in LAYOUTS for s in suffixes) + (".h5", ".msgpack", ".onnx", ".ot")
 
 _SPLIT_GGUF = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 
@@ -58,6 +65,18 @@ def split_part(name: str) -> tuple[str, int, int] | None:
 def split_parts(stem: str, count: int) -> list[str]:
     """The names of every part of the split set `stem` of `count` parts, in order."""
     return [f"{stem}-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
+
+
+def is_weights(name: str) -> bool:
+    """Whether file `name` (a base name or a relative path) holds weights or a weight index.
+
+    Example:
+        >>> is_weights("pytorch_model.bin.index.json"), is_weights("tokenizer.json")
+        (True, False)
+    """
+    base = name.rsplit("/", 1)[-1].lower()
+    base = base.removesuffix(".index.json")
+    return base.endswith(WEIGHT_SUFFIXES)
 
 
 def choose(files: Iterable[str]) -> str | None:
