@@ -39,6 +39,7 @@ import weightio.formats.gguf  # noqa: F401
 import weightio.formats.pytorch  # noqa: F401
 import weightio.quant  # noqa: F401
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
+from weightio.formats import sniff
 from weightio.formats.gguf import GGUFArray
 
 from .conftest import FIXTURES
@@ -96,6 +97,7 @@ from .pytorch_files import (
 )
 
 "x".encode("cp437")  # the zip reader decodes CP437 names: load the codec before any snapshot
+sniff.tarfile_module()  # weightio imports tarfile itself for a first block tarfile might take: before any snapshot
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import weightio as wio
 import weightio.formats.pytorch  # noqa: F401
 import weightio.safety  # noqa: F401
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
+from weightio.formats import sniff
 from weightio.formats.pytorch import allowlist, lexer, refs
 from weightio.formats.pytorch.flatten import flatten, plain_value
 
@@ -57,6 +58,7 @@ from .pytorch_files import (
 )
 
 "x".encode("cp437")  # the zip reader decodes CP437 names: load the codec before any snapshot
+sniff.tarfile_module()  # weightio imports tarfile itself for a first block tarfile might take: before any snapshot
 
 
 @pytest.fixture
