@@ -13,7 +13,7 @@ from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.text import printable
 
 from ._format import human_bytes, plural
-from ._options import common_options, echo, limit_options, progress_bar
+from ._options import common_options, echo, limit_options, progress_bar, unknown_globals_option
 
 
 def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
@@ -73,10 +73,12 @@ def _report(result: ConvertResult) -> None:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
 @click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
 @click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@unknown_globals_option
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
-                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool) -> None:
+                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool,
+                    unknown_globals: str) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
     SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
@@ -95,6 +97,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert model-Q4_K_M.gguf model.safetensors --dequantize --dtype fp16
       weightio convert weights.npz weights.safetensors
       weightio convert model.safetensors embed.npy --filter 'embeddings.word_embeddings.weight'
+      weightio convert whole_model.pt model.safetensors --unknown-globals placeholder
     """
     _check_destination(dst, fmt)
     with progress_bar(0, "converting") as bar:
@@ -105,5 +108,6 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
             bar.update(advance)
 
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
-                         select=patterns or None, verify=verify, overwrite=force, progress=progress)
+                         select=patterns or None, verify=verify, overwrite=force, progress=progress,
+                         unknown_globals=unknown_globals)
     _report(result)

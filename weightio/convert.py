@@ -343,6 +343,7 @@ def convert(
     verify: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    unknown_globals: str = "refuse",
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -359,6 +360,8 @@ def convert(
         verify: read every output tensor back and compare its bytes before committing.
         overwrite: replace existing outputs (atomically); by default they are refused.
         progress: called as ``progress(bytes_done_now, total_bytes)`` after each tensor.
+        unknown_globals: ``"placeholder"`` reads a pickle whose globals are off the allowlist (a
+            whole ``torch.save(model)``) through inert placeholders; see `weightio.open`.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -383,7 +386,7 @@ def convert(
         raise UsageError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
     cast = target_dtype(dtype)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
-    with open_checkpoint(src) as ckpt:
+    with open_checkpoint(src, unknown_globals=unknown_globals) as ckpt:
         result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress)
     if stale:
         result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
