@@ -117,7 +117,7 @@ def _rebuild_from_type(func: bytes, new_type: bytes) -> bytes:
 
 PLACEHOLDER_HOSTILE = [
     Hostile("os.system via REDUCE", lambda m: P2 + call("os", "system", _touch(m)) + STOP,
-            metadata={"__class__": "os.system", "__args__": [f"touch {{m}}"], KEY: ["os.system"]}),
+            metadata={"__class__": "os.system", "__args__": ["touch {m}"], KEY: ["os.system"]}),
     Hostile("builtins.eval via REDUCE inside a zip beside a tensor",
             lambda m: _zip(_dict(w=tensor(W3, 0, (3,), (1,)), x=call("builtins", "eval", s("__import__('os')")))),
             tensors=("w",), metadata={"x.__class__": "builtins.eval", "x.__args__": ["__import__('os')"],
