@@ -17,6 +17,7 @@ from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .inert import Token
 from .opcodes import OPCODE_NAMES, PROTO
+from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import itemsize
 
@@ -256,7 +257,7 @@ class LegacyContainer(Container):
     def _persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and pid and pid[0] == "module":
             if unpickler.placeholder_mode():  # ("module", class, source file, source): the class, a placeholder
-                return _module_class(pid, self._fail)
+                return module_class(pid, self._fail)
             raise UnsafePickleError("the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is "
                                     "code; save model.state_dict() instead")
         if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
@@ -421,7 +422,7 @@ class TarContainer(Container):
             key = None
         if isinstance(pid, tuple):
             if unpickler.placeholder_mode() and pid and pid[0] == "module":
-                return _module_class(pid, self._fail)
+                return module_class(pid, self._fail)
             raise UnsafePickleError("the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is "
                                     "code; save model.state_dict() instead", path=self.path)
         if key is None or (key not in self._tensors and str(key) not in self.storages):
@@ -433,14 +434,6 @@ class TarContainer(Container):
         if span is None:
             raise self._fail(f"its storage {storage.key!r} is not in member 'storages'")
         return span
-
-
-def _module_class(pid: tuple, fail: Any) -> Any:
-    """A legacy ``("module", class, source file, source)`` id in placeholder mode: the class (its
-    source, which torch would compare with the running code, is never looked at)."""
-    if len(pid) != 4 or not isinstance(pid[1], type):
-        raise fail(f"persistent id {short_repr(pid)} is not ('module', class, source file, source)")
-    return pid[1]
 
 
 def open_container(file: MappedFile, limits: Limits | None = None) -> Container:

@@ -37,9 +37,10 @@ from typing import Any
 
 from ...errors import CorruptFileError
 from .inert import FrozenClass, Function, Token
+from .refs import short_repr
 
 __all__ = ["KEY", "MAX_PLACEHOLDERS", "MODES", "OVERRIDES", "Placeholder", "PlaceholderClass", "Placeholders",
-           "children", "module_state"]
+           "children", "module_class", "module_state"]
 
 KEY = "weightio.placeholders"  # the metadata key listing the replaced globals
 MODES = ("refuse", "placeholder")
@@ -143,6 +144,15 @@ def overrides(allowlist: dict[tuple[str, str], Any]) -> dict[tuple[str, str], An
 
 
 OVERRIDES: dict[tuple[str, str], Any] = {}  # filled by .unpickler (it holds the allowlist)
+
+
+def module_class(pid: tuple, fail: Any) -> Any:
+    """A legacy ``("module", class, source file, source)`` persistent id in placeholder mode: the
+    class (its source, which torch would compare with the running code, is never looked at).
+    `fail(message)` makes the container's error."""
+    if len(pid) != 4 or not isinstance(pid[1], type):
+        raise fail(f"persistent id {short_repr(pid)} is not ('module', class, source file, source)")
+    return pid[1]
 
 
 # ----------------------------------------------------------------------------- flattening
