@@ -3,7 +3,8 @@
 ``--quiet`` and ``--debug`` are accepted before the command (``weightio -q convert …``) and
 after it (``weightio convert … -q``). Colour is used only on a terminal and never when
 ``NO_COLOR`` is set (https://no-color.org). Commands that open checkpoints also take
-``--max-header-bytes`` (`limit_options`), which applies `weightio.limits` to every file they open.
+``--max-header-bytes`` (`limit_options`), which applies `weightio.limits` to every file they open,
+and ``--unknown-globals`` (`unknown_globals_option`), passed to `weightio.open`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import click
 
 from weightio.text import printable
 
-__all__ = ["common_options", "limit_options", "settings", "quiet", "echo", "style", "Styled", "progress_bar",
-           "apply_environment"]
+__all__ = ["common_options", "limit_options", "unknown_globals_option", "settings", "quiet", "echo", "style",
+           "Styled", "progress_bar", "apply_environment"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,6 +86,17 @@ def limit_options(f: F) -> F:
         help="Refuse files whose header (safetensors JSON, GGUF key/values and tensor infos, ggml vocabulary, "
              ".npy dict) is larger than SIZE (e.g. 1MB; default 100MB, or WEIGHTIO_MAX_HEADER_BYTES). "
              "Other limits: WEIGHTIO_MAX_* environment variables (docs/security.md).")(command)  # type: ignore[return-value]
+
+
+def unknown_globals_option(f: F) -> F:
+    """Add ``--unknown-globals refuse|placeholder`` (passed to the command as ``unknown_globals``):
+    what a pickle's global outside the allowlist becomes (`weightio.open`'s ``unknown_globals=``)."""
+    return click.option(
+        "--unknown-globals", "unknown_globals", type=click.Choice(["refuse", "placeholder"]), default="refuse",
+        show_default=True,
+        help="What a pickle's global outside the allowlist does: 'refuse' the file, or become an inert "
+             "'placeholder' (never imported or run) so that its tensors can be read, a whole torch.save(model) "
+             "included. The replaced globals are listed; scan still reports such a file unsafe.")(f)
 
 
 def apply_environment(ctx: click.Context) -> None:

@@ -13,7 +13,7 @@ from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.text import printable
 
 from ._format import human_bytes, json_text, plural
-from ._options import common_options, echo, limit_options, progress_bar
+from ._options import common_options, echo, limit_options, progress_bar, unknown_globals_option
 
 
 def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
@@ -98,11 +98,13 @@ def _json(result: ConvertResult) -> str:
               help="ggml llama -> .gguf: grouped-query attention factor (default 1; LLaMA-2 70B: 8).")
 @click.option("--ggml-name", metavar="TEXT", help="ggml llama -> .gguf: general.name (default: SRC's file name).")
 @click.option("--ggml-description", metavar="TEXT", help="ggml llama -> .gguf: general.description.")
+@unknown_globals_option
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
                     fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
-                    as_json: bool, ggml_context_length: int | None, ggml_eps: float | None, ggml_gqa: int | None,
+                    as_json: bool, unknown_globals: str, ggml_context_length: int | None, ggml_eps: float | None,
+                    ggml_gqa: int | None,
                     ggml_name: str | None, ggml_description: str | None) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
@@ -128,6 +130,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert weights.npz weights.safetensors
       weightio convert model.safetensors embed.npy --filter 'embeddings.word_embeddings.weight'
       weightio convert llama-2-7b.ggmlv3.q4_0.bin llama.gguf --ggml-eps 1e-5 --ggml-context-length 4096
+      weightio convert whole_model.pt model.safetensors --unknown-globals placeholder
     """
     _check_destination(dst, fmt)
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
@@ -141,7 +144,8 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
 
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
                          select=patterns or None, verify=verify, overwrite=force, progress=progress,
-                         copy_files=not weights_only, ggml_options=ggml or None)
+                         copy_files=not weights_only, ggml_options=ggml or None,
+                         unknown_globals=unknown_globals)
     if as_json:
         click.echo(_json(result))
     else:

@@ -11,7 +11,7 @@ from weightio.stats import CheckpointDiff, TensorDiff, diff_checkpoints
 from weightio.text import printable
 
 from ._format import number, plural, shape_text, table
-from ._options import common_options, echo, limit_options, style
+from ._options import common_options, echo, limit_options, style, unknown_globals_option
 
 
 def _shown(d: TensorDiff) -> str:
@@ -62,9 +62,11 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
 @click.option("--ignore-dtype", is_flag=True, help="Tensors of different dtypes are equal when their values are "
                                                    "(within the tolerances).")
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
+@unknown_globals_option
 @limit_options
 @common_options
-def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, patterns: tuple[str, ...]) -> None:
+def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, patterns: tuple[str, ...],
+                 unknown_globals: str) -> None:
     """Compare two checkpoints tensor by tensor, in any formats; exit 0 when equal, 1 when not.
 
     Lists names only in A or only in B, dtype or shape changes, and for tensors whose values
@@ -78,7 +80,8 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
       weightio diff model.safetensors model-bf16.safetensors --ignore-dtype --rtol 1e-2
       weightio diff a.npz b.npz --filter 'encoder.*' -q && echo same
     """
-    with weightio.open(a) as ca, weightio.open(b) as cb:
+    with (weightio.open(a, unknown_globals=unknown_globals) as ca,
+          weightio.open(b, unknown_globals=unknown_globals) as cb):
         result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
         _report(a, b, ca, cb, result)
     echo("result: ", style("equal", fg="green") if result.equal else style("different", fg="red"))

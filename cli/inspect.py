@@ -14,9 +14,10 @@ from weightio.text import printable
 
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
-from ._options import common_options, echo, limit_options
+from ._options import common_options, echo, limit_options, unknown_globals_option
 
 SCHEMA = "weightio.inspect/1"
+PLACEHOLDERS = "weightio.placeholders"  # the metadata key listing globals replaced by placeholders
 
 
 def _by_kind(ckpt: Checkpoint, names: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -46,9 +47,20 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
                 for k, v in kinds.items()]
         for i, line in enumerate(table(("",) * 4, rows, right=(1, 2, 3)).splitlines()[1:]):
             lines.append(("  dtypes      " if i == 0 else " " * 14) + line)
+    replaced = _placeholders(ckpt)
+    if replaced:
+        lines.append(f"  placeholders {plural(len(replaced), 'global')} replaced (never imported or run): "
+                     f"{elide(', '.join(map(str, replaced)))}")
     for key, value in ckpt.metadata.items():
-        lines.append(f"  metadata    {printable(str(key))} = {elide(value)}")
+        if key != PLACEHOLDERS:
+            lines.append(f"  metadata    {printable(str(key))} = {elide(value)}")
     return lines
+
+
+def _placeholders(ckpt: Checkpoint) -> list:
+    """The globals `--unknown-globals placeholder` replaced, as the reader listed them."""
+    replaced = ckpt.metadata.get(PLACEHOLDERS)
+    return replaced if isinstance(replaced, list) else []
 
 
 def _tensor_table(ckpt: Checkpoint, names: list[str]) -> str:
@@ -83,6 +95,7 @@ def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequen
         "nbytes": sum(ckpt[n].nbytes for n in names),
         "dtypes": [{"dtype": k, **v} for k, v in _by_kind(ckpt, names).items()],
         "metadata": json_value(dict(ckpt.metadata)),
+        "placeholders": json_value(_placeholders(ckpt)),
         "tensors": [_tensor_json(ckpt, n) for n in names],
     }
     if tree:
@@ -106,9 +119,11 @@ def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB",
               help="Only tensors whose names match GLOB (repeatable; e.g. 'encoder.*').")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.inspect/1).")
+@unknown_globals_option
 @limit_options
 @common_options
-def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[str, ...], as_json: bool) -> None:
+def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[str, ...], as_json: bool,
+                    unknown_globals: str) -> None:
     """Show format, tensor and parameter counts, bytes per dtype, metadata, and every tensor.
 
     Reads headers only, so it takes milliseconds on files of any size. PATH is a file of any
@@ -121,8 +136,9 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
       weightio inspect model.gguf --tree --depth 2
       weightio inspect pytorch_model.bin --filter 'encoder.layer.0.*'
       weightio inspect hf://google-bert/bert-base-uncased --json | jq .parameter_count
+      weightio inspect whole_model.pt --unknown-globals placeholder   # torch.save(model)
     """
-    with weightio.open(path) as ckpt:
+    with weightio.open(path, unknown_globals=unknown_globals) as ckpt:
         names = ckpt.select(*patterns)
         if as_json:
             doc = inspect_json(path, ckpt, names, patterns, tree, depth)

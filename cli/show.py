@@ -13,7 +13,7 @@ from weightio.stats import first_values, is_packed, tensor_stats
 from weightio.text import printable
 
 from ._format import human_bytes, kind, number, shape_text
-from ._options import common_options, echo, limit_options
+from ._options import common_options, echo, limit_options, unknown_globals_option
 
 
 def _values_line(values: np.ndarray, total: int) -> str:
@@ -35,9 +35,10 @@ def _value(v: object) -> str:
 @click.argument("name")
 @click.option("-n", "--count", type=click.IntRange(min=0), default=8, show_default=True,
               help="How many leading values to print.")
+@unknown_globals_option
 @limit_options
 @common_options
-def show_command(path: str, name: str, count: int) -> None:
+def show_command(path: str, name: str, count: int, unknown_globals: str) -> None:
     """Show one tensor: dtype, shape, size, min/max/mean/std, NaN/Inf counts and its first values.
 
     Statistics cover every element (floats: min/max/mean/std of the finite values); the tensor
@@ -50,7 +51,7 @@ def show_command(path: str, name: str, count: int) -> None:
       weightio show model.gguf blk.0.attn_q.weight -n 16
       weightio show hf://org/model lm_head.weight
     """
-    with weightio.open(path) as ckpt:
+    with weightio.open(path, unknown_globals=unknown_globals) as ckpt:
         view = ckpt[name]
         lines = [f"{path}: {printable(name)}", f"  dtype     {kind(view)}"]
         if view.ggml_type is not None:

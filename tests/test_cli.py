@@ -180,7 +180,7 @@ def test_inspect_json_schema_against_the_safetensors_library():
     assert result.exit_code == 0
     doc = json.loads(result.output)
     assert list(doc) == ["schema", "path", "format", "files", "filter", "tensor_count", "parameter_count", "nbytes",
-                         "dtypes", "metadata", "tensors"]
+                         "dtypes", "metadata", "placeholders", "tensors"]
     assert doc["schema"] == "weightio.inspect/1" and doc["format"] == "safetensors" and doc["filter"] is None
     expected = {}
     for shard in sorted(path.glob("*.safetensors")):
@@ -563,7 +563,7 @@ def test_colour_only_when_allowed(tmp_path, monkeypatch):
 def test_interrupt_exits_130_with_one_line(monkeypatch):
     import weightio.cli.inspect as inspect_module
 
-    def interrupted(path):
+    def interrupted(path, **options):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(inspect_module.weightio, "open", interrupted)

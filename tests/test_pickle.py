@@ -760,8 +760,11 @@ def _hostile_files(folder) -> list:  # noqa: ANN001
     for (module, name), value in allowlist.ALLOWLIST.items():
         glob = g(module, name)
         newobj = glob + EMPTY_TUPLE + NEWOBJ  # a class stand-in is built by it (argparse.Namespace): then SETITEM
+        # dict- and list-like class stand-ins (OmegaConf, AttributeDict, TrainingArguments) take items, as their
+        # pickles give them: their instances are the pickle's own; calling one is refused instead
+        after = (EMPTY_TUPLE + REDUCE if getattr(value, "accepts_items", False) else s("k") + i(1) + SETITEM)
         bodies += [glob + _dict_state(**attrs) + BUILD, glob + _slot_state(**attrs) + BUILD,
-                   newobj + (s("k") + i(1) + SETITEM if isinstance(value, type) else b""),
+                   newobj + (after if isinstance(value, type) else b""),
                    newobj + _slot_state(**attrs) + BUILD,
                    glob + s("k") + i(1) + SETITEM, glob + MARK + i(1) + APPENDS, glob + MARK + i(1) + ADDITEMS]
     paths = []

@@ -223,8 +223,8 @@ def test_from_path_closes_what_it_opened_when_it_fails(tmp_path):
     opened = []
     real = wio.varbuilder.open_checkpoint
 
-    def spy(p):
-        ckpt = real(p)
+    def spy(p, **options):
+        ckpt = real(p, **options)
         opened.append(ckpt)
         return ckpt
 

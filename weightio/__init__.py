@@ -67,7 +67,8 @@ __all__ = [
 ]
 
 
-def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Checkpoint:  # noqa: A001
+def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa: A001
+         unknown_globals: str = "refuse") -> Checkpoint:
     """Open a checkpoint: a file of any supported format, a model directory, or ``hf://`` URI.
 
     Formats: safetensors, PyTorch pickles (zip, legacy, tar; never executed), GGUF (split sets
@@ -84,6 +85,13 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Check
     (`weightio.limits.using` blocks, ``WEIGHTIO_MAX_*`` environment variables, else the
     defaults). A file beyond one raises `CorruptFileError` naming the limit.
 
+    `unknown_globals` says what a pickle's global outside the allowlist does: ``"refuse"`` (the
+    default) raises `UnsafePickleError`; ``"placeholder"`` makes it an inert placeholder — never
+    imported, never called, what the pickle does with it recorded as plain data — so that the
+    tensors of any pickle can be read (a whole ``torch.save(model)``: its ``state_dict()`` names).
+    The replaced globals are listed in ``metadata["weightio.placeholders"]``. No code runs in
+    either mode; `scan` still calls such a file unsafe.
+
     Returns:
         A `Checkpoint`: a read-only mapping of tensor names to `TensorView`s, usable as a
         context manager that closes its files.
@@ -96,19 +104,20 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Check
     """
     from .checkpoint import open_checkpoint
 
-    return open_checkpoint(path, limits)
+    return open_checkpoint(path, limits, unknown_globals=unknown_globals)
 
 
-def load(path: str | os.PathLike[str], *, limits: Limits | None = None) -> dict[str, np.ndarray]:
+def load(path: str | os.PathLike[str], *, limits: Limits | None = None,
+         unknown_globals: str = "refuse") -> dict[str, np.ndarray]:
     """Every tensor of a checkpoint as numpy arrays, in file order.
 
     The arrays are read-only zero-copy views of the file whenever `TensorView.numpy` allows;
     they stay valid after this returns (the mapping lives as long as they do). Use
-    ``.copy()`` for a writable array. `limits` as for `open`.
+    ``.copy()`` for a writable array. `limits` and `unknown_globals` as for `open`.
     """
     from .checkpoint import open_checkpoint
 
-    with open_checkpoint(path, limits) as ckpt:
+    with open_checkpoint(path, limits, unknown_globals=unknown_globals) as ckpt:
         return {name: ckpt[name].numpy() for name in ckpt}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from . import layout
 from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError
 from .formats import open_file
-from .formats.base import Reader, TensorInfo
+from .formats.base import Reader, TensorInfo, using_unknown_globals
 from .limits import Limits, using
 from .view import TensorView
 
@@ -136,13 +136,19 @@ class Checkpoint(Mapping[str, TensorView]):
 
 # ----------------------------------------------------------------------------- opening
 
-def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, *,
+                    unknown_globals: str | None = None) -> Checkpoint:
     """Open a checkpoint file or model directory; see `weightio.open`.
 
     Args:
         limits: the `weightio.limits.Limits` every file is opened (and later read) under;
             the current ones (`weightio.limits.current`) when None.
+        unknown_globals: ``"refuse"`` or ``"placeholder"`` for every pickle opened; None: the
+            mode in force (`weightio.formats.base.using_unknown_globals`, else "refuse").
     """
+    if unknown_globals is not None:
+        with using_unknown_globals(unknown_globals):
+            return open_checkpoint(path, limits)
     if limits is not None:
         with using(limits):
             return open_checkpoint(path)

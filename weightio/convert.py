@@ -361,6 +361,7 @@ def convert(
     progress: Progress | None = None,
     copy_files: bool = True,
     ggml_options: Mapping[str, Any] | None = None,
+    unknown_globals: str = "refuse",
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -383,6 +384,8 @@ def convert(
         ggml_options: a llama ggml/ggjt file written as ``.gguf`` becomes the llama GGUF model
             llama.cpp's converter writes (`weightio.formats.ggml_to_gguf`); these set what the
             file does not say: ``context_length``, ``eps``, ``gqa``, ``name``, ``description``.
+        unknown_globals: ``"placeholder"`` reads a pickle whose globals are off the allowlist (a
+            whole ``torch.save(model)``) through inert placeholders; see `weightio.open`.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -409,7 +412,7 @@ def convert(
     cast = target_dtype(dtype)
     llama = LlamaOptions.from_mapping(ggml_options)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
-    with open_checkpoint(src) as ckpt:
+    with open_checkpoint(src, unknown_globals=unknown_globals) as ckpt:
         extra = model_files.of_source(src, ckpt.files, os.path.dirname(layout.base)) if into_dir else None
         if ggml_options and not (ckpt.format == "ggml" and layout.fmt == "gguf"):
             raise UsageError("ggml options apply to a legacy ggml file converted to .gguf", path=ckpt.path)

@@ -94,6 +94,7 @@ class VarBuilder:
         base_model_prefix: str | None = None,
         auto_prefix: bool = True,
         renames: RenameSpec | None = None,
+        unknown_globals: str = "refuse",
     ) -> VarBuilder:
         """A builder over a checkpoint file, a model directory, a sharded index file, or a list of these.
 
@@ -108,6 +109,8 @@ class VarBuilder:
                 (``"bert"``); None infers it when needed.
             auto_prefix: set False to never infer a base-model prefix.
             renames: a first rename (see `rename`).
+            unknown_globals: ``"placeholder"`` reads pickles whose globals are off the allowlist
+                (a whole ``torch.save(model)``) through inert placeholders; see `weightio.open`.
 
         The builder owns the files it opened: `close` it (or use it as a context manager);
         tensors already returned stay valid.
@@ -116,7 +119,7 @@ class VarBuilder:
         opened: list[Checkpoint] = []
         try:
             for p in paths:
-                opened.append(open_checkpoint(p))
+                opened.append(open_checkpoint(p, unknown_globals=unknown_globals))
             return cls._build(opened, [c.path for c in opened], opened, dtype, device,
                               base_model_prefix, auto_prefix, renames)
         except BaseException:

@@ -224,6 +224,10 @@ HARNESSES: dict[str, Harness] = {
     "cli_convert": Harness(MappedFile, lambda f, h: True, 16384, "input.bin",
                            run=lambda path: _convert_everywhere(path)),
     "pytorch_differential": Harness(_pytorch_differential, lambda f, h: f in ("pytorch", "npz"), 16384, "input.pt"),
+    # every pickle of every container in placeholder mode: unknown globals become placeholders, and the same
+    # isolation, work and memory checks hold (no allowlisted global changes, no code runs)
+    "pytorch_placeholder": Harness(lambda file: _pytorch_checked(file, "placeholder"), lambda f, h: f == "pytorch",
+                                   16384, "input.pt"),
 }
 
 
@@ -483,13 +487,14 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _pytorch_checked(file: MappedFile) -> Any:
-    """`PyTorchReader`, then the isolation and work checks (also when the input is refused)."""
+def _pytorch_checked(file: MappedFile, unknown_globals: str = "refuse") -> Any:
+    """`PyTorchReader` (in `unknown_globals` mode), then the isolation and work checks (also when
+    the input is refused)."""
     if not _BASELINE:  # taken before the first input is read
         _BASELINE.update(state=_allowlist_state(), digest=_benign_digest(), inputs=0)
     size, rss, start = file.size, _peak_rss(), time.perf_counter()
     try:
-        reader = weightio.formats.pytorch.PyTorchReader(file)
+        reader = weightio.formats.pytorch.PyTorchReader(file, unknown_globals=unknown_globals)
     finally:
         _check_isolation()
         _check_cost(size, time.perf_counter() - start, _peak_rss() - rss)

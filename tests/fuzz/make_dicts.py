@@ -78,6 +78,15 @@ PYTORCH_DIFFERENTIAL = PYTORCH_ZIP + PYTORCH_TAR + NPZ + [b"DATA.PKL", b"archive
                                                          b"Data.pkl", b"data.PKL", b".debug_pkl", b"PK\x06\x06",
                                                          b"PK\x06\x07", b"PK\x05\x06", b"\x80\x03B", b"GNU.sparse",
                                                          b"hdrcharset=BINARY", b"././@LongLink", b"L", b"K", b"S"]
+# The placeholder harness: unknown globals, module state keys, the training objects' stand-ins.
+PYTORCH_PLACEHOLDER = PYTORCH_ZIP + PYTORCH_LEGACY + [
+    b"cevil\nNet\n", b"c__main__\nModel\n", b"ctorch.nn.modules.linear\nLinear\n", b"\x8c\x04evil\x94\x8c\x01f\x94\x93",
+    b")\x81", b"}b", b"N}\x86b", b"\x8c\x0b_parameters", b"\x8c\x08_buffers", b"\x8c\x08_modules",
+    b"\x8c\x1b_non_persistent_buffers_set", b"\x8c\x06module", b"(\x8c\x06moduleQ",
+    b"ctorch._tensor\n_rebuild_from_type_v2\n", b"comegaconf.dictconfig\nDictConfig\n)\x81",
+    b"comegaconf.nodes\nAnyNode\n)\x81", b"\x8c\x08_content", b"\x8c\x04_val", b"cdatetime\ndatetime\n",
+    b"cdatetime\ntimedelta\n", b"ctorch.torch_version\nTorchVersion\n", b"cpathlib\nPosixPath\n",
+    b"ccollections\ndefaultdict\n", b"ctransformers.trainer_utils\nIntervalStrategy\n", b"\x82\x01", b"o", b"i"]
 
 GGML_TYPE_IDS = [u32(i) for i in (*range(13), 14, 15, 16, 20, 23, 24, 29, 30, 31, 34, 35, 39, 40, 41)]
 GGUF = [b"GGUF", b"FUGG", u32(1), u32(2), u32(3), u32(3 << 24), b"general.alignment", b"general.architecture",
@@ -97,7 +106,7 @@ HOSTILE_TEXT = [b"../", b"/", b"..", b"\x1b[", b"\x1b]0;", b"\x07", b"\xc2\x9b",
 DICTS = {"safetensors": SAFETENSORS, "npy": NPY, "npz": NPZ, "pytorch_zip": PYTORCH_ZIP,
          "pytorch_legacy": PYTORCH_LEGACY, "pytorch_tar": PYTORCH_TAR, "gguf": GGUF, "ggml": GGML,
          "cli_convert": SAFETENSORS + NPZ + GGUF + PYTORCH_ZIP + HOSTILE_TEXT,
-         "pytorch_differential": PYTORCH_DIFFERENTIAL}
+         "pytorch_differential": PYTORCH_DIFFERENTIAL, "pytorch_placeholder": PYTORCH_PLACEHOLDER}
 
 
 def quote(token: bytes) -> str:

@@ -13,8 +13,10 @@ Readers know nothing of `Checkpoint`, the VarBuilder, devices, the hub or the CL
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,7 +27,35 @@ from ..limits import Limits
 from ..limits import current as current_limits
 from ..records import MAX_NDIM, TensorInfo
 
-__all__ = ["MAX_NDIM", "Reader", "TensorInfo", "stored_name"]
+__all__ = ["MAX_NDIM", "Reader", "TensorInfo", "UNKNOWN_GLOBALS", "stored_name", "unknown_globals",
+           "using_unknown_globals"]
+
+# What a pickle reader does with a global off the allowlist: "refuse" (UnsafePickleError) or
+# "placeholder" (an inert placeholder; weightio.formats.pytorch.placeholders).
+UNKNOWN_GLOBALS = ("refuse", "placeholder")
+_unknown_globals: contextvars.ContextVar[str] = contextvars.ContextVar("weightio_unknown_globals", default="refuse")
+
+
+def unknown_globals() -> str:
+    """The unknown-globals mode of the files opened here (`using_unknown_globals`; default "refuse")."""
+    return _unknown_globals.get()
+
+
+@contextlib.contextmanager
+def using_unknown_globals(mode: str) -> Iterator[str]:
+    """Open files in the block with unknown-globals `mode` (`UNKNOWN_GLOBALS`), as `weightio.open`'s
+    ``unknown_globals=`` does for one call (a `contextvars.ContextVar`: other threads keep theirs).
+
+    Raises:
+        UsageError: `mode` is not one of `UNKNOWN_GLOBALS`.
+    """
+    if mode not in UNKNOWN_GLOBALS:
+        raise UsageError(f"unknown_globals must be one of {', '.join(map(repr, UNKNOWN_GLOBALS))}, not {mode!r}")
+    token = _unknown_globals.set(mode)
+    try:
+        yield mode
+    finally:
+        _unknown_globals.reset(token)
 
 
 class Reader:

@@ -7,7 +7,9 @@ pickle names: torch's rebuild functions return records (`TensorRef`) checked lat
 reader can name the tensor; storage classes, dtypes, layouts are `Token`s; containers
 (`OrderedDict`, `Namespace`, sets …) check the keys they are built from; numpy arrays and
 scalars are rebuilt from their dtype, shape and raw bytes (`NumpyDType`, `NumpyArray`),
-numpy's pickle support is never called, and object dtypes are refused.
+numpy's pickle support is never called, and object dtypes are refused. The objects training
+checkpoints hold beside tensors (OmegaConf configs, ``TrainingArguments``, paths, dates, enums …)
+have stand-ins of their own, in `.standins`.
 
 No stand-in builds a tuple or frozenset from the items of a list, dict or set other than
 plain scalars (`_size` takes ints only): the lexer's nesting bound for tuples, which keeps
@@ -30,6 +32,7 @@ from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from .inert import FrozenClass, Function, Token
 from .rebuilds import LAYOUTS, torch_functions
 from .refs import StorageRef, TensorRef, check_state, short_repr
+from .standins import training_objects
 
 __all__ = [
     "ALLOWLIST", "Function", "Namespace", "NumpyArray", "NumpyDType", "STORAGE_CLASSES", "StorageRef",
@@ -355,6 +358,8 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         function(module, "scalar", _numpy_scalar)
     for module in ("numpy.core.numeric", "numpy._core.numeric"):
         function(module, "_frombuffer", _numpy_frombuffer)
+    for key, standin in training_objects().items():  # OmegaConf, Lightning, Trainer objects: `.standins`
+        table.setdefault(key, standin)
     return table
 
 

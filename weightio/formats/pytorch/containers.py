@@ -17,6 +17,7 @@ from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .inert import Token
 from .opcodes import OPCODE_NAMES, PROTO
+from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import itemsize
 
@@ -255,6 +256,8 @@ class LegacyContainer(Container):
 
     def _persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and pid and pid[0] == "module":
+            if unpickler.placeholder_mode():  # ("module", class, source file, source): the class, a placeholder
+                return module_class(pid, self._fail)
             raise UnsafePickleError("the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is "
                                     "code; save model.state_dict() instead")
         if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
@@ -418,6 +421,8 @@ class TarContainer(Container):
         except ValueError:
             key = None
         if isinstance(pid, tuple):
+            if unpickler.placeholder_mode() and pid and pid[0] == "module":
+                return module_class(pid, self._fail)
             raise UnsafePickleError("the checkpoint pickles a whole torch.nn.Module (torch.save(model)), which is "
                                     "code; save model.state_dict() instead", path=self.path)
         if key is None or (key not in self._tensors and str(key) not in self.storages):

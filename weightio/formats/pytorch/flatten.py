@@ -20,7 +20,10 @@ from ...errors import CorruptFileError, FormatError
 from ...limits import DEFAULTS, exceeded
 from ...limits import hint as limits_hint
 from .allowlist import Namespace, NumpyArray
+from .placeholders import Placeholder
+from .placeholders import children as placeholder_children
 from .refs import StorageRef, TensorRef, short_repr
+from .standins import plain_time
 
 __all__ = ["flatten", "is_tensor", "plain_value"]
 
@@ -40,7 +43,7 @@ def plain_value(value: Any) -> Any:
         return {}
     if isinstance(value, Namespace):
         return "Namespace()"
-    return short_repr(value)
+    return plain_time(value) or short_repr(value)
 
 
 def is_tensor(obj: Any) -> bool:
@@ -88,12 +91,16 @@ def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS
 
 def _children(obj: Any) -> Iterator[tuple[str, Any]] | None:
     """(component, child) pairs of a container to descend into, or None for a leaf."""
+    if type(obj) is TensorRef:  # the common leaf, first
+        return None
     if isinstance(obj, dict) and obj:
         return ((_component(k), v) for k, v in obj.items())
     if isinstance(obj, Namespace) and obj.fields:
         return ((_component(k), v) for k, v in obj.fields.items())
     if isinstance(obj, (list, tuple)) and obj and not all(isinstance(v, PLAIN_TYPES) for v in obj):
         return ((str(i), v) for i, v in enumerate(obj))
+    if isinstance(obj, Placeholder):
+        return placeholder_children(obj, _component)
     return None
 
 
@@ -145,6 +152,8 @@ def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tup
         if visited > budget or characters > 16 * budget or len(name) > max_name:
             raise _walk_limit(visited, budget, name, max_name)
         grandkids = _children(child)
+        if grandkids is not None and isinstance(child, Placeholder) and id(child) in on_path:
+            grandkids = None  # a link back to an enclosing placeholder (a _parent): described, not walked
         if grandkids is None:
             visited += _copies(child)
             if visited > budget:

@@ -72,10 +72,13 @@ from ...limits import exceeded
 from ...text import dims, number
 from .. import _zip
 from ..base import MAX_NDIM, Reader, TensorInfo
+from ..base import unknown_globals as current_unknown_globals
+from . import unpickler
 from .allowlist import NumpyArray
 from .containers import Container, Span, open_container
 from .flatten import flatten
 from .inert import Token
+from .placeholders import KEY as PLACEHOLDERS_KEY
 from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, QUANTIZED_DTYPES, itemsize
 
@@ -94,14 +97,22 @@ class PyTorchReader(Reader):
     ``optimizer.state.0.exp_avg``); their non-tensor leaves (epoch, loss, args …) are
     `metadata` under the same dotted names.
 
+    With ``unknown_globals="placeholder"`` (default: the mode of `weightio.formats.base.unknown_globals`,
+    "refuse"), a global off the allowlist becomes an inert placeholder instead of an
+    `UnsafePickleError` (`.placeholders`); those replaced are listed in
+    ``metadata["weightio.placeholders"]``.
+
     Attributes:
         container: ``"zip"``, ``"legacy"``, ``"tar"`` or ``"pickle"``.
+        placeholders: the dotted names of the globals replaced by placeholders, in the order met.
     """
 
     format = "pytorch"
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, *, unknown_globals: str | None = None) -> None:
         super().__init__(source)
+        self.unknown_globals = current_unknown_globals() if unknown_globals is None else unknown_globals
+        self.placeholders: list[str] = []
         self._unreadable: dict[str, str] = {}  # name -> why numpy() cannot serve it
         self._own: dict[str, np.ndarray] = {}  # name -> its own bytes (numpy arrays pickled inline)
         self._deflated: dict[str, _zip.ZipMember] = {}  # name -> the deflated record holding it
@@ -111,7 +122,8 @@ class PyTorchReader(Reader):
 
     def _read(self) -> None:
         limits = self.limits
-        container = open_container(self.file, limits)
+        with unpickler.placeholders(self.unknown_globals) as registry:
+            container = open_container(self.file, limits)
         self.container = container.kind
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
@@ -121,6 +133,12 @@ class PyTorchReader(Reader):
                                                        max_name_bytes=limits.name_bytes)
         except WeightioError as e:
             raise type(e)(e.message, path=self.path) from None
+        if registry is not None and registry.classes:
+            self.placeholders = registry.replaced
+            if PLACEHOLDERS_KEY in tensors or PLACEHOLDERS_KEY in self.metadata:
+                raise CorruptFileError(f"the checkpoint holds an entry named {PLACEHOLDERS_KEY!r}, the key weightio "
+                                       "lists replaced globals under", path=self.path)
+            self.metadata[PLACEHOLDERS_KEY] = list(self.placeholders)
         if len(tensors) > limits.tensors:
             raise exceeded("tensor count", len(tensors), "tensors", limits.tensors, path=self.path, unit="")
         builder = _Builder(container)

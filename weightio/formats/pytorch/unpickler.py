@@ -1,21 +1,51 @@
 """The allowlist unpickler: CPython's C unpickler whose only source of globals is the allowlist
 (`weightio.formats.pytorch.allowlist.ALLOWLIST`), run on a pickle the lexer (`.lexer.prepass`)
 has already checked. See the lexer's module docstring for the whole pipeline.
+
+In placeholder mode (`placeholders`, which the reader opens around a file's pickles) a global off
+the allowlist becomes an inert placeholder class of that file (`.placeholders`) instead of an
+`UnsafePickleError`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import io
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import limits as _limits
-from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from ...errors import CorruptFileError, UnsafePickleError, UsageError, WeightioError
 from .allowlist import ALLOWLIST
 from .lexer import lex, prepass
+from .placeholders import MODES, OVERRIDES, Placeholders, overrides
 
-__all__ = ["Unpickler", "load"]
+__all__ = ["Unpickler", "load", "placeholder_mode", "placeholders"]
+
+OVERRIDES.update(overrides(ALLOWLIST))
+_placeholders: contextvars.ContextVar[Placeholders | None] = contextvars.ContextVar("weightio_placeholders",
+                                                                                    default=None)
+
+
+@contextlib.contextmanager
+def placeholders(mode: str) -> Iterator[Placeholders | None]:
+    """Within the block, pickles read in `mode`: ``"refuse"`` (unknown globals raise
+    `UnsafePickleError`) or ``"placeholder"`` (they become the yielded file's `Placeholders`)."""
+    if mode not in MODES:
+        raise UsageError(f"unknown_globals must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+    registry = Placeholders() if mode == "placeholder" else None
+    token = _placeholders.set(registry)
+    try:
+        yield registry
+    finally:
+        _placeholders.reset(token)
+
+
+def placeholder_mode() -> bool:
+    """Whether the pickles read here are in placeholder mode (see `placeholders`)."""
+    return _placeholders.get() is not None
 
 
 class Unpickler(pickle.Unpickler):
@@ -29,13 +59,26 @@ class Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]) -> None:
         super().__init__(io.BytesIO(data), encoding="latin1")
         self.persistent_load = persistent_load  # the C unpickler's slot: called directly per id
+        self.placeholders = _placeholders.get()
 
     def find_class(self, module: str, name: str) -> Any:
         standin = ALLOWLIST.get((module, name))
+        if self.placeholders is not None:
+            return self._placeholder_mode(module, name, standin)
         if standin is None:
             raise UnsafePickleError(f"the pickle asks for global '{_printable(module)}.{_printable(name)}', which "
                                     "is not on weightio's allowlist; nothing was imported or run")
         return standin
+
+    def _placeholder_mode(self, module: str, name: str, standin: Any) -> Any:
+        override = OVERRIDES.get((module, name))
+        if override is not None:
+            return override
+        if standin is not None:
+            return standin
+        if not (isinstance(module, str) and isinstance(name, str)):
+            raise UnsafePickleError("a global whose module or name is not a string; refused")
+        return self.placeholders.get(module, name)
 
 
 def _printable(text: str) -> str:
