@@ -123,6 +123,7 @@ def test_object_member_is_listed_and_refused_only_when_read():
 def test_scan_and_inspect_of_an_object_member():
     (f,) = wio.scan(HERE / "with_object.npz").files
     assert not f.safe and f.verdict.startswith("UnsafePickleError: tensor 'meta': object array ('|O')")
+    assert f.note.startswith("an object array's data is a pickle")
     result = CliRunner().invoke(main, ["inspect", str(HERE / "with_object.npz")])
     assert result.exit_code == 0 and "meta" in result.output and "object" in result.output
 
