@@ -176,7 +176,7 @@ def is_number(dtype: np.dtype) -> bool:
     """True for the element types of tensors: bool, int, uint, float, complex and the ml_dtypes
     types. False for what only ``.npy``/``.npz`` files hold (bytes, str, void, datetime,
     timedelta, records, objects), which no framework has and no cast reaches."""
-    return dtype.kind in "biufc" or dtype in ML_DTYPES
+    return dtype.kind in "biufc" or (dtype.fields is None and dtype.newbyteorder("=") in ML_DTYPES)  # any byte order
 
 
 _NAME_LIMIT = 120  # a record's descr can run to the npy header limit: tables show its start
@@ -197,7 +197,7 @@ def dtype_name(dtype: np.dtype) -> str:
             text = str(dtype)
         return text if len(text) <= _NAME_LIMIT else text[: _NAME_LIMIT - 1] + "…"
     name = f"{dtype.char}{dtype.itemsize // (4 if dtype.kind == 'U' else 1)}" if (
-        dtype.kind in "SUV" and dtype not in ML_DTYPES) else dtype.name
+        dtype.kind in "SUV" and not is_number(dtype)) else dtype.name
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
         return ">" + name
     return name
