@@ -207,8 +207,8 @@ def check_numbers(dtype: np.dtype, records_ok: bool, path: str, name: str, view:
     if dtype.hasobject:
         if view is not None:
             view.raw()  # the reader refuses it, saying why (its data is a pickle)
-        raise UnsupportedDTypeError(f"dtype {dtype_name(dtype)} holds Python objects, which cannot be stored as a "
-                                    "tensor", path=path, tensor=name)
+        raise UnsupportedDTypeError(f"dtype {dtype_name(dtype)} cannot be stored as a tensor: it holds Python "
+                                    "objects", path=path, tensor=name)
     if not records_ok:
         raise UnsupportedDTypeError(f"{dtype_name(dtype)} elements are not numbers: only .npz and .npy store them "
                                     "(no exact conversion to a number type exists)", path=path, tensor=name)
