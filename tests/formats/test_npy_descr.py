@@ -212,7 +212,8 @@ def test_save_of_numpy_records_and_refusals(tmp_path):
     assert (tmp_path / "p.npy").read_bytes() == _np_save(prices)
     with pytest.raises(UnsupportedDTypeError, match="tensor 'p': .* elements are not numbers"):
         wio.save({"p": prices}, tmp_path / "p.safetensors")
-    with pytest.raises(UnsupportedDTypeError, match="tensor 'o': dtype object cannot be stored as a tensor: it holds Python objects"):
+    with pytest.raises(UnsupportedDTypeError, match="tensor 'o': dtype object cannot be stored as a tensor: it "
+                                                    "holds Python objects"):
         wio.save({"o": np.array([None], dtype=object)}, tmp_path / "o.npz")
 
 
