@@ -29,7 +29,7 @@ import numpy as np
 from ._io import bytes_equal, drop_array_pages
 from .checkpoint import Checkpoint
 from .dtypes import TABLE, dtype_name, is_number
-from .errors import UnsupportedDTypeError, UsageError
+from .errors import CorruptFileError, UnsupportedDTypeError, UsageError
 from .view import TensorView
 
 __all__ = [
@@ -95,7 +95,14 @@ def first_values(view: TensorView, n: int) -> np.ndarray:
         have += len(out[-1])
         if have >= n:
             break
-    return np.concatenate(out) if out else np.empty(0, dtype=view.dtype)
+    values = np.concatenate(out) if out else np.empty(0, dtype=view.dtype)
+    if values.dtype.kind not in "biufc":
+        try:
+            values.tolist()  # what a caller prints; numpy cannot make a str of a code point past U+10FFFF
+        except SystemError:
+            raise CorruptFileError("holds a character beyond U+10FFFF (not Unicode), which Python cannot hold in "
+                                   "a str", path=view.path, tensor=view.name) from None
+    return values
 
 
 @dataclass

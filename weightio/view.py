@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
-from .errors import UnsupportedDTypeError
+from .errors import CorruptFileError, UnsupportedDTypeError
 from .text import dims
 
 if TYPE_CHECKING:
@@ -125,7 +125,14 @@ class TensorView:
         """
         if self.info.ggml_type is not None:
             return self._dequantize(key)
-        return _finish(self._stored()[key])
+        stored = self._stored()
+        try:
+            return _finish(stored[key])
+        except SystemError:  # numpy cannot make a str of a code point past U+10FFFF (the scalar of a '<U' element)
+            if not _has_text(stored.dtype):
+                raise
+            raise CorruptFileError("holds a character beyond U+10FFFF (not Unicode), which Python cannot hold in a "
+                                   "str", path=self.path, tensor=self.name) from None
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         arr = self.numpy()
@@ -173,6 +180,15 @@ class TensorView:
             return quant.dequantize_stored(raw, self.info, key)
         except UnsupportedDTypeError as e:
             raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
+
+
+def _has_text(dtype: np.dtype) -> bool:
+    """Whether `dtype` (a record's fields and sub-arrays included) holds numpy str ('U') elements."""
+    if dtype.subdtype is not None:
+        return _has_text(dtype.subdtype[0])
+    if dtype.fields is not None:
+        return any(_has_text(field[0]) for field in dtype.fields.values())
+    return dtype.kind == "U"
 
 
 def _finish(arr: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from weightio.convert import convert
 from weightio.dtypes import dtype_name
 from weightio.errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from weightio.formats.npy_descr import strip_long_suffixes
-from weightio.stats import compare, tensor_stats
+from weightio.stats import compare, first_values, tensor_stats
 
 from ..conftest import FIXTURES
 
@@ -240,3 +240,16 @@ def test_varbuilder_keeps_them_and_refuses_casts():
     vb = wio.VarBuilder.from_path(HERE / "dtypes.npz", dtype="float16")
     assert vb.get((3,), "bytes").tolist() == [b"csr", b"co", b""]  # like integers, they keep their type
     assert vb.get((4,), "number").dtype == np.float16
+
+
+def test_str_data_beyond_unicode_is_a_corrupt_file_error(write):
+    # found by tests/fuzz (npy harness): numpy raises SystemError making a str of a code point past U+10FFFF
+    path = write("bad.npy", _np_save(np.array(["abc", "d"], ">U3"))[:-12] + b"\x62\x00\x00\x64" + bytes(8))
+    with wio.open(path) as ckpt:
+        assert ckpt["bad"].numpy().dtype == np.dtype(">U3")  # the view itself is what numpy.load returns
+        with pytest.raises(CorruptFileError, match=r"tensor 'bad': holds a character beyond U\+10FFFF"):
+            ckpt["bad"][-1]
+        with pytest.raises(CorruptFileError, match=r"tensor 'bad': holds a character beyond U\+10FFFF"):
+            first_values(ckpt["bad"], 2)
+    result = CliRunner().invoke(main, ["show", str(path), "bad"])
+    assert result.exit_code == 1 and "holds a character beyond U+10FFFF" in result.output
