@@ -8,7 +8,7 @@ import click
 import numpy as np
 
 import weightio
-from weightio.dtypes import dtype_name
+from weightio.dtypes import dtype_name, is_number
 from weightio.stats import first_values, is_packed, tensor_stats
 from weightio.text import printable
 
@@ -62,6 +62,12 @@ def show_command(path: str, name: str, count: int, unknown_globals: str) -> None
             raw = view.raw()
             lines.append(f"  bytes     {raw[:16].tobytes().hex(' ')}{' …' if raw.size > 16 else ''}  "
                          "(packed sub-byte type: numpy cannot show its values)")
+            echo("\n".join(lines), essential=True)
+            return
+        if not is_number(view.dtype):  # bytes, str, datetime, records (.npy/.npz): values, no statistics
+            lines.append("  (not numbers: no statistics)")
+            if count and size:
+                lines.append(f"  values    {_values_line(first_values(view, count), size)}")
             echo("\n".join(lines), essential=True)
             return
         stats = tensor_stats(view)

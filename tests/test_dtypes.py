@@ -48,3 +48,16 @@ def test_lookups_by_name_and_byte_order():
         by_safetensors("F128")
     with pytest.raises(UnsupportedDTypeError, match="dtype complex128 has no safetensors/torch equivalent"):
         by_numpy(np.dtype(np.complex128))
+
+
+@pytest.mark.parametrize("dtype,number,name", [
+    (np.dtype(ml_dtypes.bfloat16).newbyteorder(">"), True, ">bfloat16"),  # big-endian torch files
+    (np.dtype(ml_dtypes.float8_e4m3fn), True, "float8_e4m3fn"), (np.dtype(">f4"), True, ">float32"),
+    (np.dtype("|S3"), False, "S3"), (np.dtype(">U3"), False, ">U3"), (np.dtype("|V2"), False, "V2"),
+    (np.dtype(">M8[ns]"), False, ">datetime64[ns]"), (np.dtype("O"), False, "object"),
+    (np.dtype([("a", "<f4"), ("b", "|S2", (2,))]), False, "[('a', '<f4'), ('b', '|S2', (2,))]"),
+])
+def test_is_number_and_dtype_name_of_numpys_other_dtypes(dtype, number, name):
+    from weightio.dtypes import is_number
+
+    assert is_number(dtype) is number and dtype_name(dtype) == name

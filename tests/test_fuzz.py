@@ -85,9 +85,10 @@ def test_zip64_seeds_read_exactly_like_their_fixtures(fuzz, tmp_path, fixture):
 
 def test_seeding_copies_fixtures_and_zip64_forms_once(fuzz, tmp_path):
     corpus = tmp_path / "corpus"
-    assert fuzz.seed(fuzz.HARNESSES["npz"], corpus) == 4
+    assert fuzz.seed(fuzz.HARNESSES["npz"], corpus) == 10  # fixtures/numpy (4) and fixtures/numpy_dtypes (6)
     names = sorted(p.name for p in corpus.iterdir())
-    assert "seed-numpy_arrays.npz" in names and "zip64-seed-numpy_arrays.npz" in names and len(names) == 8
+    assert "seed-numpy_arrays.npz" in names and "zip64-seed-numpy_arrays.npz" in names and len(names) == 20
+    assert "seed-numpy_dtypes_sparse_csr.npz" in names
     (corpus / "seed-numpy_arrays.npz").write_bytes(b"left as it is")
     fuzz.seed(fuzz.HARNESSES["npz"], corpus)
     assert (corpus / "seed-numpy_arrays.npz").read_bytes() == b"left as it is"

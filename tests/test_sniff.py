@@ -161,3 +161,79 @@ def test_the_tar_test_agrees_with_tarfile_and_imports_it_only_for_plausible_head
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run([sys.executable, "-c", code, f"{tmp}/a.npy"], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr  # opening an .npy never imports tarfile
+
+
+# ----------------------------------------------------------------------------- saved web pages (issue 13)
+
+_HF_PAGE = """
+<!doctype html>
+<html class="">
+\t<head>
+\t\t<meta charset="utf-8" />
+\t\t<meta name="viewport" content="width=device-width, initial-scale=1.0, user-scalable=no" />
+\t\t<title>model.safetensors · org/model at main</title>
+\t\t<link rel="stylesheet" href="/front/build/kube-3cd5d4d/style.css" />
+\t</head>
+\t<body class="flex flex-col min-h-dvh bg-white dark:bg-gray-950 text-black ViewerBlobPage">
+"""
+_GITHUB_PAGE = """\ufeff
+
+  <!DOCTYPE html>
+<html lang="en" data-color-mode="auto" data-light-theme="light" data-dark-theme="dark">
+  <head>
+    <meta charset="utf-8">
+  <link rel="dns-prefetch" href="https://github.githubassets.com">
+"""
+_IE_PAGE = """<!-- saved from url=(0042)https://example.org/models/pytorch_model.bin -->
+<HTML><HEAD><META http-equiv="Content-Type" content="text/html; charset=utf-8"><TITLE>404 Not Found</TITLE>
+</HEAD><BODY><H1>Not Found</H1></BODY></HTML>
+"""
+_XHTML_PAGE = """<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Strict//EN" "http://www.w3.org/TR/xhtml1/DTD/xhtml1-strict.dtd">
+<html xmlns="http://www.w3.org/1999/xhtml"><head><title>Access denied</title></head>
+"""
+_S3_ERROR_PAGE = ("\r\n\r\n<html>\r\n<head><title>403 Forbidden</title></head>\r\n<body>\r\n"
+                  "<center><h1>403 Forbidden</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+_SPA_PAGE = """   <head><script>window.location = "/login?next=/files/model.gguf"</script></head>"""
+
+SAVED_PAGES = {
+    "huggingface blob page, leading newline, lowercase doctype": _HF_PAGE.encode("utf-8"),
+    "github page with a UTF-8 BOM and indentation": _GITHUB_PAGE.encode("utf-8"),
+    "Internet Explorer 'saved from url' mark, upper case": _IE_PAGE.encode("utf-8"),
+    "IE 'Save as Unicode' (UTF-16 LE with BOM)": _IE_PAGE.encode("utf-16"),
+    "UTF-16 BE with BOM": ("\ufeff" + _HF_PAGE).encode("utf-16-be"),
+    "UTF-16 LE without BOM": _S3_ERROR_PAGE.encode("utf-16-le"),
+    "XHTML with an XML declaration": _XHTML_PAGE.encode("utf-8"),
+    "nginx 403 page after CRLFs": _S3_ERROR_PAGE.encode("latin-1"),
+    "page starting with <head>": _SPA_PAGE.encode("utf-8"),
+}
+# every suffix weightio opens or finds in a model directory
+SUFFIXES = [".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".npz", ".npy"]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.parametrize("page", list(SAVED_PAGES.values()), ids=list(SAVED_PAGES))
+def test_saved_web_pages_are_called_html_pages(write, page, suffix):
+    path = write(f"model{suffix}", page)
+    with pytest.raises(FormatError) as info:
+        wio.open(path)
+    assert str(info.value) == f"{path}: is an HTML page, not weights (a failed download?)"
+
+
+@pytest.mark.parametrize("name", ["numpy.safetensors", "dtypes.safetensors", "numpy/c_order.npy", "numpy/arrays.npz",
+                                  "numpy_dtypes/python2_v1.npy"])
+def test_weight_files_are_not_pages(name):
+    from weightio.formats.sniff import looks_like_html
+
+    assert not looks_like_html((FIXTURES / name).read_bytes()[:512])
+
+
+@pytest.mark.parametrize("head", [
+    b"\x80\x02}q\x00(X\x06\x00\x00\x00<html>q\x01", b"\x93NUMPY\x01\x00v\x00{'descr': '<html'", b"GGUF\x03\x00\x00\x00",
+    b"\x08\x00\x00\x00\x00\x00\x00\x00{\"<html\":1}", b"<htm", b"  <p>a paragraph</p>", b"<!DOCTYP",
+    b"\xef\xbb\xbf{\"a\": 1}", b"", b"\xff\xfe",
+])
+def test_what_is_no_page_is_not_called_one(head):
+    from weightio.formats.sniff import looks_like_html
+
+    assert not looks_like_html(head)

@@ -57,13 +57,13 @@ from . import model_files
 from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
-from .dtypes import PACKED, TABLE, dtype_name, parse_dtype
+from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
 from .formats.ggml_to_gguf import LlamaOptions, as_llama, is_llama
 from .records import TensorSource
 from .view import TensorView
-from .writing import block_type, check_materializable, write_sources
+from .writing import RECORD_FORMATS, block_type, check_materializable, check_numbers, write_sources
 
 __all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "target_dtype"]
 
@@ -248,6 +248,9 @@ def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: 
     elif info.ggml_type is None and info.dtype in PACKED:
         return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, True),
                             code=PACKED[info.dtype].safetensors)
+    elif info.ggml_type is None and not is_number(info.dtype):  # bytes, str, datetime, records: as stored
+        check_numbers(info.dtype, fmt in RECORD_FORMATS, view.path, view.name, view)
+        return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, False))
     dtype = view.dtype
     if cast is not None and (dtype in _FLOATS or info.ggml_type is not None):
         dtype = cast

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import UnsupportedDTypeError
 
 __all__ = [
-    "DType", "ML_DTYPES", "PACKED", "by_numpy", "by_safetensors", "by_torch", "dtype_name",
+    "DType", "ML_DTYPES", "PACKED", "by_numpy", "by_safetensors", "by_torch", "dtype_name", "is_number",
     "parse_dtype",
 ]
 
@@ -172,10 +172,32 @@ def parse_dtype(dtype: object) -> np.dtype:
 
 
 
+def is_number(dtype: np.dtype) -> bool:
+    """True for the element types of tensors: bool, int, uint, float, complex and the ml_dtypes
+    types. False for what only ``.npy``/``.npz`` files hold (bytes, str, void, datetime,
+    timedelta, records, objects), which no framework has and no cast reaches."""
+    return dtype.kind in "biufc" or (dtype.fields is None and dtype.newbyteorder("=") in ML_DTYPES)  # any byte order
+
+
+_NAME_LIMIT = 120  # a record's descr can run to the npy header limit: tables show its start
+
+
 def dtype_name(dtype: np.dtype) -> str:
-    """The short name weightio prints for a dtype: ``float32``, ``bfloat16``, ``>float32`` for big-endian."""
+    """The short name weightio prints for a dtype: ``float32``, ``bfloat16``, ``>float32`` for big-endian.
+
+    Other ``.npy`` dtypes: ``S3`` (bytes), ``U3`` / ``>U3`` (str), ``V8`` (void), ``datetime64[s]``,
+    ``>timedelta64[ns]``, ``object``, and records as their ``descr`` (what the ``.npy`` header
+    holds: ``[('date', '<M8[D]'), ('open', '<f8')]``), cut after 120 characters.
+    """
     dtype = np.dtype(dtype)
-    name = dtype.name
+    if dtype.fields is not None or dtype.subdtype is not None:
+        try:
+            text = str(dtype.descr)
+        except ValueError:  # overlapping or out-of-order fields have no descr
+            text = str(dtype)
+        return text if len(text) <= _NAME_LIMIT else text[: _NAME_LIMIT - 1] + "…"
+    name = f"{dtype.char}{dtype.itemsize // (4 if dtype.kind == 'U' else 1)}" if (
+        dtype.kind in "SUV" and not is_number(dtype)) else dtype.name
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
         return ">" + name
     return name

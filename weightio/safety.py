@@ -276,6 +276,8 @@ def scan_file(path: str) -> FileScan:
         file.close()
     verdict, readable = _verdict(path) if fmt is not None else (kind_note, False)
     note = _NO_CODE if fmt in _NO_CODE_FORMATS else kind_note
+    if fmt in ("npy", "npz") and verdict.startswith("UnsafePickleError"):
+        note = _OBJECT_ARRAYS
     safe = readable and not collisions and all(p.allowed for p in pickles)
     return FileScan(path, fmt, verdict, safe, pickles, note, collisions)
 
@@ -305,12 +307,22 @@ def _format(file: MappedFile) -> tuple[str | None, str]:
         return None, e.message
 
 
+_OBJECT_ARRAYS = "an object array's data is a pickle (weightio never loads it; numpy runs it with allow_pickle)"
+
+
 def _verdict(path: str) -> tuple[str, bool]:
     try:
         reader = open_file(path)
     except WeightioError as e:
         return _error_text(e), False
-    reader.close()
+    try:
+        for name, info in reader.tensors.items():
+            if info.dtype.hasobject:  # an .npy/.npz object array: listed, its pickle refused when read
+                reader.buffer(name)
+    except WeightioError as e:
+        return _error_text(e), False
+    finally:
+        reader.close()
     return "weightio reads it", True
 
 

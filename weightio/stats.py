@@ -28,8 +28,8 @@ import numpy as np
 
 from ._io import bytes_equal, drop_array_pages
 from .checkpoint import Checkpoint
-from .dtypes import TABLE
-from .errors import UnsupportedDTypeError, UsageError
+from .dtypes import TABLE, dtype_name, is_number
+from .errors import CorruptFileError, UnsupportedDTypeError, UsageError
 from .view import TensorView
 
 __all__ = [
@@ -95,7 +95,14 @@ def first_values(view: TensorView, n: int) -> np.ndarray:
         have += len(out[-1])
         if have >= n:
             break
-    return np.concatenate(out) if out else np.empty(0, dtype=view.dtype)
+    values = np.concatenate(out) if out else np.empty(0, dtype=view.dtype)
+    if values.dtype.kind not in "biufc":
+        try:
+            values.tolist()  # what a caller prints; numpy cannot make a str of a code point past U+10FFFF
+        except SystemError:
+            raise CorruptFileError("holds a character beyond U+10FFFF (not Unicode), which Python cannot hold in "
+                                   "a str", path=view.path, tensor=view.name) from None
+    return values
 
 
 @dataclass
@@ -163,7 +170,8 @@ def tensor_stats(view: TensorView) -> Stats:
     """`Stats` of every element of `view`, read slice by slice in bounded memory.
 
     Raises:
-        UnsupportedDTypeError: a packed sub-byte tensor (see `is_packed`).
+        UnsupportedDTypeError: a packed sub-byte tensor (see `is_packed`), or one that holds no
+            numbers (bytes, str, datetime, records of an ``.npy``/``.npz``).
 
     Example:
         >>> with wio.open("fixtures/tiny-bert") as ckpt:
@@ -171,6 +179,11 @@ def tensor_stats(view: TensorView) -> Stats:
         >>> (s.count, s.minimum, s.maximum, s.mean, s.std, s.nan, s.inf)
         (32, -0.25, 0.75, 0.220703125, 0.2914740516799641, 0, 0)
     """
+    if view.dtype.hasobject:
+        view.raw()  # the reader refuses an object array, saying why (its data is a pickle)
+    if not is_number(view.dtype):
+        raise UnsupportedDTypeError(f"{dtype_name(view.dtype)} elements are not numbers: they have no statistics",
+                                    path=view.path, tensor=view.name)
     stats = Stats()
     with np.errstate(all="ignore"):
         for part in chunks(view):
@@ -218,7 +231,10 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
 
     Elements differ when ``|a - b| > atol + rtol * |b|`` (``numpy.isclose``'s rule); NaN equals
     NaN only. Tensors of different dtypes are compared by value (float64, or exactly for
-    integers); tensors of different shapes are not compared (``compared`` is False).
+    integers); tensors of different shapes are not compared (``compared`` is False). Tensors
+    that hold no numbers (bytes, str, datetime, records of ``.npz`` files) are compared element by
+    element by their stored bytes when their dtypes are the same, else count as all different
+    (``max_abs`` None); an object array cannot be compared (reading it raises `UnsafePickleError`).
 
     Args:
         a, b: the tensors (``b`` is the reference for `rtol`).
@@ -235,7 +251,7 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
         (False, 0.0625, 32, 32)
     """
     _check_tolerances(atol, rtol)
-    kinds = (a.ggml_type or a.info.dtype.newbyteorder("=").name, b.ggml_type or b.info.dtype.newbyteorder("=").name)
+    kinds = (_kind(a), _kind(b))
     diff = TensorDiff(a.name if name is None else name, kinds, (a.shape, b.shape), count=math.prod(a.shape))
     if a.shape != b.shape:
         diff.compared, diff.max_abs, diff.max_rel = False, None, None
@@ -246,12 +262,32 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
     if is_packed(a) or is_packed(b):
         diff.max_abs, diff.max_rel, diff.mismatched = None, None, diff.count
         return diff
+    if not (is_number(a.dtype) and is_number(b.dtype)):
+        diff.max_abs, diff.max_rel = None, None
+        diff.mismatched = _elements_differing(a, b) if a.dtype == b.dtype else diff.count
+        return diff
     with np.errstate(all="ignore"):
         for x, y in zip(chunks(a), chunks(b), strict=True):
             max_abs, max_rel, bad = _chunk_diff(x, y, atol, rtol)
             diff.max_abs, diff.max_rel = max(diff.max_abs, max_abs), max(diff.max_rel, max_rel)
             diff.mismatched += bad
     return diff
+
+
+def _kind(view: TensorView) -> str:
+    if view.ggml_type:
+        return view.ggml_type
+    dtype = view.info.dtype
+    return dtype.newbyteorder("=").name if is_number(dtype) else dtype_name(dtype)
+
+
+def _elements_differing(a: TensorView, b: TensorView) -> int:
+    """Elements of two same-dtype non-numeric tensors whose stored bytes differ."""
+    bad = 0
+    for x, y in zip(chunks(a), chunks(b), strict=True):
+        whole = np.dtype((np.void, x.dtype.itemsize))
+        bad += int((np.ascontiguousarray(x).view(whole) != np.ascontiguousarray(y).view(whole)).sum())
+    return bad
 
 
 def _check_tolerances(atol: float, rtol: float) -> None:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .dtypes import PACKED, dtype_name, parse_dtype
-from .errors import UnsupportedDTypeError
+from .dtypes import PACKED, dtype_name, is_number, parse_dtype
+from .errors import CorruptFileError, UnsupportedDTypeError
 from .text import dims
 
 if TYPE_CHECKING:
@@ -52,9 +52,10 @@ class TensorView:
 
     @property
     def dtype(self) -> np.dtype:
-        """The dtype `numpy()` returns: native byte order; float32 for quantized blocks."""
+        """The dtype `numpy()` returns: numbers in native byte order; float32 for quantized blocks;
+        any other dtype (bytes, str, datetime, records of an ``.npy``) as stored, byte order included."""
         dtype = self.info.dtype
-        return dtype if dtype.isnative else dtype.newbyteorder("=")
+        return dtype if dtype.isnative or not is_number(dtype) else dtype.newbyteorder("=")
 
     @property
     def nbytes(self) -> int:
@@ -94,7 +95,9 @@ class TensorView:
         """The tensor as a read-only numpy array.
 
         Zero-copy (a view of the file mapping) whenever dtype and byte order allow. It copies,
-        and only then, for: big-endian data (converted to native order), deflated `.npz` members
+        and only then, for: big-endian numbers (converted to native order; the other dtypes of
+        ``.npy`` files, bytes, str, datetime and records, keep their stored byte order, as
+        ``numpy.load`` returns them), deflated `.npz` members
         (inflated once, then shared by every view) and block-quantized tensors (dequantized to
         float32). Strided torch tensors keep their strides.
 
@@ -122,7 +125,14 @@ class TensorView:
         """
         if self.info.ggml_type is not None:
             return self._dequantize(key)
-        return _finish(self._stored()[key])
+        stored = self._stored()
+        try:
+            return _finish(stored[key])
+        except SystemError:  # numpy cannot make a str of a code point past U+10FFFF (the scalar of a '<U' element)
+            if not _has_text(stored.dtype):
+                raise
+            raise CorruptFileError("holds a character beyond U+10FFFF (not Unicode), which Python cannot hold in a "
+                                   "str", path=self.path, tensor=self.name) from None
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         arr = self.numpy()
@@ -156,6 +166,8 @@ class TensorView:
                 tensor=self.name,
             )
         buf = self._reader.buffer(self.name)
+        if info.dtype.hasobject:  # the reader refuses these in buffer(); never view bytes as pointers
+            raise UnsupportedDTypeError("object arrays are never read", path=self.path, tensor=self.name)
         if info.strides is None:
             return buf[info.offset : info.offset + info.nbytes].view(info.dtype).reshape(info.shape)
         return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset, strides=info.strides)
@@ -170,11 +182,20 @@ class TensorView:
             raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
 
 
+def _has_text(dtype: np.dtype) -> bool:
+    """Whether `dtype` (a record's fields and sub-arrays included) holds numpy str ('U') elements."""
+    if dtype.subdtype is not None:
+        return _has_text(dtype.subdtype[0])
+    if dtype.fields is not None:
+        return any(_has_text(field[0]) for field in dtype.fields.values())
+    return dtype.kind == "U"
+
+
 def _finish(arr: np.ndarray) -> np.ndarray:
-    """Make a stored-order view safe to hand out: native byte order, read-only."""
+    """Make a stored-order view safe to hand out: numbers in native byte order, read-only."""
     if not isinstance(arr, np.ndarray):  # an integer index into a 0-d/1-d view gives a scalar
         return arr
-    if not arr.dtype.isnative:
+    if not arr.dtype.isnative and is_number(arr.dtype):
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.flags.writeable:
         arr.flags.writeable = False

@@ -19,14 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import ML_DTYPES, PACKED, dtype_name
+from .dtypes import PACKED, dtype_name, is_number
 from .errors import FormatError, UnsupportedDTypeError, UsageError
 from .formats import WRITERS, format_for_path, resolve
 from .records import TensorSource, byte_extent
 from .view import TensorView
 
 __all__ = ["save", "write_sources", "write_gguf", "tensor_sources", "block_type", "check_materializable",
-           "MAX_EXPANSION", "EXPANSION_ALLOWANCE"]
+           "check_numbers", "MAX_EXPANSION", "EXPANSION_ALLOWANCE", "RECORD_FORMATS"]
+
+# The formats that store what only numpy has (bytes, str, datetime, records): exactly, as stored.
+RECORD_FORMATS = frozenset({"npz", "npy"})
 
 # A strided view may repeat its stored bytes (stride 0: torch's expand): writing it out stores
 # every element. Up to this much beyond its stored extent is fine; more is refused, so that a
@@ -55,7 +58,7 @@ def save(
     if fmt == "gguf":
         sources = _gguf_sources(tensors, path)
     else:
-        sources = tensor_sources(tensors, path=path, packed_ok=fmt == "safetensors")
+        sources = tensor_sources(tensors, path=path, packed_ok=fmt == "safetensors", records_ok=fmt in RECORD_FORMATS)
     write_sources(sources, path, metadata, fmt, overwrite=overwrite, **options)
 
 
@@ -101,7 +104,7 @@ def write_gguf(
 
 
 def tensor_sources(tensors: Mapping[str, Any], *, path: str, packed_ok: bool = False,
-                   blocks_ok: bool = False) -> list[TensorSource]:
+                   blocks_ok: bool = False, records_ok: bool = False) -> list[TensorSource]:
     """Describe every tensor of `tensors` without reading tensor data from checkpoint views.
 
     Args:
@@ -110,14 +113,18 @@ def tensor_sources(tensors: Mapping[str, Any], *, path: str, packed_ok: bool = F
         packed_ok: whether the output format stores packed sub-byte types (safetensors F4/F6).
         blocks_ok: whether the output format stores ggml blocks (GGUF): quantized views and
             `QuantizedTensor`s then fetch their blocks, not their decoded values.
+        records_ok: whether the output format stores numpy's other dtypes (bytes, str, datetime,
+            records: ``.npz``/``.npy``): they are then written as stored, byte order included.
 
     Raises:
         UsageError: `tensors` is not a mapping of str names.
-        UnsupportedDTypeError: an object, string or other non-numeric array.
+        UnsupportedDTypeError: an object array, or a string, datetime or record one (unless
+            `records_ok`).
+        UnsafePickleError: an object array of an ``.npy``/``.npz`` (its data is a pickle).
     """
     if not isinstance(tensors, Mapping):
         raise UsageError(f"tensors must be a mapping of name -> array, got {type(tensors).__name__}", path=path)
-    return [_source(name, value, path, packed_ok, blocks_ok) for name, value in tensors.items()]
+    return [_source(name, value, path, packed_ok, blocks_ok, records_ok) for name, value in tensors.items()]
 
 
 def _gguf_sources(tensors: Mapping[str, Any], path: str) -> list[TensorSource]:
@@ -129,7 +136,7 @@ def _gguf_sources(tensors: Mapping[str, Any], path: str) -> list[TensorSource]:
     return tensor_sources(tensors, path=path, blocks_ok=True)
 
 
-def _source(name: Any, value: Any, path: str, packed_ok: bool, blocks_ok: bool) -> TensorSource:
+def _source(name: Any, value: Any, path: str, packed_ok: bool, blocks_ok: bool, records_ok: bool) -> TensorSource:
     if not isinstance(name, str):
         raise UsageError(f"tensor names must be str, got {type(name).__name__} {name!r}", path=path)
     if blocks_ok:
@@ -137,14 +144,16 @@ def _source(name: Any, value: Any, path: str, packed_ok: bool, blocks_ok: bool) 
         if blocks is not None:
             return blocks
     if isinstance(value, TensorView):
-        return _view_source(name, value, path, packed_ok)
+        return _view_source(name, value, path, packed_ok, records_ok)
     if not isinstance(value, np.ndarray):
         from .devices import as_numpy
 
         value = as_numpy(value)
+    if not is_number(value.dtype):
+        check_numbers(value.dtype, records_ok, path, name)
+        arr = value  # written as it is, byte order included (numpy.save's way)
+        return TensorSource(name, arr.dtype, tuple(arr.shape), arr.size * arr.dtype.itemsize, lambda: arr)
     dtype = value.dtype.newbyteorder("=")
-    if dtype.kind not in "biufc" and dtype not in ML_DTYPES:
-        raise UnsupportedDTypeError(f"dtype {value.dtype} cannot be stored as a tensor", path=path, tensor=name)
     if dtype in PACKED:
         raise UnsupportedDTypeError(
             f"{dtype_name(dtype)} arrays hold one element per byte; the packed {PACKED[dtype].safetensors} "
@@ -191,8 +200,25 @@ def _blocks_of(value: Any) -> Callable[[], np.ndarray]:
     return lambda: value.blocks
 
 
-def _view_source(name: str, view: TensorView, path: str, packed_ok: bool) -> TensorSource:
+def check_numbers(dtype: np.dtype, records_ok: bool, path: str, name: str, view: TensorView | None = None) -> None:
+    """Refuse what the output cannot store exactly: any dtype that is not numbers unless the
+    format is ``.npz``/``.npy`` (`records_ok`), and object arrays everywhere (an ``.npy``
+    member's object array raises its reader's `UnsafePickleError`)."""
+    if dtype.hasobject:
+        if view is not None:
+            view.raw()  # the reader refuses it, saying why (its data is a pickle)
+        raise UnsupportedDTypeError(f"dtype {dtype_name(dtype)} cannot be stored as a tensor: it holds Python "
+                                    "objects", path=path, tensor=name)
+    if not records_ok:
+        raise UnsupportedDTypeError(f"{dtype_name(dtype)} elements are not numbers: only .npz and .npy store them "
+                                    "(no exact conversion to a number type exists)", path=path, tensor=name)
+
+
+def _view_source(name: str, view: TensorView, path: str, packed_ok: bool, records_ok: bool) -> TensorSource:
     info = view.info
+    if not is_number(view.dtype):
+        check_numbers(view.dtype, records_ok, path, name, view)
+        return TensorSource(name, view.dtype, info.shape, info.nbytes, view.numpy)
     if info.ggml_type is None and info.dtype in PACKED:
         row = PACKED[info.dtype]
         if not packed_ok:

@@ -336,6 +336,8 @@ def _same(part: Any, whole: Any) -> bool:
     part, whole = np.asarray(part), np.asarray(whole)
     if part.shape != whole.shape or part.dtype != whole.dtype:
         return False
+    if part.dtype.names:  # a record's padding bytes are not copied by numpy: compare field by field
+        return all(_same(part[name], whole[name]) for name in part.dtype.names)
     if part.nbytes > MATERIALIZE_LIMIT:
         return True
     if part.tobytes() == whole.tobytes():

@@ -37,7 +37,12 @@ SAFETENSORS = JSON + [b'"%s"' % code.encode() for code in SAFETENSORS_CODES] + [
 NPY = [b"\x93NUMPY", b"\x01\x00", b"\x02\x00", b"\x03\x00", b"'descr'", b"'fortran_order'", b"'shape'", b"True",
        b"False", b"()", b"(0,)", b"(1,)", b",)", b", ", b"{", b"}", b"\n", b"'<f4'", b"'>f8'", b"'<i8'", b"'|b1'",
        b"'|u1'", b"'<c16'", b"'<f2'", b"'|O'", b"'<U3'", b"'|V8'", b"'<M8[s]'", b"[('a', '<f4')]", b"-1",
-       b"2**62", b"1_0", b"0x10", b"\\x00"]
+       b"2**62", b"1_0", b"0x10", b"\\x00",
+       # the descriptor grammar of records, strings and datetimes (weightio.formats.npy_descr), Python 2 longs
+       b"'|S3'", b"'>U3'", b"'<M8[D]'", b"'>m8[ns]'", b"'|V7'", b"('', '|V7')", b"('a', '<f4', (2,))",
+       b"[('p', [('x', '<f4')])]", b"(('t', 'n'), '<f4')", b"[('o', '|O')]", b"('o', '|O', (2,))", b"[]",
+       b"'|S2147483647'", b"'|S0'", b"'S999999999999'", b"(2**20, 2**20)", b"L", b"2L", b"(2L, 3L)",
+       b"{'names': ['a'], 'formats': ['<f4'], 'offsets': [-4]}"]
 ZIP = [b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06", b"PK\x06\x07", b"PK\x07\x08",
        b"\x01\x00\x10\x00", b"\x01\x00\x18\x00", b"\x08\x00", b"\x00\x00", b"\x2d\x00", b"\x14\x00",
        b"\xff\xff\xff\xff", b"\xff\xff", b"\x00\x08"] + NUMBERS  # signatures, ZIP64 extra, methods, flags

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..dtypes import by_torch, parse_dtype
+from ..dtypes import by_torch, dtype_name, is_number, parse_dtype
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import Device, import_framework, is_floating, parse_device
 from .staging import RUN_ALIGN, Extent, Run, StagedLoader, extent_of, plan_runs
@@ -210,6 +210,7 @@ def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype
     later open (see the module docstring) — clone first to keep the checkpoint's values.
     """
     b = backend(device)
+    _check_numbers(b, source, None if dtype is None else np.dtype(dtype))
     adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)
     if adopted is NotImplemented:
         adopted = b.transfer({"": _host(source)})[""]
@@ -253,12 +254,29 @@ def _on_device(b: Backend, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """Every value on `b`'s device: its framework's own tensors adopted, the rest in one transfer."""
     adopted = {}
     for name, value in tensors.items():
+        _check_numbers(b, value, None)
         if not isinstance(value, np.ndarray) and not is_view(value):
             found = b.adopt(value)
             if found is not NotImplemented:
                 adopted[name] = found
     moved = b.transfer({name: _host(v) for name, v in tensors.items() if name not in adopted})
     return {name: adopted[name] if name in adopted else moved[name] for name in tensors}
+
+
+def _check_numbers(b: Backend, source: Any, dtype: np.dtype | None) -> None:
+    """Refuse, before anything is read, to cast or hand a framework elements that are not numbers
+    (bytes, str, datetime, records of ``.npy``/``.npz`` files): numpy arrays and views keep them,
+    as stored. Object arrays are left to their read, which says why it refuses them."""
+    if not (isinstance(source, np.ndarray) or is_view(source)):
+        return
+    stored = source.dtype
+    if is_number(stored) or stored.hasobject or (dtype is None and isinstance(b, NumpyBackend)):
+        return
+    target = f"cast to {dtype_name(dtype)}" if dtype is not None else f"placed on {b.device}"
+    raise UnsupportedDTypeError(
+        f"{dtype_name(stored)} elements are not numbers and cannot be {target}: no framework has such a type and "
+        "no cast is exact; read them with .numpy() (as stored, as numpy.load returns them)",
+        path=getattr(source, "path", None), tensor=getattr(source, "name", None))
 
 
 def _host(source: Any) -> np.ndarray:

@@ -19,10 +19,20 @@ characters, allocates whatever the shape claims, and accepts trailing bytes):
 * ``fortran_order`` is a bool; ``shape`` a tuple of at most 64 non-negative ints (not bools)
   that numpy can hold: the non-zero ones times the itemsize below 2^63 bytes (which matters
   for empty arrays: numpy refuses ``(0, 2**62)`` of float32, and so does this reader);
-* ``descr`` is a plain numeric dtype (bool, int, uint, float, complex, any byte order); object
-  dtypes raise `UnsafePickleError` (their data is a pickle, never loaded); structured, string,
-  void and datetime dtypes raise `UnsupportedDTypeError`;
+* ``descr`` is parsed by `weightio.formats.npy_descr` (numpy's descriptor grammar, bounded):
+  numbers (bool, int, uint, float, complex), fixed-size bytes and str (``|S3``, ``<U3``), void,
+  datetime/timedelta (``<M8[s]``, ``<m8[ns]``) and records of them (nested, padded, with
+  sub-arrays) are served, as ``numpy.load`` returns them; other descrs raise
+  `UnsupportedDTypeError`;
+* an object array (``'O'`` anywhere in its dtype, a record field included) is listed, but its
+  data is a pickle, which weightio never loads: reading it raises `UnsafePickleError` (the other
+  members of an ``.npz`` stay readable). Its ``nbytes`` is the pickle's length;
+* headers of versions 1.0 and 2.0 written by Python 2 (``'shape': (2L, 3L)``) are read as numpy
+  reads them (see `npy_descr.strip_long_suffixes`);
 * the data is exactly ``prod(shape) * itemsize`` bytes: nothing missing, nothing after.
+
+Numbers stored big-endian are converted to native order by `TensorView.numpy` (a copy); every
+other dtype is served as stored, byte order included, as ``numpy.load`` serves it (zero-copy).
 
 ``.npz`` is a ZIP archive of ``<name>.npy`` members (see `weightio.formats._zip` for the archive rules).
 STORED members are mapped in place: each tensor is a view of the archive's mapping at the
@@ -40,7 +50,6 @@ from __future__ import annotations
 import ast
 import math
 import os
-import re
 import struct
 import threading
 import zlib
@@ -51,7 +60,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._io import atomic_write, write_all
-from ..dtypes import dtype_name
+from ..dtypes import dtype_name, is_number
 from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
@@ -59,6 +68,7 @@ from ..records import TensorSource
 from ..text import describe, dims
 from . import _zip
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
+from .npy_descr import descr_dtype, strip_long_suffixes
 
 __all__ = ["NpyReader", "NpzReader", "write_npy", "write_npz", "npy_header", "MAX_HEADER_SIZE"]
 
@@ -69,24 +79,20 @@ _PREAMBLE = {(1, 0): (struct.Struct("<H"), "latin1"), (2, 0): (struct.Struct("<I
              (3, 0): (struct.Struct("<I"), "utf8")}
 _KEYS = {"descr", "fortran_order", "shape"}
 _GROWTH_AXIS_MAX_DIGITS = 21  # numpy pads headers so the leading axis can grow in place
-# One type code with an optional byte order and unit ('<f4', '|O', '<M8[s]'): what numpy writes.
-# Comma and sub-array strings are never plain, and numpy 2 warns on the 'a' (bytes) code, so
-# neither reaches np.dtype (a DeprecationWarning must not escape a reader).
-_DESCR = re.compile(r"[<>|=]?(?!a)[A-Za-z?][A-Za-z0-9_]*(\[\w+\])?")
 
 
 @dataclass(frozen=True, slots=True)
 class NpyHeader:
-    """A parsed ``.npy`` header: stored dtype (with byte order), shape, order, data offset."""
+    """A parsed ``.npy`` header: stored dtype (with byte order), shape, order, data offset, and
+    the data's length (``prod(shape) * itemsize``; for an object array, its pickle's length) and
+    the ``descr`` as written."""
 
     dtype: np.dtype
     shape: tuple[int, ...]
     fortran_order: bool
     data_offset: int
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    nbytes: int
+    descr: Any
 
     def info(self, base_offset: int) -> TensorInfo:
         """The `TensorInfo` for this array when its npy bytes start at `base_offset`."""
@@ -127,23 +133,32 @@ def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = N
         raise exceeded(".npy header length", hlen, field, limits.npy_header, path=path, tensor=tensor)
     if start + hlen > min(total, len(prefix)):
         raise fail(f".npy header ({hlen} bytes) runs past the end of the data ({total} bytes)")
-    fields = _literal_header(prefix[start : start + hlen], encoding, fail)
+    fields = _literal_header(prefix[start : start + hlen], encoding, fail, python2=version != (3, 0))
     dtype = _header_dtype(fields["descr"], path, tensor)
-    if math.prod(d for d in fields["shape"] if d) * dtype.itemsize >= 1 << 63:  # numpy's limit, even for 0 elements
-        raise fail(f"shape {dims(fields['shape'], '()')} is too large for numpy (the non-zero dimensions times the "
+    shape = fields["shape"]
+    if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 63:  # numpy's limit, even for 0 elements
+        raise fail(f"shape {dims(shape, '()')} is too large for numpy (the non-zero dimensions times the "
                    f"itemsize reach 2^63 bytes)")
-    header = NpyHeader(dtype, fields["shape"], fields["fortran_order"], start + hlen)
-    available = total - header.data_offset
-    if header.nbytes != available:
-        what = "missing" if header.nbytes > available else "trailing"
-        raise fail(f"header declares {dtype_name(dtype)} {dims(header.shape, '()')} = {header.nbytes} data bytes but "
-                   f"{available} follow ({abs(header.nbytes - available)} bytes {what})")
-    return header
+    available = total - start - hlen
+    nbytes = available if dtype.hasobject else math.prod(shape) * dtype.itemsize  # objects: a pickle follows
+    if nbytes != available:
+        what = "missing" if nbytes > available else "trailing"
+        raise fail(f"header declares {dtype_name(dtype)} {dims(shape, '()')} = {nbytes} data bytes but "
+                   f"{available} follow ({abs(nbytes - available)} bytes {what})")
+    return NpyHeader(dtype, shape, fields["fortran_order"], start + hlen, nbytes, fields["descr"])
 
 
-def _literal_header(raw: bytes, encoding: str, fail: Any) -> dict[str, Any]:
+def _literal_header(raw: bytes, encoding: str, fail: Any, *, python2: bool) -> dict[str, Any]:
     try:
-        tree = ast.parse(raw.decode(encoding).lstrip(" \t"), mode="eval")  # parsed once, evaluated as a literal
+        text = raw.decode(encoding).lstrip(" \t")
+        try:
+            tree = ast.parse(text, mode="eval")  # parsed once, evaluated as a literal
+        except SyntaxError:
+            # numpy's order: only a header that does not parse as it is may be a Python 2 one
+            filtered = strip_long_suffixes(text) if python2 else None
+            if filtered is None:
+                raise
+            tree = ast.parse(filtered, mode="eval")
         fields = ast.literal_eval(tree)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError) as e:
         raise fail(f".npy header is not a Python literal ({type(e).__name__}: {e})") from None
@@ -164,21 +179,20 @@ def _literal_header(raw: bytes, encoding: str, fail: Any) -> dict[str, Any]:
 
 
 def _header_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
-    if not isinstance(descr, str):
-        raise UnsupportedDTypeError(f"structured dtype {describe(descr)} is not supported (plain numeric dtypes are)",
-                                    path=path, tensor=tensor)
-    if not _DESCR.fullmatch(descr):
-        raise UnsupportedDTypeError(f"dtype {descr!r} is not a plain numeric dtype", path=path, tensor=tensor)
-    try:
-        dtype = np.dtype(descr)
-    except (TypeError, ValueError, SyntaxError):
-        raise UnsupportedDTypeError(f"descr {descr!r} is not a numpy dtype", path=path, tensor=tensor) from None
-    if dtype.hasobject:
-        raise UnsafePickleError(
-            f"object array ({descr!r}): its data is a pickle, which weightio never loads", path=path, tensor=tensor)
-    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
-        raise UnsupportedDTypeError(f"dtype {descr!r} is not a plain numeric dtype", path=path, tensor=tensor)
-    return dtype
+    dtype = _PLAIN.get(descr) if type(descr) is str else None  # the common case: one dict lookup
+    return dtype if dtype is not None else descr_dtype(descr, path, tensor)
+
+
+# The numeric type strings numpy writes, parsed once (a record or any other descr goes through npy_descr).
+_PLAIN = {np.dtype(code).newbyteorder(order).str: np.dtype(code).newbyteorder(order)
+          for code in "?bBhHiIlLqQefdgFDG" for order in "<>"}
+
+
+def object_error(descr: Any, path: str, tensor: str | None) -> UnsafePickleError:
+    """What reading an object array (descr `descr`, as written) raises."""
+    return UnsafePickleError(f"object array ({describe(descr)}): its data is a pickle, which weightio never loads "
+                             "(numpy.load(..., allow_pickle=True) runs it: only for a file you trust)",
+                             path=path, tensor=tensor)
 
 
 class NpyReader(Reader):
@@ -188,13 +202,23 @@ class NpyReader(Reader):
 
     def __init__(self, path: Any) -> None:
         super().__init__(path)
+        self._objects: dict[str, Any] = {}
         self._validate(self._read_header)
 
     def _read_header(self) -> None:
         prefix = self.file.read(0, min(self.file.size, 12 + self.limits.npy_header), "the .npy header")
         header = parse_header(prefix, self.file.size, path=self.path, limits=self.limits)
         name = os.path.basename(self.path)
-        self.tensors[name[:-4] if name.endswith(".npy") else name] = header.info(0)
+        name = name[:-4] if name.endswith(".npy") else name
+        self.tensors[name] = header.info(0)
+        if header.dtype.hasobject:
+            self._objects[name] = header.descr
+
+    def buffer(self, name: str) -> np.ndarray:
+        """The file mapping; `UnsafePickleError` for an object array (its data is a pickle)."""
+        if name in self._objects:
+            raise object_error(self._objects[name], self.path, None)
+        return self.file.data
 
 
 class NpzReader(Reader):
@@ -206,6 +230,7 @@ class NpzReader(Reader):
         super().__init__(path)
         self._deflated: dict[str, _zip.ZipMember] = {}
         self._inflated: dict[str, np.ndarray] = {}
+        self._objects: dict[str, Any] = {}  # object arrays: name -> descr (their data is a pickle)
         self._lock = threading.Lock()
         self._validate(self._read_members)
 
@@ -220,6 +245,8 @@ class NpzReader(Reader):
                            self.limits.name_bytes, path=self.path)
         prefix = _zip.inflate_prefix(self.file, member, 12 + self.limits.npy_header)
         header = parse_header(prefix, member.size, path=self.path, tensor=name, limits=self.limits)
+        if header.dtype.hasobject:
+            self._objects[name] = header.descr
         if member.method == _zip.METHOD_STORED:
             self.tensors[name] = header.info(member.data_offset)
         else:
@@ -227,7 +254,10 @@ class NpzReader(Reader):
             self._deflated[name] = member
 
     def buffer(self, name: str) -> np.ndarray:
-        """The archive mapping, or for a deflated member its inflated bytes (inflated once)."""
+        """The archive mapping, or for a deflated member its inflated bytes (inflated once);
+        `UnsafePickleError` for an object array (its data is a pickle, never inflated or read)."""
+        if name in self._objects:
+            raise object_error(self._objects[name], self.path, name)
         member = self._deflated.get(name)
         if member is None:
             return self.file.data
@@ -291,11 +321,32 @@ def _member_source(src: TensorSource, path: str) -> TensorSource:
 
 
 def _npy_source(src: TensorSource, path: str) -> TensorSource:
-    if src.dtype.kind not in "biufc":
+    if src.dtype.kind in "biufc":
+        return src
+    if is_number(src.dtype) or src.dtype.kind not in _EXACT_KINDS or src.dtype.hasobject or not src.dtype.itemsize:
         raise UnsupportedDTypeError(
             f"{dtype_name(src.dtype)} has no .npy descr that numpy can read back; cast it "
             "(dtype='float32') or write safetensors", path=path, tensor=src.name)
+    try:
+        npy_header(src.dtype, src.shape)
+    except ValueError as e:  # overlapping or out-of-order record fields have no descr
+        raise UnsupportedDTypeError(f"{dtype_name(src.dtype)} has no .npy descr ({e})", path=path,
+                                    tensor=src.name) from None
     return src
+
+
+# Written as stored (numpy.save's way): bytes, str, void (and records), datetime, timedelta.
+_EXACT_KINDS = frozenset("SUVMm")
+
+
+def _stored_dtype(src: TensorSource) -> np.dtype:
+    """The dtype the header declares: numbers little-endian (as every weightio writer stores
+    them), other dtypes exactly as they are, byte order included (`_stored_data` matches)."""
+    return src.dtype.newbyteorder("<") if src.dtype.kind in "biufc" else src.dtype
+
+
+def _stored_data(src: TensorSource) -> np.ndarray:
+    return src.little_endian_bytes() if src.dtype.kind in "biufc" else np.ascontiguousarray(src.fetch())
 
 
 def write_npy(sources: Sequence[TensorSource], path: str, *, overwrite: bool = False) -> None:
@@ -309,8 +360,8 @@ def write_npy(sources: Sequence[TensorSource], path: str, *, overwrite: bool = F
                           ".safetensors for several)", path=path)
     src = _npy_source(sources[0], path)
     with atomic_write(path, overwrite=overwrite) as out:
-        out.write(npy_header(src.dtype.newbyteorder("<"), src.shape))
-        write_all(out, src.little_endian_bytes())
+        out.write(npy_header(_stored_dtype(src), src.shape))
+        write_all(out, _stored_data(src))
 
 
 # ZIP records for the npz writer (see weightio.formats._zip for the layouts)
@@ -353,7 +404,7 @@ def write_npz(sources: Sequence[TensorSource], path: str, *, overwrite: bool = F
 def _write_member(out: IO[bytes], src: TensorSource) -> _Entry:
     name = (src.name + ".npy").encode("utf-8")
     flags = 0 if name.isascii() else 0x800
-    header = npy_header(src.dtype.newbyteorder("<"), src.shape)
+    header = npy_header(_stored_dtype(src), src.shape)
     size = len(header) + src.nbytes
     offset = out.tell()
     zip64 = struct.pack("<HHQQ", 0x0001, 16, size, size) if size >= _ZIP64_LIMIT else b""
@@ -367,8 +418,7 @@ def _write_member(out: IO[bytes], src: TensorSource) -> _Entry:
                           len(name), len(extra)) + name + extra)
     crc = zlib.crc32(header)
     out.write(header)
-    data = src.little_endian_bytes()
-    for chunk in _chunks(data):
+    for chunk in _chunks(_stored_data(src)):
         crc = zlib.crc32(chunk, crc)
         write_all(out, chunk)
     end = out.tell()

@@ -18,7 +18,12 @@ format, see `opens_as_tar`: a valid first tar header, with or without ``ustar`` 
 it also carries another format's magic it is refused as a polyglot.
 
 Anything else raises `FormatError` saying what the file looks like (a Git LFS pointer, an HTML
-page, HDF5, gzip …) and what to do.
+page, HDF5, gzip …) and what to do. An HTML page (a browser's "Save link as" on a hosting site,
+a failed download) is told by its first tag within the first 512 bytes, whatever comes before it:
+whitespace, a UTF-8 or UTF-16 byte-order mark (UTF-16 without one too), any letter case, and
+``<!DOCTYPE``, ``<html``, ``<head``, ``<body``, ``<!--`` (Internet Explorer's "saved from url"
+mark), ``<meta``, ``<title``, ``<script``, ``<?xml`` (XHTML). Only files that no format matched get
+this far, so no weight file can be taken for a page.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .._io import MappedFile
 from ..errors import FormatError
 from . import _zip
 
-__all__ = ["sniff", "FORMATS", "opens_as_tar"]
+__all__ = ["sniff", "FORMATS", "looks_like_html", "opens_as_tar"]
 
 FORMATS = ("safetensors", "pytorch", "gguf", "ggml", "npz", "npy")
 
@@ -50,8 +55,6 @@ _LEGACY_MAGIC_TEXT = b"L119547037146038801333356L\n"
 # Things people point weight loaders at by mistake, and what to tell them.
 _NOT_CHECKPOINTS = (
     (b"version https://git-lfs", "a Git LFS pointer file, not the weights: run `git lfs pull` to fetch them"),
-    (b"<!DOCTYPE", "an HTML page, not weights (a failed download?)"),
-    (b"<html", "an HTML page, not weights (a failed download?)"),
     (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras .h5); weightio does not read HDF5"),
     (b"\x1f\x8b", "gzip-compressed; decompress it first"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive; extract it first"),
@@ -92,8 +95,33 @@ def sniff(file: MappedFile) -> str:
     for magic, words in _NOT_CHECKPOINTS:
         if head.startswith(magic):
             raise FormatError(f"is {words}", path=file.path)
+    if looks_like_html(head):
+        raise FormatError(f"is {_HTML}", path=file.path)
     raise FormatError(f"is not a checkpoint format weightio reads (safetensors, PyTorch, GGUF, ggml, npz, npy); "
                       f"it starts with {head[:16]!r}", path=file.path)
+
+
+_HTML = "an HTML page, not weights (a failed download?)"
+# How a saved page starts, after whitespace and any byte-order mark (compared in lower case).
+_HTML_STARTS = ("<!doctype", "<html", "<head", "<body", "<!--", "<meta", "<title", "<script", "<?xml")
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def looks_like_html(head: bytes) -> bool:
+    """Whether the first bytes `head` (at most 512 are looked at) begin an HTML page."""
+    head = head[:512]
+    encoding = "latin-1"
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            head, encoding = head[len(bom):], name
+            break
+    else:
+        if head[1:8:2] == b"\0\0\0\0":  # UTF-16 without a BOM: "<\0h\0t\0…" (or "\0<\0h…" big-endian)
+            encoding = "utf-16-le"
+        elif head[0:8:2] == b"\0\0\0\0":
+            encoding = "utf-16-be"
+    text = head.decode(encoding, errors="replace").lstrip(" \t\r\n\f\v\ufeff").lower()
+    return text.startswith(_HTML_STARTS)
 
 
 def opens_as_tar(head: bytes) -> bool:
