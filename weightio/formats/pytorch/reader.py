@@ -113,6 +113,7 @@ class PyTorchReader(Reader):
         limits = self.limits
         container = open_container(self.file, limits)
         self.container = container.kind
+        self._check_crc = container.check_crc
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
         try:
@@ -156,7 +157,7 @@ class PyTorchReader(Reader):
         with self._lock:
             data = self._inflated.get(record.name)
             if data is None:
-                data = self._inflated[record.name] = _zip.inflate(self.file, record)
+                data = self._inflated[record.name] = _zip.inflate(self.file, record, check_crc=self._check_crc)
         return data
 
     def close(self) -> None:
