@@ -77,7 +77,7 @@ from .containers import Container, Span, open_container
 from .flatten import flatten
 from .inert import Token
 from .refs import StorageRef, TensorRef, short_repr
-from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, QUANTIZED_DTYPES, itemsize
+from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, PER_BYTE, QUANTIZED_DTYPES, itemsize
 
 __all__ = ["PyTorchReader"]
 
@@ -223,6 +223,8 @@ class _Builder:
         span = self._spans.get(id(storage)) or self._span(name, storage)
         size_of, storage_size = ITEMSIZES[torch_dtype], ITEMSIZES[storage.dtype]
         start = span.offset + storage.view_offset * storage_size
+        if torch_dtype in PER_BYTE:  # several elements per byte: listed only (quantized), bounded in bytes
+            return self._packed(name, ref, torch_dtype, start, storage.view_numel * storage_size, span)
         if numel and (last + 1) * size_of > storage.view_numel * storage_size:
             raise self.fail(name, f"view ({_geometry_text(offset, size, stride)}) reaches element "
                                   f"{number(last, grouping=True)} of a "
@@ -242,6 +244,28 @@ class _Builder:
             return _new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
                               None)), None, span.record
         info = self._info(torch_dtype, size, stride, start + offset * size_of if numel else start, numel * size_of)
+        return info, self._unreadable_reason(torch_dtype, ref), span.record
+
+    def _packed(self, name: str, ref: TensorRef, torch_dtype: str, start: int, storage_bytes: int,
+                span: Span) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:
+        """A view of a sub-byte dtype (quint4x2, quint2x4), several elements per byte: contiguous, it
+        takes torch's layout (each row rounded up to whole bytes); else element k lies in byte
+        k // per_byte. Listed only (quantized), with its bytes checked against the storage's."""
+        per_byte = PER_BYTE[torch_dtype]
+        offset, size, stride = self._geometry(name, ref)
+        numel, last, contiguous = _extent(size, stride, offset)
+        first = offset // per_byte
+        if not numel:
+            end = first
+        elif contiguous and size:
+            end = first + math.prod(size[:-1]) * -(-size[-1] // per_byte)
+        else:
+            end = last // per_byte + 1
+        if end > storage_bytes:
+            raise self.fail(name, f"view ({_geometry_text(offset, size, stride)}) of {torch_dtype} ({per_byte} "
+                                  f"elements per byte) needs {number(end, grouping=True)} bytes of a "
+                                  f"{number(storage_bytes, grouping=True)}-byte storage {short_repr(ref.storage.key)}")
+        info = self._info(torch_dtype, size, stride, start + first, end - first)
         return info, self._unreadable_reason(torch_dtype, ref), span.record
 
     def _info(self, torch_dtype: str, size: tuple, stride: tuple, offset: int, nbytes: int) -> TensorInfo:
