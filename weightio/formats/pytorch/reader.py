@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptFileError, UnsupportedDTypeError, WeightioError
+from ...errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ...limits import exceeded
 from ...text import dims, number
 from .. import _zip
@@ -76,7 +76,7 @@ from .allowlist import NumpyArray
 from .containers import Container, Span, open_container
 from .flatten import flatten
 from .inert import Token
-from .refs import StorageRef, TensorRef, short_repr
+from .refs import NestedRef, StorageRef, TensorRef, short_repr
 from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, PER_BYTE, QUANTIZED_DTYPES, itemsize
 
 __all__ = ["PyTorchReader"]
@@ -126,14 +126,71 @@ class PyTorchReader(Reader):
             raise exceeded("tensor count", len(tensors), "tensors", limits.tensors, path=self.path, unit="")
         builder = _Builder(container)
         for name, leaf in tensors.items():
-            info, why, record = builder.build(name, leaf)
-            self.tensors[name] = info
-            if why:
-                self._unreadable[name] = why
-            if record is not None:
-                self._deflated[name] = record
+            if type(leaf) is NestedRef:
+                self._add_nested(builder, name, leaf, tensors)
+                continue
+            self._add(name, *builder.build(name, leaf))
             if isinstance(leaf, NumpyArray):
                 self._own[name] = _own_bytes(leaf.array)
+
+    def _add(self, name: str, info: TensorInfo, why: str | None, record: _zip.ZipMember | None) -> None:
+        self.tensors[name] = info
+        if why:
+            self._unreadable[name] = why
+        if record is not None:
+            self._deflated[name] = record
+
+    def _add_nested(self, builder: _Builder, name: str, ref: NestedRef, listed: dict[str, Any]) -> None:
+        """A strided nested tensor's components, ``name[0]``, ``name[1]`` …: views of its buffer's storage."""
+        buffer = ref.buffer
+        if (type(buffer) is not TensorRef or buffer.kind != "dense" or type(buffer.offset) is not int or buffer.offset
+                or _ints(buffer.size) is None or len(buffer.size) != 1 or _ints(buffer.stride) != (1,)):
+            raise CorruptFileError(f"nested tensor buffer {short_repr(buffer)} is not a flat tensor at storage "
+                                   "offset 0 (torch writes one)", path=self.path, tensor=name)
+        count = self.limits.tensors - len(self.tensors)
+        sizes = self._int_rows(builder, name, "sizes", ref.sizes, count)
+        strides = self._int_rows(builder, name, "strides", ref.strides, count)
+        offsets = self._int_rows(builder, name, "storage offsets", ref.offsets, count, flat=True)
+        if not len(sizes) == len(strides) == len(offsets) or any(
+                len(a) != len(b) for a, b in zip(sizes, strides, strict=True)):
+            raise CorruptFileError(f"nested tensor sizes ({len(sizes)} rows), strides ({len(strides)} rows) and "
+                                   f"storage offsets ({len(offsets)}) do not match", path=self.path, tensor=name)
+        for i, (size, stride, offset) in enumerate(zip(sizes, strides, offsets, strict=True)):
+            part = f"{name}[{i}]"
+            if part in listed or part in self.metadata or part in self.tensors:
+                raise FormatError(f"two entries flatten to the same name {part!r}; weightio cannot list both",
+                                  path=self.path)
+            if len(part.encode("utf-8")) > self.limits.name_bytes:
+                raise exceeded("a flattened name of", len(part.encode("utf-8")), "name_bytes",
+                               self.limits.name_bytes, path=self.path, unit=" bytes")
+            view = TensorRef(buffer.storage, offset, tuple(size), tuple(stride), buffer.dtype, "dense", "",
+                             buffer.metadata)
+            self._add(part, *builder.build(part, view))
+
+    def _int_rows(self, builder: _Builder, name: str, what: str, ref: Any, most: int, flat: bool = False) -> list:
+        """The values of a nested tensor's int64 sizes/strides (rows of at most MAX_NDIM) or offsets."""
+        info, why, record = builder.build(f"{name} ({what})", ref) if type(ref) is TensorRef else (None, "", None)
+        shape = info.shape if info is not None else ()
+        if why is not None or info.dtype.newbyteorder("=") != np.dtype(np.int64) or len(shape) != 2 - flat:
+            raise CorruptFileError(f"nested tensor {what} {short_repr(ref)} is not a {2 - flat}-D int64 tensor",
+                                   path=self.path, tensor=name)
+        if shape[0] > most or (not flat and shape[1] > MAX_NDIM):
+            raise exceeded(f"nested tensor components ({what} {_dims(shape)})", shape[0], "tensors", most,
+                           path=self.path, tensor=name, unit="")
+        data = self._record_bytes(record) if record is not None else self.file.data
+        return np.ndarray(shape, info.dtype, data, info.offset, info.strides).tolist()
+
+    def _record_bytes(self, record: _zip.ZipMember) -> np.ndarray:
+        """A deflated record's bytes, inflated once (within limits.inflated_bytes)."""
+        limit = self.limits.inflated_bytes
+        if limit is not None and record.size > limit:
+            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
+                           path=self.path)
+        with self._lock:
+            data = self._inflated.get(record.name)
+            if data is None:
+                data = self._inflated[record.name] = _zip.inflate(self.file, record, check_crc=self._check_crc)
+        return data
 
     def buffer(self, name: str) -> np.ndarray:
         """The mapping; a numpy array's own pickled bytes; or a deflated record, inflated once.
@@ -150,15 +207,10 @@ class PyTorchReader(Reader):
         record = self._deflated.get(name)
         if record is None:
             return self.file.data
-        limit = self.limits.inflated_bytes
-        if limit is not None and record.size > limit:
-            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
-                           path=self.path, tensor=name)
-        with self._lock:
-            data = self._inflated.get(record.name)
-            if data is None:
-                data = self._inflated[record.name] = _zip.inflate(self.file, record, check_crc=self._check_crc)
-        return data
+        try:
+            return self._record_bytes(record)
+        except WeightioError as e:
+            raise type(e)(e.message, path=self.path, tensor=name) from None
 
     def close(self) -> None:
         self._inflated = {}

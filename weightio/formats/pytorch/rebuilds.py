@@ -8,7 +8,7 @@ from typing import Any
 
 from ...errors import CorruptFileError, UnsafePickleError
 from .inert import Function, Token
-from .refs import StorageRef, TensorRef, check_state, short_repr
+from .refs import NestedRef, StorageRef, TensorRef, check_state, short_repr
 
 __all__ = ["LAYOUTS", "effective_dtype", "torch_functions"]
 
@@ -57,6 +57,11 @@ def _rebuild_sparse_tensor(layout: Any, data: Any) -> TensorRef:
         dtype = values.storage.dtype
     note = f"sparse tensor ({layout}); numpy has no sparse layout — call .to_dense() in torch before saving"
     return TensorRef(None, 0, size, None, dtype=dtype, kind="sparse", note=note)
+
+
+def _rebuild_nested_tensor(buffer: Any, sizes: Any, strides: Any, storage_offsets: Any) -> NestedRef:
+    """A strided nested tensor: checked, and its components listed, by the reader."""
+    return NestedRef(buffer, sizes, strides, storage_offsets)
 
 
 def _rebuild_meta_tensor_no_storage(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
@@ -125,7 +130,7 @@ def _get_layout(name: Any) -> Token:
 
 _REBUILDS = (_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter, _rebuild_parameter_with_state,
             _rebuild_qtensor, _rebuild_sparse_tensor, _rebuild_meta_tensor_no_storage,
-             _rebuild_device_tensor_from_cpu_tensor)
+             _rebuild_device_tensor_from_cpu_tensor, _rebuild_nested_tensor)
 
 
 def torch_functions() -> dict[tuple[str, str], Function]:
