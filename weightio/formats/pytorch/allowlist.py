@@ -28,6 +28,7 @@ import numpy as np
 from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from .inert import FrozenClass, Function, Token
+from .legacy_tensors import legacy_tensor_classes
 from .rebuilds import LAYOUTS, torch_functions
 from .refs import StorageRef, TensorRef, check_state, short_repr
 
@@ -310,7 +311,6 @@ STORAGE_CLASSES: dict[str, str] = {
     "ComplexFloatStorage": "complex64", "QInt8Storage": "qint8", "QInt32Storage": "qint32",
     "QUInt8Storage": "quint8", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
 }
-_TENSOR_CLASSES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
 _QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
              "per_tensor_symmetric", "per_channel_symmetric")
 
@@ -325,11 +325,9 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         table[(module, name)] = Function(module, name, call, kind)
 
     table.update(torch_functions())
-    for module, name in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
+    for module, name in (("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
         table[(module, name)] = Token(module, name, "tensor_type")
-    for prefix in ("torch", "torch.cuda"):
-        for kind in _TENSOR_CLASSES:
-            table[(prefix, kind + "Tensor")] = Token(prefix, kind + "Tensor", "tensor_class")
+    table.update(legacy_tensor_classes())  # torch.Tensor, torch.FloatTensor …: classes (legacy BUILD forms)
     for name, canonical in TORCH_DTYPES.items():
         table[("torch", name)] = Token("torch", name, "dtype", canonical)
     for name, torch_dtype in STORAGE_CLASSES.items():

@@ -76,6 +76,7 @@ from .allowlist import NumpyArray
 from .containers import Container, Span, open_container
 from .flatten import flatten
 from .inert import Token
+from .legacy_tensors import LegacyTensor
 from .refs import NestedRef, StorageRef, TensorRef, short_repr
 from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, PER_BYTE, QUANTIZED_DTYPES, itemsize
 
@@ -256,6 +257,10 @@ class _Builder:
             return TensorInfo(a.dtype, a.shape, 0, a.nbytes, strides), None, None
         if isinstance(leaf, StorageRef):  # a bare storage: a 1-D tensor of its elements
             return self._dense(name, TensorRef(leaf, 0, (leaf.view_numel,), (1,)))
+        if isinstance(leaf, LegacyTensor):  # torch.FloatTensor() + BUILD; never built: torch's empty tensor
+            if leaf.storage is None:
+                return TensorInfo(NUMPY_DTYPES[leaf.torch_dtype], (0,), 0, 0), None, None
+            return self._dense(name, leaf)
         return self._listed_only(name, leaf), leaf.note, None
 
     def _dense(self, name: str, ref: TensorRef) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...errors import CorruptFileError, UnsafePickleError
 from .inert import Function, Token
+from .legacy_tensors import TENSOR
 from .refs import NestedRef, StorageRef, TensorRef, check_state, short_repr
 
 __all__ = ["LAYOUTS", "effective_dtype", "torch_functions"]
@@ -93,7 +94,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     if not (isinstance(func, Function) and func.kind == "rebuild"):
         raise UnsafePickleError(f"_rebuild_from_type_v2 with function {short_repr(func)}, which is not a torch "
                                 "rebuild function; refused")
-    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type"):
+    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type") and new_type is not TENSOR:
         raise UnsafePickleError(f"_rebuild_from_type_v2 with type {short_repr(new_type)}; only torch.Tensor and "
                                 "torch.nn.Parameter are allowed")
     if not isinstance(args, tuple):
