@@ -29,6 +29,7 @@ from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from .inert import FrozenClass, Function, Token
 from .legacy_tensors import legacy_tensor_classes
+from .py2_strings import text_bytes
 from .rebuilds import LAYOUTS, torch_functions
 from .refs import StorageRef, TensorRef, check_state, short_repr
 
@@ -228,9 +229,7 @@ class NumpyArray:
             raise CorruptFileError(f"numpy array dtype {short_repr(dtype)} is not a numpy.dtype")
         if isinstance(raw, list) or dtype.code[0] == "O":
             raise UnsafePickleError("numpy object array: its items are arbitrary pickled objects; refused")
-        if isinstance(raw, str):  # Python 2 pickles, or protocol-2 bytes read back as latin-1 text
-            raw = raw.encode("latin1")
-        if not isinstance(raw, (bytes, bytearray)):
+        if not isinstance(raw, (bytes, bytearray, str)):
             raise CorruptFileError(f"numpy array data must be bytes, found {type(raw).__name__}")
         shape = _shape(shape, "numpy array shape")
         try:
@@ -238,6 +237,8 @@ class NumpyArray:
         except UnsupportedDTypeError:
             self.error = f"dtype {dtype.code!r}"  # listed in metadata as a description; the pickle is fine
             return
+        if isinstance(raw, str):  # a Python 2 string (read as UTF-8), or latin-1 text
+            raw = text_bytes(raw, math.prod(shape) * resolved.itemsize)
         if len(raw) != math.prod(shape) * resolved.itemsize:
             raise CorruptFileError(f"numpy array {resolved.str} {shape} needs {math.prod(shape) * resolved.itemsize:,} "
                                    f"bytes but {len(raw):,} are pickled")
@@ -282,7 +283,7 @@ def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
     except UnsupportedDTypeError:
         return f"<numpy scalar of dtype {dtype.code!r}>"
     if isinstance(raw, str):
-        raw = raw.encode("latin1")
+        raw = text_bytes(raw, resolved.itemsize)
     if not isinstance(raw, bytes) or len(raw) != resolved.itemsize:
         raise CorruptFileError(f"numpy scalar {resolved.str} needs {resolved.itemsize} bytes of data")
     return np.frombuffer(raw, dtype=resolved)[0].item()

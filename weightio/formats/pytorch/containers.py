@@ -107,10 +107,10 @@ class Container:
             raise exceeded(f"{what}: pickled bytes", self.pickle_bytes, "header_bytes", self.limits.header_bytes,
                            path=self.path)
 
-    def _unpickle(self, data: bytes, what: str, *, checked: bool = False) -> Any:
+    def _unpickle(self, data: bytes, what: str, *, checked: bool = False, text8: list[int] | None = None) -> Any:
         self._count_pickle_bytes(len(data), what)
         return unpickler.load(data, self._persistent_load, path=self.path, what=what, checked=checked,
-                            limits=self.limits)
+                              limits=self.limits, text8=text8)
 
     def _check_sys_info(self, value: Any) -> None:
         if not isinstance(value, dict):
@@ -262,10 +262,10 @@ class LegacyContainer(Container):
         self._spans = self._layout(keys, pos)
 
     def _next(self, data: memoryview, pos: int, label: str) -> tuple[Any, int]:
-        end = lexer.prepass(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:end])
+        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
+        raw = bytes(data[pos:lexed.pos])
         self.pickles.append((label, raw))
-        return self._unpickle(raw, label, checked=True), end
+        return self._unpickle(raw, label, checked=True, text8=lexed.text8), lexed.pos
 
     def _check_protocol(self, value: Any) -> None:
         if value != PROTOCOL_VERSION:
@@ -344,12 +344,12 @@ class TarContainer(Container):
     def _stream(self, member: tar.TarMember, pos: int, label: str) -> tuple[Any, int]:
         """The pickle at `pos` inside `member` (which interleaves pickles and raw data)."""
         data = memoryview(self.file.data)[: member.data_offset + member.size]
-        end = lexer.prepass(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:end])
+        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
+        raw = bytes(data[pos:lexed.pos])
         self.pickles.append((label, raw))
         self._count_pickle_bytes(len(raw), label)
         return unpickler.load(raw, self._no_persistent, path=self.path, what=label, checked=True,
-                            limits=self.limits), end
+                              limits=self.limits, text8=lexed.text8), lexed.pos
 
     def _member_pickle(self, member: tar.TarMember, persistent: Any = None) -> Any:
         label = f"member {member.name!r}"
@@ -461,9 +461,10 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     if kind == "tar":
         return TarContainer(file, limits)
     data = memoryview(file.data)
-    end = lexer.prepass(data, 0, path=file.path, what="pickle 1", limits=limits)
+    lexed = lexer.lex(data, 0, path=file.path, what="pickle 1", limits=limits)
+    end = lexed.pos
     container = Container(file, limits)
-    first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True)
+    first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True, text8=lexed.text8)
     if type(first) is int and first == MAGIC_NUMBER:
         return LegacyContainer(file, data, end, limits)
     if end != file.size:
