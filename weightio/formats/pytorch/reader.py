@@ -130,7 +130,12 @@ class PyTorchReader(Reader):
             if type(leaf) is NestedRef:
                 self._add_nested(builder, name, leaf, tensors)
                 continue
-            self._add(name, *builder.build(name, leaf))
+            info, why, record = builder.build(name, leaf)
+            self.tensors[name] = info
+            if why:
+                self._unreadable[name] = why
+            if record is not None:
+                self._deflated[name] = record
             if isinstance(leaf, NumpyArray):
                 self._own[name] = _own_bytes(leaf.array)
 
