@@ -262,7 +262,11 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
     for group in groups.values():
         if len(group) > 1 and math.prod(ckpt[group[0]].shape) > 0:
             ordered = sorted(group)
-            tied[ordered[0]] = ordered[1:]
+            # the same place, but of the same buffer? (numpy arrays pickled inline each have their own)
+            first = ckpt[ordered[0]].raw()
+            same = [n for n in ordered[1:] if np.may_share_memory(first, ckpt[n].raw())]
+            if same:
+                tied[ordered[0]] = same
     return tied
 
 
