@@ -43,7 +43,6 @@ import errno
 import json
 import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,15 +51,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import carry, model_files
 from . import limits as _limits
-from . import model_files
 from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
-from .formats.ggml_to_gguf import LlamaOptions, as_llama, is_llama
+from .formats.ggml_to_gguf import LlamaOptions
 from .records import TensorSource
 from .view import TensorView
 from .writing import RECORD_FORMATS, block_type, check_materializable, check_numbers, write_sources
@@ -73,7 +72,6 @@ _EXTENSIONS = {fmt: suffix for suffix, fmt in SUFFIXES.items()}
 _FLOATS = frozenset(row.numpy for row in TABLE if not row.packed and row.safetensors.startswith(("F", "BF")))
 _SATURATING = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz))
 _SHARES_STORAGE = frozenset({"pytorch"})  # formats whose tensors may share one storage (tied weights)
-_INDEX_KEYS = frozenset({"total_size", "total_parameters"})  # describe the source's index, not the tensors
 
 
 @dataclass
@@ -273,67 +271,12 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
     for group in groups.values():
         if len(group) > 1 and math.prod(ckpt[group[0]].shape) > 0:
             ordered = sorted(group)
-            tied[ordered[0]] = ordered[1:]
+            # the same place, but of the same buffer? (numpy arrays pickled inline each have their own)
+            first = ckpt[ordered[0]].raw()
+            same = [n for n in ordered[1:] if np.may_share_memory(first, ckpt[n].raw())]
+            if same:
+                tied[ordered[0]] = same
     return tied
-
-
-def _carried_metadata(metadata: Mapping[str, Any], source: str, fmt: str, notes: list[str]) -> dict[str, Any]:
-    """The source metadata the output can hold.
-
-    GGUF to GGUF keeps every key with its value (but not the split-set keys of the source's
-    parts, nor a ``general.alignment`` that is not an int); from other formats GGUF keeps the
-    scalars. safetensors keeps scalars as strings. ``.npz``/``.npy`` keep nothing. What is left
-    out is said in `notes`.
-    """
-    kept = {k: v for k, v in metadata.items() if k not in _INDEX_KEYS}
-    if fmt in ("npz", "npy"):
-        if any(k != "format" for k in kept):
-            notes.append(f"metadata not kept: {fmt} files cannot store metadata ({len(kept)} entries)")
-        return {}
-    if fmt == "gguf":
-        kept = {k: v for k, v in kept.items() if k != "format" and not k.startswith("split.")
-                and (k != "general.alignment" or isinstance(v, int))}
-        if source == "gguf":
-            return kept
-    scalars = {k: v for k, v in kept.items() if isinstance(k, str) and isinstance(v, (str, int, float, bool))}
-    if len(scalars) < len(kept):
-        dropped = [k for k in kept if k not in scalars]
-        notes.append(f"metadata not kept: {len(dropped)} entries that are not scalars "
-                     f"({', '.join(map(str, dropped[:3]))}{' …' if len(dropped) > 3 else ''})")
-    carried = scalars if fmt == "gguf" else {k: v if isinstance(v, str) else str(v) for k, v in scalars.items()}
-    return _escape_surrogates(carried, fmt, notes)
-
-
-def _whisper_arrays(metadata: Mapping[str, Any], fmt: str) -> dict[str, Any]:
-    """A whisper.cpp model's mel filters and vocabulary, for a GGUF output: arrays (FLOAT32, and
-    STRING with each token's bytes as stored), which GGUF holds though they are not scalars."""
-    if fmt != "gguf" or metadata.get("ggml.layout") != "whisper":
-        return {}
-    return {k: metadata[k] for k in ("whisper.mel_filters", "whisper.tokens") if k in metadata}
-
-
-# Lone surrogates: U+DC80-U+DCFF stand for undecodable bytes (GGUF strings are read with
-# surrogateescape), the others for nothing at all (a pickle may hold any str).
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_NOT_A_BYTE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
-
-
-def _escape_surrogates(metadata: dict[str, Any], fmt: str, notes: list[str]) -> dict[str, Any]:
-    """String values that are not valid Unicode, made storable: GGUF writes undecodable bytes back
-    as the bytes they were; JSON (safetensors) cannot hold them, so they become backslash
-    escapes, ``\\x80`` for a byte, ``\\ud800`` for another lone surrogate (as Python writes them)."""
-    pattern = _NOT_A_BYTE if fmt == "gguf" else _SURROGATE
-    escaped = [k for k, v in metadata.items() if isinstance(v, str) and pattern.search(v)]
-    if not escaped:
-        return metadata
-    notes.append(f"metadata: {len(escaped)} string(s) held text that is not valid Unicode ({escaped[0]!r}"
-                 f"{' …' if len(escaped) > 1 else ''}); written with backslash escapes (\\x80 for an undecodable byte)")
-    return {k: pattern.sub(_surrogate_escape, v) if isinstance(v, str) else v for k, v in metadata.items()}
-
-
-def _surrogate_escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 # ----------------------------------------------------------------------------- where to write
@@ -442,16 +385,9 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
                      f"({layout.fmt} has no aliases)")
     views = {n: ckpt[n] for n in names if n not in aliases}
     sources = {n: _plan_tensor(view, layout.fmt, cast, dequantize) for n, view in views.items()}
-    types: dict[str, str] = {}
-    llama_model = as_llama(ckpt.metadata, {n: v.shape for n, v in views.items()}, os.path.basename(ckpt.path),
-                           llama or LlamaOptions(), notes) if is_llama(ckpt.metadata) and layout.fmt == "gguf" else None
-    if llama_model is not None:
-        metadata, types, renames = llama_model
+    metadata, types, renames = carry.carried(ckpt, {n: v.shape for n, v in views.items()}, layout.fmt, llama, notes)
+    if renames:
         sources = {n: dataclasses.replace(src, name=renames[n]) for n, src in sources.items()}
-    else:
-        arrays = _whisper_arrays(ckpt.metadata, layout.fmt)
-        metadata = _carried_metadata({k: v for k, v in ckpt.metadata.items() if k not in arrays}, ckpt.format,
-                                     layout.fmt, notes) | arrays
     sizes = {n: src.nbytes for n, src in sources.items()}
     shards = [list(sources)] if limit is None else plan_shards(sizes, limit)
     if layout.fmt == "npy" and len(sources) != 1:

@@ -56,7 +56,7 @@ from typing import Any
 from ._io import MappedFile
 from .errors import CorruptFileError, FormatError, InputError, WeightioError
 from .formats import _zip, open_file
-from .formats.pytorch import allowlist, containers, lexer, refs, unpickler
+from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler
 from .formats.sniff import sniff
 from .text import printable
 
@@ -333,7 +333,7 @@ def _pickles(file: MappedFile, fmt: str | None) -> list[tuple[str, bytes]]:
     """(location, bytes) of every pickle stream in the file."""
     if fmt in _NO_CODE_FORMATS and fmt != "npz":
         return []
-    return containers.pickles(file)
+    return stored_pickles.pickles(file)
 
 
 # ----------------------------------------------------------------------------- one pickle

@@ -323,7 +323,10 @@ def _torch_leaves(obj, prefix=""):
 
     import torch
 
-    if isinstance(obj, (torch.Tensor, np.ndarray)):
+    if isinstance(obj, torch.Tensor) and obj.is_nested:  # weightio lists a nested tensor's components
+        for i, part in enumerate(obj.unbind()):
+            yield f"{prefix}[{i}]", part
+    elif isinstance(obj, (torch.Tensor, np.ndarray)):
         yield prefix, obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
@@ -434,3 +437,138 @@ def test_random_views_read_as_torch_reads_them(tmp_path_factory, data):
         assert ours.tobytes() == _bytes_of(view)
         if view.numel():
             assert np.shares_memory(ours, ckpt["base"].numpy())
+
+
+# ----------------------------------------------------------------------------- issue 13: files users have
+
+
+def _torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def test_saves_without_crc32_read_as_torch_reads_them():
+    # torch.serialization.set_crc32_options(False) writes 0 for every CRC; torch checks none on reading
+    with zipfile.ZipFile(PT / "no_crc32.pt") as z:
+        assert {info.CRC for info in z.infolist()} == {0}
+    with wio.open(PT / "no_crc32.pt") as ckpt:
+        np.testing.assert_array_equal(ckpt["w"].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3) / 4)
+        _check_manifest(ckpt, "pytorch/no_crc32.pt")
+    assert wio.scan(PT / "no_crc32.pt").safe
+
+
+def test_a_checkpoint_rezipped_with_deflate_reads_every_record(tmp_path):
+    # the zeros record inflates to 4096 bytes, more than the whole 1.4 kB file
+    with zipfile.ZipFile(PT / "deflated.pt") as z:
+        assert {info.compress_type for info in z.infolist()} == {zipfile.ZIP_DEFLATED}
+    assert (PT / "deflated.pt").stat().st_size < 4096
+    with wio.open(PT / "deflated.pt") as ckpt:
+        assert not ckpt["zeros"].numpy().any() and ckpt["zeros"].shape == (32, 32)
+        _check_manifest(ckpt, "pytorch/deflated.pt")
+    # as `zip -r` writes it: directory entries first (the first names the prefix), records deflated
+    path = tmp_path / "zip_r.pt"
+    with zipfile.ZipFile(PT / "deflated.pt") as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as dst:
+        dst.writestr("archive/", b"")
+        dst.writestr("archive/data/", b"")
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    with wio.open(path) as ckpt:
+        _check_manifest(ckpt, "pytorch/deflated.pt")
+
+
+def test_sub_byte_quantized_tensors_are_listed_and_the_rest_reads():
+    with wio.open(PT / "quint4x2.pt") as ckpt:
+        listed = {n: (ckpt[n].shape, str(ckpt[n].info.dtype), ckpt[n].nbytes) for n in ckpt}
+        # nbytes: torch's layout, each row rounded up to whole bytes (what the storage holds)
+        assert listed == {"q4": ((2, 4), "uint8", 4), "q4_rows": ((2, 3), "uint8", 4), "q2": ((2, 4), "uint8", 2),
+                          "dense": ((3,), "float32", 12)}
+        np.testing.assert_array_equal(ckpt["dense"].numpy(), np.arange(3, dtype=np.float32) / 2)
+        schemes = {"q4": "per_tensor_affine", "q4_rows": "per_channel_affine", "q2": "per_tensor_affine"}
+        for name, scheme in schemes.items():
+            with pytest.raises(UnsupportedDTypeError, match=rf"tensor '{name}': quantized tensor \(torch.{scheme}\); "
+                                                            "weightio does not dequantize"):
+                ckpt[name].numpy()
+    torch = _torch_or_none()
+    if torch is not None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that quantized tensors (and TypedStorage) are deprecated
+            ref = torch.load(PT / "quint4x2.pt", weights_only=True)
+        with wio.open(PT / "quint4x2.pt") as ckpt:
+            for name, t in ref.items():
+                assert ckpt[name].shape == tuple(t.shape)
+                if t.is_quantized:
+                    assert ckpt[name].nbytes == t.untyped_storage().nbytes()
+            assert ckpt["dense"].numpy().tobytes() == ref["dense"].numpy().tobytes()
+
+
+def test_strided_nested_tensors_list_their_components_as_unbind_gives_them():
+    with wio.open(PT / "nested_tensor.pt") as ckpt:
+        assert list(ckpt) == ["nt[0]", "nt[1]", "nt_t[0]", "nt_t[1]", "ids[0]", "ids[1]", "dense"]
+        np.testing.assert_array_equal(ckpt["nt[1]"].numpy(), np.arange(12, dtype=np.float32).reshape(4, 3) + 100)
+        np.testing.assert_array_equal(ckpt["nt_t[0]"].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)
+        assert ckpt["nt_t[0]"].info.strides == (4, 12)
+        assert np.shares_memory(ckpt["nt[0]"].numpy(), ckpt.readers[0].file.data)  # zero-copy views
+        assert ckpt["ids[1]"].dtype == np.int64 and ckpt["ids[1]"].shape == (5,)
+        _check_manifest(ckpt, "pytorch/nested_tensor.pt")
+
+
+@pytest.mark.parametrize("name", ["empty_dtypes.pt", "empty_dtypes_legacy.pt"])
+def test_an_empty_storage_under_three_dtypes_reads_as_torch_reads_it(name):
+    with wio.open(PT / name) as ckpt:
+        assert {n: (str(ckpt[n].dtype), ckpt[n].shape) for n in ckpt} == {
+            "f32": ("float32", (0,)), "i32": ("int32", (0,)), "u8": ("uint8", (0,)), "other": ("int64", (0, 3))}
+        _check_manifest(ckpt, f"pytorch/{name}")
+
+
+PY2_METADATA = {"café": "naïve — résumé", "epoch": 7}  # torch.load(weights_only=True) of py2_legacy.pt
+
+
+def test_python2_legacy_tensor_classes_and_strings_read_as_torch_reads_them():
+    with wio.open(PT / "py2_legacy.pt") as ckpt:
+        assert ckpt.readers[0].container == "legacy"
+        assert ckpt.metadata == PY2_METADATA
+        weights = np.arange(6, dtype=np.float32) / 4
+        np.testing.assert_array_equal(ckpt["conv.weight"].numpy(), weights.reshape(2, 3))
+        np.testing.assert_array_equal(ckpt["conv.weight_t"].numpy(), weights.reshape(2, 3).T)  # NEWOBJ, strided
+        np.testing.assert_array_equal(ckpt["flat"].numpy(), weights)  # torch.Tensor + (storage,)
+        np.testing.assert_array_equal(ckpt["steps"].numpy(), [1, 2, 3])  # (storage, offset, size)
+        assert ckpt["unset"].shape == (0,) and ckpt["unset"].dtype == np.float64  # never given a state
+        assert np.shares_memory(ckpt["conv.weight"].numpy(), ckpt["conv.weight_t"].numpy())
+        _check_manifest(ckpt, "pytorch/py2_legacy.pt")
+    torch = _torch_or_none()
+    if torch is not None:
+        ref = torch.load(PT / "py2_legacy.pt", weights_only=True)
+        assert {k: v for k, v in ref.items() if not isinstance(v, torch.Tensor)} == PY2_METADATA
+        assert ref["unset"].dtype == torch.float64 and ref["unset"].shape == (0,)
+
+
+def test_python2_long_strings_and_bytes_that_are_not_utf8():
+    long_text = "ü" * 200  # BINSTRING: torch's weights_only unpickler does not know it; pickle reads it as UTF-8
+    with wio.open(PT / "py2_binstring.pt") as ckpt:
+        assert ckpt.metadata == {"note": long_text}
+        _check_manifest(ckpt, "pytorch/py2_binstring.pt")
+    with wio.open(PT / "py2_not_utf8.pt") as ckpt:  # torch.load refuses it (UnicodeDecodeError); kept as bytes
+        assert ckpt.metadata == {"note": repr(b"\xff\xfe latin-1 \xe9")}
+        np.testing.assert_array_equal(ckpt["w"].numpy(), [0, 1])
+    torch = _torch_or_none()
+    if torch is not None:
+        assert torch.load(PT / "py2_binstring.pt", weights_only=False)["note"] == long_text
+        for weights_only in (True, False):
+            with pytest.raises(Exception, match="can't decode byte 0xff in position 0"):
+                torch.load(PT / "py2_not_utf8.pt", weights_only=weights_only)
+
+
+def test_python2_numpy_pickles_keep_their_exact_bytes():
+    import pickle
+
+    path = PT / "py2_numpy.pkl"
+    expected = pickle.loads(path.read_bytes(), encoding="latin1")  # written by the fixture script: trusted
+    with wio.open(path) as ckpt:
+        for name, arr in expected.items():
+            assert ckpt[name].numpy().tobytes() == arr.tobytes()
+        _check_manifest(ckpt, "pytorch/py2_numpy.pkl")

@@ -403,3 +403,147 @@ def test_a_text_argument_never_searches_past_the_header_limit(tmp_path, opcode):
     assert str(info.value) == (f"{path}: pickle 1: no STOP opcode within its first 1048576 bytes "
                                "(limits.header_bytes; raise it with weightio.limits.using(header_bytes=...), "
                                "--max-header-bytes, or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)")
+
+
+# ----------------------------------------------------------------------------- issue 13: the widened surface
+# What issue 13 made readable (CRC-less zips, deflated storages larger than the file, sub-byte
+# quantized views, nested tensors, legacy tensor classes + BUILD, empty storages under several
+# dtypes, Python 2 strings), and the lies each could carry.
+
+NEWOBJ, BUILD, SETITEM = b"\x81", b"b", b"s"
+EMPTY_TUPLE, EMPTY_DICT = b")", b"}"
+
+
+def _int64s(key: str, values: list[int]) -> tuple[bytes, bytes]:
+    """A 1-D int64 tensor of `values` over storage `key`, and its record."""
+    raw = struct.pack(f"<{len(values)}q", *values)
+    return tensor(pid("LongStorage", key, len(values)), 0, (len(values),), (1,)), raw
+
+
+def _nested(sizes: list[list[int]], strides: list[list[int]], offsets: list[int], *, buffer_offset: int = 0,
+            sizes_class: str = "LongStorage", name: str = "nt", extra: dict[str, bytes] | None = None) -> bytes:
+    """{'nt': a strided nested tensor over a 12-float buffer}, its int64 metadata in records 1-3."""
+    def rows(key: str, values: list[list[int]], storage_class: str = "LongStorage") -> tuple[bytes, bytes]:
+        flat, ndim = [v for row in values for v in row], len(values[0])
+        t = tensor(pid(storage_class, key, len(flat)), 0, (len(values), ndim), (ndim, 1))
+        return t, struct.pack(f"<{len(flat)}q", *flat)
+
+    (size_t, size_raw), (stride_t, stride_raw) = rows("1", sizes, sizes_class), rows("2", strides)
+    offset_t, offset_raw = _int64s("3", offsets)
+    buffer = tensor(W, buffer_offset, (12 - buffer_offset,), (1,))
+    nested = call("torch._utils", "_rebuild_nested_tensor", buffer, size_t, stride_t, offset_t)
+    records = {"0": f32(*range(12)), "1": size_raw, "2": stride_raw, "3": offset_raw}
+    return torch_zip(state_dict({name: nested, **(extra or {})}), records)
+
+
+def _qtensor(numel: int, size: tuple[int, ...], stride: tuple[int, ...]) -> bytes:
+    params = tup(g("torch", "per_tensor_affine"), b"G" + struct.pack(">d", 0.5), i(0))
+    return call("torch._utils", "_rebuild_qtensor", pid("QUInt4x2Storage", "0", numel), i(0), ints(size), ints(stride),
+                params, NEWFALSE, call("collections", "OrderedDict"))
+
+
+LW = legacy_pid("FloatStorage", "0", 3)
+
+
+def _legacy(body: bytes) -> bytes:
+    """A legacy file whose tensor 'w' is `body`, over a 3-float storage '0'."""
+    return legacy_file(state_dict({"w": body}), ["0"], [(3, DATA3)])
+
+
+def _cls(name: str, state: bytes, make: bytes = EMPTY_TUPLE + b"R") -> bytes:
+    return g("torch", name) + make + state + BUILD
+
+
+def _py2_str(raw: bytes) -> bytes:
+    return b"U" + bytes([len(raw)]) + raw  # SHORT_BINSTRING
+
+
+ISSUE13_CASES = [
+    ("data.pkl CRC zeroed in an archive with CRCs",
+     lambda: _patch_central(torch_zip(state_dict({}), {}), "archive/data.pkl", crc=0),
+     CorruptFileError, "zip archive: record 'archive/data.pkl' fails its CRC-32 check"),
+    ("deflated storage claiming more than deflate can make",
+     lambda: _patch_central(one(tensor(pid("FloatStorage", "0", 2**29), 0, (1,), (1,)), compress={"data/0"}),
+                            "archive/data/0", usize=2**31),
+     CorruptFileError, "archive/data.pkl: storage '0': 536870912 elements of float32 cannot fit in a"),
+    ("deflated storage inflating to fewer bytes than it declares",
+     lambda: _patch_central(one(tensor(pid("FloatStorage", "0", 24), 0, (24,), (1,)), compress={"data/0"}),
+                            "archive/data/0", usize=96),
+     CorruptFileError, "tensor 'w': zip archive: member 'archive/data/0' inflates to 48 bytes, not the 96 declared"),
+    ("quint4x2 view past its storage", lambda: one(_qtensor(4, (3, 4), (4, 1)), records={"0": bytes(4)}),
+     CorruptFileError, "tensor 'w': view (offset 0, size (3, 4), stride (4, 1)) of quint4x2 (2 elements per byte) "
+                       "needs 6 bytes of a 4-byte storage '0'"),
+    ("quint4x2 strided view past its storage", lambda: one(_qtensor(4, (2,), (9,)), records={"0": bytes(4)}),
+     CorruptFileError, "needs 5 bytes of a 4-byte storage '0'"),
+    ("nested sizes that are floats", lambda: _nested([[2, 3]], [[3, 1]], [0], sizes_class="DoubleStorage"),
+     CorruptFileError, "tensor 'nt': nested tensor sizes <tensor dense size=(1, 2)> is not a 2-D int64 tensor"),
+    ("nested component past its buffer", lambda: _nested([[2, 3], [2, 3]], [[3, 1], [3, 1]], [0, 9]),
+     CorruptFileError, "tensor 'nt[1]': view (offset 9, size (2, 3), stride (3, 1)) reaches element 14 of a "
+                       "12-element storage '0'"),
+    ("nested negative stride", lambda: _nested([[2, 3]], [[-3, 1]], [6]),
+     CorruptFileError, "tensor 'nt[0]': negative offset, size or stride (offset 6, size (2, 3), stride (-3, 1))"),
+    ("nested buffer at a storage offset", lambda: _nested([[2, 3]], [[3, 1]], [0], buffer_offset=2),
+     CorruptFileError, "tensor 'nt': nested tensor buffer <tensor dense size=(10,)> is not a flat tensor at storage "
+                       "offset 0"),
+    ("nested rows that disagree", lambda: _nested([[2, 3], [1, 1]], [[3, 1]], [0, 6]),
+     CorruptFileError, "tensor 'nt': nested tensor sizes (2 rows), strides (1 rows) and storage offsets (2) do not "
+                       "match"),
+    ("nested component named like another tensor",
+     lambda: _nested([[2, 3]], [[3, 1]], [0], extra={"nt[0]": tensor(W, 0, (1,), (1,))}),
+     FormatError, "two entries flatten to the same name 'nt[0]'; weightio cannot list both"),
+    ("legacy class called with arguments", lambda: _legacy(_cls("FloatTensor", tup(LW), tup(i(3)) + b"R")),
+     CorruptFileError, "torch.FloatTensor(3): a legacy tensor class called with arguments"),
+    ("legacy state that is a dict", lambda: _legacy(_cls("FloatTensor", EMPTY_DICT)),
+     CorruptFileError, "torch.FloatTensor state {} is not (storage[, offset, size[, stride]]), what Tensor.set_ takes"),
+    ("legacy state of five items (a Variable's)",
+     lambda: _legacy(_cls("FloatTensor", tup(LW, i(0), ints((3,)), ints((1,)), NONE))),
+     CorruptFileError, "is not (storage[, offset, size[, stride]]), what Tensor.set_ takes"),
+    ("legacy state with a dunder slot state", lambda: _legacy(_cls("Tensor", tup(NONE, EMPTY_DICT + s("__class__")
+                                                                                 + g("torch", "Size") + SETITEM))),
+     CorruptFileError, "torch.Tensor state (None, {'__class__': torch.Size}) is not (storage[, offset, size["),
+    ("legacy state from a tensor, not a storage",
+     lambda: _legacy(_cls("FloatTensor", tup(call("torch._utils", "_rebuild_tensor", LW, i(0), ints((3,)),
+                                                  ints((1,)))))),
+     CorruptFileError, "torch.FloatTensor state: <tensor dense size=(3,)> is not a torch storage"),
+    ("legacy class over another dtype's storage", lambda: _legacy(_cls("LongTensor", tup(LW), EMPTY_TUPLE + NEWOBJ)),
+     CorruptFileError, "torch.LongTensor state holds a float32 storage; torch refuses any but int64"),
+    ("legacy view past its storage", lambda: _legacy(_cls("FloatTensor", tup(LW, i(1), ints((3,))))),
+     CorruptFileError, "tensor 'w': view (offset 1, size (3,), stride (1,)) reaches element 3 of a 3-element storage"),
+    ("SETITEM on a legacy tensor", lambda: _legacy(g("torch", "FloatTensor") + EMPTY_TUPLE + NEWOBJ + s("k") + i(1)
+                                                   + SETITEM),
+     CorruptFileError, "is malformed (TypeError: 'torch_FloatTensor' object does not support item assignment)"),
+    ("storage empty under one dtype, not under another", lambda: torch_zip(state_dict({
+        "a": tensor(pid("FloatStorage", "0", 0), 0, (0,), (1,)),
+        "b": tensor(pid("IntStorage", "0", 3), 0, (3,), (1,))}), {"0": b""}),
+     CorruptFileError, "storage '0' is declared twice: 0 x float32, then 3 x int32"),
+    ("Python 2 strings naming posix.system for STACK_GLOBAL",
+     lambda: one(_py2_str(b"posix") + _py2_str(b"system") + b"\x93" + tup(_py2_str(b"ls")) + b"R"),
+     UnsafePickleError, "the pickle asks for global 'posix.system', which is not on weightio's allowlist"),
+    ("Python 2 strings that are not UTF-8 as STACK_GLOBAL operands",
+     lambda: one(_py2_str(b"\xffposix") + _py2_str(b"system") + b"\x93"),
+     CorruptFileError, "is malformed (UnpicklingError: STACK_GLOBAL requires str)"),
+    ("unquoted protocol-0 STRING", lambda: one(b"Sabc\n"),
+     CorruptFileError, "is malformed (UnpicklingError: the STRING opcode argument must be quoted)"),
+]
+
+
+@pytest.mark.parametrize("build,error,message", [c[1:] for c in ISSUE13_CASES], ids=[c[0] for c in ISSUE13_CASES])
+def test_hostile_forms_of_what_issue_13_reads(write, build, error, message):
+    _fails(write, build(), error, message)
+
+
+def test_nested_components_count_against_the_tensor_limit(write):
+    path = write("nt.pt", _nested([[1, 1]] * 8, [[1, 1]] * 8, list(range(8))))
+    with wio.open(path) as ckpt:
+        assert list(ckpt) == [f"nt[{k}]" for k in range(8)]
+    with wio.limits.using(tensors=7), pytest.raises(CorruptFileError, match=r"tensor 'nt': nested tensor components "
+                                                                           r"\(sizes \(8, 2\)\) .*limits.tensors"):
+        wio.open(path)
+
+
+def test_python2_strings_inside_frames_read(write):
+    # a protocol-4 FRAME around Python 2 strings: the rewrite drops the frame, whose length would no longer hold
+    body = EMPTY_DICT + _py2_str("clé".encode()) + _py2_str("été".encode()) + SETITEM + STOP
+    framed = b"\x80\x04\x95" + struct.pack("<Q", len(body)) + body
+    with wio.open(write("framed.pkl", framed)) as ckpt:
+        assert ckpt.metadata == {"clé": "été"}

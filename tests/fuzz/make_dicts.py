@@ -68,7 +68,14 @@ PICKLE_NESTING = [b"\x85" * 8, b"\x85" * 64, b"\x86" * 16, b")\x85", b"N\x85\x85
                   b"X\x05\x00\x00\x00value", b"X\x0e\x00\x00\x00allowlisted_as", b")\x81",
                   b"cargparse\nNamespace\n", b"\x8c\x08argparse\x94\x8c\tNamespace\x94\x93", b"cnumpy\ndtype\n)\x81",
                   b"ccollections\nOrderedDict\n}b", b"ctorch\nfloat32\n", b"ctorch\nSize\n", b"K\x07" * 16]
-PICKLE = PICKLE_OPCODES + PICKLE_GLOBALS + PICKLE_NESTING
+# Issue 13: nested tensors, sub-byte quantized storages, legacy tensor classes + BUILD, Python 2 strings.
+PICKLE_ISSUE13 = [b"ctorch._utils\n_rebuild_nested_tensor\n", b"\x8c\x16_rebuild_nested_tensor\x94",
+                  b"ctorch._utils\n_rebuild_qtensor\n", b"ctorch\nQUInt4x2Storage\n", b"ctorch\nQUInt2x4Storage\n",
+                  b"ctorch\nper_tensor_affine\n", b"ctorch\nIntStorage\n", b"ctorch\nTensor\n",
+                  b"ctorch\nFloatTensor\n", b"ctorch\nLongTensor\n", b"ctorch.cuda\nFloatTensor\n", b")R", b"tb",
+                  b"U\x07storage", b"U\x03cpu", b"U\x010", b"T\x00\x01\x00\x00", b"S'", b"'\n", b"\xc3\xa9",
+                  b"\xff\xfe", b"\x95\x00\x00\x00\x00\x00\x00\x00\x00"]
+PICKLE = PICKLE_OPCODES + PICKLE_GLOBALS + PICKLE_NESTING + PICKLE_ISSUE13
 PYTORCH_ZIP = ZIP + PICKLE + [b"data.pkl", b"archive/", b"archive/data.pkl", b"archive/data/0", b"archive/byteorder",
                               b"archive/version", b"little", b"big", b"3\n", b"data/", b"constants.pkl",
                               b".format_version"]

@@ -59,8 +59,8 @@ from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 
-__all__ = ["ZipMember", "read_members", "case_collisions", "inflate", "inflate_prefix", "METHOD_STORED",
-           "METHOD_DEFLATED"]
+__all__ = ["ZipMember", "read_members", "case_collisions", "crc_omitted", "inflate", "inflate_prefix",
+           "METHOD_STORED", "METHOD_DEFLATED", "largest_inflated"]
 
 METHOD_STORED, METHOD_DEFLATED = 0, 8
 _METHODS = (METHOD_STORED, METHOD_DEFLATED)
@@ -149,6 +149,25 @@ def case_collisions(members: list[ZipMember]) -> list[tuple[str, str]]:
         if other is not m.name:
             pairs.append((other, m.name))
     return pairs
+
+
+def crc_omitted(members: list[ZipMember]) -> bool:
+    """Whether the writer computed no CRC-32 at all: every member declares 0.
+
+    ``torch.save`` under ``torch.serialization.set_crc32_options(False)`` writes 0 in every entry
+    (one setting per writer, so never for some members only), and torch's reader checks no CRC
+    (its miniz is built with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``). A CRC of 0 in an archive
+    whose other members carry real CRCs is checked like any other (it matches only data whose
+    CRC-32 is 0, an empty record among them).
+    """
+    return bool(members) and all(m.crc32 == 0 for m in members)
+
+
+def largest_inflated(members: list[ZipMember]) -> int:
+    """The most bytes any deflated member may inflate to: its declared size, when deflate could
+    produce that much from its compressed bytes (`inflate` refuses the others)."""
+    return max((m.size for m in members if m.method == METHOD_DEFLATED
+                and m.size <= m.compressed_size * _MAX_DEFLATE_RATIO + 1024), default=0)
 
 
 _CACHE: weakref.WeakKeyDictionary[MappedFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
@@ -359,11 +378,12 @@ def _check_layout(file: MappedFile, ordered: list[ZipMember]) -> None:
 # ----------------------------------------------------------------------------- deflate
 
 
-def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.ndarray:
+def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_crc: bool = True) -> np.ndarray:
     """Decompress a deflated member into a new read-only array of exactly ``member.size`` bytes.
 
     The output size is checked against deflate's maximum ratio before anything is allocated,
-    decompression never produces a byte past ``member.size``, and the CRC-32 is verified.
+    decompression never produces a byte past ``member.size``, and the CRC-32 is verified (unless
+    `check_crc` is false: an archive written without CRCs, see `crc_omitted`).
     """
     _check_ratio(file, member)
     src = file.data[member.data_offset : member.data_offset + member.compressed_size]
@@ -397,22 +417,23 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20) -> np.
                 raise _fail(file, f"member {member.name!r} inflates to more than the {member.size} bytes declared")
     except zlib.error as e:  # corrupt data before or after the declared size
         raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
-    if crc != member.crc32:
+    if check_crc and crc != member.crc32:
         raise _fail(file, f"member {member.name!r} fails its CRC-32 check")
     out.flags.writeable = False
     return out
 
 
-def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = "member") -> bytes:
+def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = "member",
+                check_crc: bool = True) -> bytes:
     """A whole member's bytes, for members parsed in memory (pickles): at most `limit` of them,
     checked before anything is read or inflated; stored ones CRC-checked here, deflated ones by
-    `inflate`."""
+    `inflate` (neither when `check_crc` is false: an archive written without CRCs)."""
     if member.size > limit:
         raise exceeded(f"{what} {member.name!r} size", member.size, "header_bytes", limit, path=file.path)
     if member.method != METHOD_STORED:
-        return inflate(file, member).tobytes()
+        return inflate(file, member, check_crc=check_crc).tobytes()
     data = file.read(member.data_offset, member.size, f"{what} {member.name!r}")
-    if zlib.crc32(data) != member.crc32:
+    if check_crc and zlib.crc32(data) != member.crc32:
         raise _fail(file, f"{what} {member.name!r} fails its CRC-32 check")
     return data
 

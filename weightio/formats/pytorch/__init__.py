@@ -1,7 +1,7 @@
 """PyTorch checkpoints (``torch.save``) without torch: the reader and the layers beneath it.
 
 * `reader` — `PyTorchReader`; its module docstring is the format spec.
-* `containers` — the zip, legacy raw-pickle and tar layouts; `containers.pickles` lists the
+* `containers` — the zip, legacy raw-pickle and tar layouts; `stored_pickles.pickles` lists the
   pickles a file holds (for `weightio scan`).
 * `lexer`, `opcodes` — the pickle prepass; `unpickler` — the allowlist unpickler;
   `allowlist` — the table of globals and the stand-ins they become (`rebuilds`: torch's

@@ -30,6 +30,8 @@ import numpy as np
 from ...dtypes import TABLE
 from ...errors import CorruptFileError, UnsafePickleError, UnsupportedDTypeError
 from .inert import FrozenClass, Function, Token
+from .legacy_tensors import legacy_tensor_classes
+from .py2_strings import text_bytes
 from .rebuilds import LAYOUTS, torch_functions
 from .refs import StorageRef, TensorRef, check_state, short_repr
 from .standins import training_objects
@@ -230,9 +232,7 @@ class NumpyArray:
             raise CorruptFileError(f"numpy array dtype {short_repr(dtype)} is not a numpy.dtype")
         if isinstance(raw, list) or dtype.code[0] == "O":
             raise UnsafePickleError("numpy object array: its items are arbitrary pickled objects; refused")
-        if isinstance(raw, str):  # Python 2 pickles, or protocol-2 bytes read back as latin-1 text
-            raw = raw.encode("latin1")
-        if not isinstance(raw, (bytes, bytearray)):
+        if not isinstance(raw, (bytes, bytearray, str)):
             raise CorruptFileError(f"numpy array data must be bytes, found {type(raw).__name__}")
         shape = _shape(shape, "numpy array shape")
         try:
@@ -240,6 +240,8 @@ class NumpyArray:
         except UnsupportedDTypeError:
             self.error = f"dtype {dtype.code!r}"  # listed in metadata as a description; the pickle is fine
             return
+        if isinstance(raw, str):  # a Python 2 string (read as UTF-8), or latin-1 text
+            raw = text_bytes(raw, math.prod(shape) * resolved.itemsize)
         if len(raw) != math.prod(shape) * resolved.itemsize:
             raise CorruptFileError(f"numpy array {resolved.str} {shape} needs {math.prod(shape) * resolved.itemsize:,} "
                                    f"bytes but {len(raw):,} are pickled")
@@ -284,7 +286,7 @@ def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
     except UnsupportedDTypeError:
         return f"<numpy scalar of dtype {dtype.code!r}>"
     if isinstance(raw, str):
-        raw = raw.encode("latin1")
+        raw = text_bytes(raw, resolved.itemsize)
     if not isinstance(raw, bytes) or len(raw) != resolved.itemsize:
         raise CorruptFileError(f"numpy scalar {resolved.str} needs {resolved.itemsize} bytes of data")
     return np.frombuffer(raw, dtype=resolved)[0].item()
@@ -313,7 +315,6 @@ STORAGE_CLASSES: dict[str, str] = {
     "ComplexFloatStorage": "complex64", "QInt8Storage": "qint8", "QInt32Storage": "qint32",
     "QUInt8Storage": "quint8", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
 }
-_TENSOR_CLASSES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
 _QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
              "per_tensor_symmetric", "per_channel_symmetric")
 
@@ -328,11 +329,9 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         table[(module, name)] = Function(module, name, call, kind)
 
     table.update(torch_functions())
-    for module, name in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
+    for module, name in (("torch.nn.parameter", "Parameter"), ("torch.nn", "Parameter")):
         table[(module, name)] = Token(module, name, "tensor_type")
-    for prefix in ("torch", "torch.cuda"):
-        for kind in _TENSOR_CLASSES:
-            table[(prefix, kind + "Tensor")] = Token(prefix, kind + "Tensor", "tensor_class")
+    table.update(legacy_tensor_classes())  # torch.Tensor, torch.FloatTensor …: classes (legacy BUILD forms)
     for name, canonical in TORCH_DTYPES.items():
         table[("torch", name)] = Token("torch", name, "dtype", canonical)
     for name, torch_dtype in STORAGE_CLASSES.items():

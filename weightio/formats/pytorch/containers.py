@@ -1,6 +1,6 @@
 """The container layer: the zip, legacy raw-pickle and tar layouts of a PyTorch checkpoint (the
-reader's module docstring is their spec), each read into its unpickled root object, where its
-storages' bytes lie, and the pickles it holds (`pickles`, what `weightio scan` inspects).
+reader's module docstring is their spec), each read into its unpickled root object and where its
+storages' bytes lie. `.stored_pickles` finds the pickles a file holds (what `weightio scan` inspects).
 """
 
 from __future__ import annotations
@@ -9,19 +9,18 @@ import struct
 from typing import Any, NamedTuple
 
 from ..._io import MappedFile
-from ...errors import CorruptFileError, FormatError, UnsafePickleError, WeightioError
+from ...errors import CorruptFileError, FormatError, UnsafePickleError
 from ...limits import Limits, exceeded
 from ...limits import current as current_limits
 from .. import _zip
 from ..base import MAX_NDIM
 from . import lexer, tar, unpickler
 from .inert import Token
-from .opcodes import OPCODE_NAMES, PROTO
 from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import itemsize
 
-__all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "open_container", "pickles"]
+__all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "container_kind", "open_container"]
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001  # the raw-pickle format's; the tar format wrote 1000 in sys_info
@@ -50,9 +49,11 @@ class Container:
         byteorder: ``"little"`` or ``"big"``.
         pickle_bytes: total size of the pickles read (bounds the flattening work).
         pickles: (label, bytes) of every pickle in the file, for `weightio.safety.scan`.
+        check_crc: whether records' CRC-32s are checked (False: a zip written without any).
     """
 
     kind = "pickle"
+    check_crc = True
 
     def __init__(self, file: MappedFile, limits: Limits, pickles: list[tuple[str, bytes]] | None = None) -> None:
         self.file = file
@@ -63,6 +64,7 @@ class Container:
         self.pickle_bytes = 0
         self.pickles: list[tuple[str, bytes]] = [] if pickles is None else pickles
         self.storages: dict[str, StorageRef] = {}
+        self._empty_as: dict[tuple[str, str], StorageRef] = {}  # an empty storage's other dtypes
 
     def locate(self, storage: StorageRef) -> Span:
         """The bytes of `storage`; `CorruptFileError` (without tensor name) when they are missing."""
@@ -81,16 +83,23 @@ class Container:
         if not isinstance(location, str) or len(location) > _MAX_KEY:
             raise self._fail(f"storage {key!r}: location {short_repr(location)} is not a short string")
         dtype = storage_class.value
-        if type(numel) is not int or numel < 0 or numel * itemsize(dtype) > self.file.size:
+        if type(numel) is not int or numel < 0 or (numel * itemsize(dtype) > self.file.size
+                                                   and numel * itemsize(dtype) > self.largest_storage()):
             raise self._fail(f"storage {key!r}: {short_repr(numel)} elements of {dtype} cannot fit in a "
                              f"{self.file.size:,}-byte file")
         known = self.storages.get(key)
         if known is None:
             known = self.storages[key] = StorageRef(key, dtype, numel)
         elif (known.dtype, known.numel) != (dtype, numel):
+            if known.numel == numel == 0:  # torch gives each reference to an empty storage its own dtype
+                return self._empty_as.setdefault((key, dtype), StorageRef(key, dtype, 0))
             raise self._fail(f"storage {key!r} is declared twice: {known.numel:,} x {known.dtype}, then "
                              f"{numel:,} x {dtype}")
         return known
+
+    def largest_storage(self) -> int:
+        """The most bytes a storage's data can hold beyond the file's own size (deflated records)."""
+        return 0
 
     def _count_pickle_bytes(self, n: int, what: str) -> None:
         """Pickles are the header of a PyTorch file: their total size is bounded by limits.header_bytes."""
@@ -99,10 +108,10 @@ class Container:
             raise exceeded(f"{what}: pickled bytes", self.pickle_bytes, "header_bytes", self.limits.header_bytes,
                            path=self.path)
 
-    def _unpickle(self, data: bytes, what: str, *, checked: bool = False) -> Any:
+    def _unpickle(self, data: bytes, what: str, *, checked: bool = False, text8: list[int] | None = None) -> Any:
         self._count_pickle_bytes(len(data), what)
         return unpickler.load(data, self._persistent_load, path=self.path, what=what, checked=checked,
-                            limits=self.limits)
+                              limits=self.limits, text8=text8)
 
     def _check_sys_info(self, value: Any) -> None:
         if not isinstance(value, dict):
@@ -131,6 +140,9 @@ class ZipContainer(Container):
             raise CorruptFileError(f"zip archive: members {first!r} and {other!r} have the same name when case is "
                                    "ignored; torch.load looks records up without regard to case, so it could read "
                                    "the other one", path=file.path)
+        self.members = members
+        self._largest: int | None = None
+        self.check_crc = not _zip.crc_omitted(members)  # torch under set_crc32_options(False) writes none
         self.raw_prefix = _archive_prefix(file, members)
         self.prefix = self.raw_prefix.decode("utf-8", "replace")
         self.records = {m.raw_name.lower(): m for m in members}
@@ -156,7 +168,14 @@ class ZipContainer(Container):
         return self.records.get((self.raw_prefix + name.encode("utf-8", "surrogatepass")).lower())
 
     def _read_record(self, record: _zip.ZipMember, limit: int) -> bytes:
-        return _zip.read_member(self.file, record, limit, what="record")
+        return _zip.read_member(self.file, record, limit, what="record", check_crc=self.check_crc)
+
+    def largest_storage(self) -> int:
+        """A deflated record may inflate beyond the file's size: as far as its declared size, when
+        deflate could produce that much (the record's exact size is checked by `locate`)."""
+        if self._largest is None:
+            self._largest = _zip.largest_inflated(self.members)
+        return self._largest
 
     def _small_record(self, name: str) -> bytes | None:
         record = self.record(name)
@@ -244,10 +263,10 @@ class LegacyContainer(Container):
         self._spans = self._layout(keys, pos)
 
     def _next(self, data: memoryview, pos: int, label: str) -> tuple[Any, int]:
-        end = lexer.prepass(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:end])
+        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
+        raw = bytes(data[pos:lexed.pos])
         self.pickles.append((label, raw))
-        return self._unpickle(raw, label, checked=True), end
+        return self._unpickle(raw, label, checked=True, text8=lexed.text8), lexed.pos
 
     def _check_protocol(self, value: Any) -> None:
         if value != PROTOCOL_VERSION:
@@ -328,12 +347,12 @@ class TarContainer(Container):
     def _stream(self, member: tar.TarMember, pos: int, label: str) -> tuple[Any, int]:
         """The pickle at `pos` inside `member` (which interleaves pickles and raw data)."""
         data = memoryview(self.file.data)[: member.data_offset + member.size]
-        end = lexer.prepass(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:end])
+        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
+        raw = bytes(data[pos:lexed.pos])
         self.pickles.append((label, raw))
         self._count_pickle_bytes(len(raw), label)
         return unpickler.load(raw, self._no_persistent, path=self.path, what=label, checked=True,
-                            limits=self.limits), end
+                              limits=self.limits, text8=lexed.text8), lexed.pos
 
     def _member_pickle(self, member: tar.TarMember, persistent: Any = None) -> Any:
         label = f"member {member.name!r}"
@@ -441,15 +460,16 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     pickle) and unpickle its object, within `limits` (the current `weightio.limits` by default)."""
     limits = limits or current_limits()
     head = file.read(0, min(file.size, 512), "the first bytes")
-    kind = _container_kind(head)
+    kind = container_kind(head)
     if kind == "zip":
         return ZipContainer(file, _zip.read_members(file, limits), limits)
     if kind == "tar":
         return TarContainer(file, limits)
     data = memoryview(file.data)
-    end = lexer.prepass(data, 0, path=file.path, what="pickle 1", limits=limits)
+    lexed = lexer.lex(data, 0, path=file.path, what="pickle 1", limits=limits)
+    end = lexed.pos
     container = Container(file, limits)
-    first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True)
+    first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True, text8=lexed.text8)
     if type(first) is int and first == MAGIC_NUMBER:
         return LegacyContainer(file, data, end, limits)
     if end != file.size:
@@ -460,7 +480,7 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
     return container
 
 
-def _container_kind(head: bytes) -> str:
+def container_kind(head: bytes) -> str:
     """``"zip"``, ``"tar"`` or ``"pickle"``, decided as ``torch.load`` decides: a zip only when the
     file starts with a local header, then whatever ``tarfile`` opens is a tar (never a raw pickle)."""
     if head.startswith(b"PK\x03\x04"):
@@ -470,121 +490,3 @@ def _container_kind(head: bytes) -> str:
     if head.startswith(b"PK\x05\x06"):  # an empty zip: refused as a checkpoint by the zip reader
         return "zip"
     return "pickle"
-
-
-# ----------------------------------------------------------------------------- the pickles a file holds
-
-
-def pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """(location, bytes) of every pickle stream in `file`, found without trusting the file to be
-    well formed: what `weightio scan` inspects. A pickle that cannot be read is listed with the
-    reason in its location and empty (zip) or its first bytes (stacked pickles)."""
-    head = file.read(0, min(file.size, 512), "the first bytes")
-    kind = _container_kind(head)
-    if kind == "zip":
-        return _zip_pickles(file)
-    if kind == "tar":
-        return _tar_pickles(file)
-    return _stacked_pickles(file)
-
-
-def _zip_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """Every member that holds a pickle, found by its bytes (a PROTO opcode first, or a small member
-    that lexes as one whole pickle) or its name (``*.pkl``/``*.pickle`` in any case), read within
-    the limit the reader applies. Names that fold equal are listed too (the reader refuses them)."""
-    try:
-        members = _zip.read_members(file)
-    except WeightioError:
-        return _stacked_pickles(file)  # e.g. a pickle with a zip appended: look at the front
-    limit = current_limits().header_bytes
-    found = []
-    for m in members:
-        try:
-            if not _holds_pickle(file, m):
-                continue
-            found.append((m.name, _zip.read_member(file, m, limit)))
-        except WeightioError as e:
-            found.append((f"{m.name} ({e.message})", b""))
-    return found
-
-
-_SMALL_MEMBER = 1 << 20  # members up to this size are lexed whole to find protocol 0/1 pickles
-
-
-def _holds_pickle(file: MappedFile, member: _zip.ZipMember) -> bool:
-    if member.raw_name.lower().endswith((b".pkl", b".pickle")):
-        return True
-    head = _zip.inflate_prefix(file, member, 2)
-    if len(head) == 2 and head[0] == PROTO and 2 <= head[1] <= 5:
-        return True
-    if not head or head[0] not in OPCODE_NAMES or member.size > _SMALL_MEMBER:
-        return False
-    data = _zip.read_member(file, member, _SMALL_MEMBER)
-    try:
-        return lexer.lex(data, path=file.path, what=member.name, collect=True).pos == len(data)
-    except WeightioError:
-        return False
-
-
-def _tar_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """The pickles the tar reader walked (up to any error), the first pickle of every other member
-    (found by its bytes, whatever the member is called), and — since torch falls back to reading
-    the file as a raw pickle when ``tarfile`` fails past its first header — any pickles at offset 0."""
-    found: list[tuple[str, bytes]] = []
-    try:
-        TarContainer(file, current_limits(), found)
-    except WeightioError:
-        pass  # the pickles read up to the failure are still listed
-    walked = {loc.split(" (")[0] for loc, _ in found}
-    for m in tar.read_members(file, partial=True):
-        label = f"member {m.name!r}"
-        if label not in walked and (raw := _first_pickle(file, m.data_offset, m.size, label)) is not None:
-            found.append((label, raw))
-    found += [(f"read as a raw pickle, {loc}", data) for loc, data in _stacked_pickles(file)]
-    return found
-
-
-def _first_pickle(file: MappedFile, offset: int, size: int, label: str) -> bytes | None:
-    """The pickle at the start of a member, or its first bytes if it starts with PROTO but does not
-    lex; None when the member does not start with a pickle."""
-    if size == 0:
-        return None
-    data = memoryview(file.data)[: offset + size]
-    try:
-        end = lexer.lex(data, offset, path=file.path, what=label, collect=True).pos
-    except WeightioError:
-        return bytes(data[offset: offset + min(size, 1 << 16)]) if data[offset] == PROTO else None
-    return bytes(data[offset:end])
-
-
-def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
-    """Pickles back to back from offset 0 (a legacy torch file has five, then raw storages)."""
-    data = memoryview(file.data)
-    found: list[tuple[str, bytes]] = []
-    pos = 0
-    while pos < file.size and len(found) < MAX_STACKED:
-        label = f"pickle {len(found) + 1} (bytes {pos:,}..)"
-        try:
-            end = lexer.lex(data, pos, path=file.path, what=label, collect=True).pos
-        except WeightioError as e:
-            if data[pos] == PROTO:  # it starts like a pickle but is broken: report it
-                found.append((f"{label}: {e.message}", bytes(data[pos: pos + min(file.size - pos, 1 << 16)])))
-            break
-        found.append((label.replace("..)", f"..{end:,})"), bytes(data[pos:end])))
-        pos = end
-        if len(found) == 5 and _is_legacy(found[0][1]):
-            break  # the storages' raw bytes follow
-    return found
-
-
-def _is_legacy(first: bytes) -> bool:
-    """Whether `first` is the legacy format's magic-number pickle."""
-    try:
-        value = unpickler.load(first, _no_persistent)
-    except WeightioError:
-        return False
-    return type(value) is int and value == MAGIC_NUMBER
-
-
-def _no_persistent(pid: Any) -> Any:
-    raise CorruptFileError("unexpected persistent id")

@@ -53,6 +53,7 @@ from typing import Any
 
 from ... import limits as _limits
 from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from .lexer_messages import Messages
 from .opcodes import (
     ARG,
     BINGET,
@@ -113,7 +114,7 @@ def _chunk_size(max_opcodes: int, max_stack: int) -> int:
 # ----------------------------------------------------------------------------- prepass
 
 
-class _Lexer:
+class _Lexer(Messages):
     """One pass over one pickle: the checks listed in the module docstring."""
 
     def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], Exception],
@@ -131,6 +132,7 @@ class _Lexer:
         self.ops = 0
         self.globals: list[tuple[str, str]] = []  # GLOBAL/INST arguments, for scan
         self.refusals: list[WeightioError] | None = None  # scan: refused constructs, noted not raised
+        self.text8: list[int] = []  # offsets of 8-bit strings (Python 2) and of FRAMEs: see .py2_strings
 
     def run(self) -> int:
         """Check the pickle starting at ``start``; return the offset just past its STOP.
@@ -264,31 +266,6 @@ class _Lexer:
         self.puts += 1
         self.memo[index] = self.stack[-1]
 
-    def _memo_bomb(self, index: int, op: int, at: int) -> Exception:
-        return self.fail(f"{OPCODE_NAMES[op]} at offset {at} writes memo slot {index:,} after only {self.puts:,} "
-                         "memo writes (a memory bomb: CPython sizes its memo array by the largest index)")
-
-    def _overrun(self, op: int, at: int, n: int, remaining: int) -> Exception:
-        return self.fail(f"{OPCODE_NAMES[op]} at offset {at} claims {n:,} bytes but only {max(remaining, 0):,} remain")
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _underflow(self, op: int, at: int) -> Exception:
-        return self.fail(f"{OPCODE_NAMES[op]} at offset {at} pops more than the stack holds")
-
-    def _truncated(self, op: int, at: int) -> Exception:
-        return self.fail(f"{OPCODE_NAMES[op]} at offset {at} runs past the end of the pickle")
-
-    def _limits(self, ops: int) -> Exception:
-        if ops > self.max_opcodes:
-            return self.fail(f"more than {self.max_opcodes:,} opcodes in one pickle {_limits.hint('pickle_opcodes')}")
-        return self.fail(f"more than {self.max_stack:,} items on the pickle stack {_limits.hint('pickle_stack')}")
-
-    def _too_nested(self, op: int, at: int) -> Exception:
-        why = _limits.hint("nesting_depth") if self.max_depth < MAX_OBJECT_DEPTH else \
-            "(no pickle may nest deeper: CPython would hash or compare it by unchecked C recursion)"
-        return self.fail(f"the pickled object nests deeper than {self.max_depth:,} levels ({OPCODE_NAMES[op]} at "
-                         f"offset {at}) {why}")
-
     def _nest(self, op: int, taken: list[int], tag: int, at: int) -> int:
         """The item an opcode pushes: `tag`, as deep as `taken` (+1 for a container of them)."""
         extra = NESTS.get(op)
@@ -309,9 +286,6 @@ class _Lexer:
             if depth > self.max_depth:
                 raise self._too_nested(op, at)
             self.stack[-1] = depth * LEVEL + (target & TAG_BITS)
-
-    def _too_deep(self, at: int) -> Exception:
-        return self.fail(f"more than {self.max_marks:,} nested MARKs (offset {at}) {_limits.hint('nesting_depth')}")
 
     def _stop(self, at: int) -> None:
         if self.marks:
@@ -421,6 +395,12 @@ class _Lexer:
         n = int.from_bytes(self.data[start:stop], "little")
         if n > self.end - stop:
             raise self.fail(f"FRAME at offset {at} claims {n:,} bytes but only {self.end - stop:,} remain")
+        self.text8.append(at)
+
+    def _string8(self, op: int, start: int, stop: int, at: int) -> None:
+        """STRING, BINSTRING, SHORT_BINSTRING: noted, for `.py2_strings` to decode as torch does."""
+        self.text8.append(at)
+        self.stack.append(STR)
 
     def _pop_one(self, op: int, start: int, stop: int, at: int) -> None:
         if len(self.stack) > self.fence:
@@ -452,9 +432,6 @@ class _Lexer:
         if tag is None:
             raise self._unset(index, op, at)
         self.stack.append(tag)
-
-    def _unset(self, index: int, op: int, at: int) -> Exception:
-        return self.fail(f"{OPCODE_NAMES[op]} at offset {at} reads memo slot {index:,}, which was never written")
 
     def _decimal(self, start: int, stop: int, op: int, at: int) -> int:
         text = bytes(self.data[start:stop])
@@ -538,6 +515,7 @@ _HANDLERS: dict[int, Callable[..., None]] = {
     OP["MARK"]: _Lexer._mark,
     OP["PROTO"]: _Lexer._proto,
     OP["FRAME"]: _Lexer._frame,
+    OP["STRING"]: _Lexer._string8, OP["BINSTRING"]: _Lexer._string8, OP["SHORT_BINSTRING"]: _Lexer._string8,
     OP["POP"]: _Lexer._pop_one,
     OP["DUP"]: _Lexer._dup,
     OP["PUT"]: _Lexer._put, OP["BINPUT"]: _Lexer._put, OP["LONG_BINPUT"]: _Lexer._put, OP["MEMOIZE"]: _Lexer._put,

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptFileError, UnsupportedDTypeError, WeightioError
+from ...errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ...limits import exceeded
 from ...text import dims, number
 from .. import _zip
@@ -78,9 +78,10 @@ from .allowlist import NumpyArray
 from .containers import Container, Span, open_container
 from .flatten import flatten
 from .inert import Token
+from .legacy_tensors import LegacyTensor
 from .placeholders import KEY as PLACEHOLDERS_KEY
-from .refs import StorageRef, TensorRef, short_repr
-from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, QUANTIZED_DTYPES, itemsize
+from .refs import NestedRef, StorageRef, TensorRef, short_repr
+from .torch_dtypes import ITEMSIZES, NUMPY_DTYPES, PER_BYTE, QUANTIZED_DTYPES, itemsize
 
 __all__ = ["PyTorchReader"]
 
@@ -125,6 +126,7 @@ class PyTorchReader(Reader):
         with unpickler.placeholders(self.unknown_globals) as registry:
             container = open_container(self.file, limits)
         self.container = container.kind
+        self._check_crc = container.check_crc
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
         try:
@@ -143,6 +145,9 @@ class PyTorchReader(Reader):
             raise exceeded("tensor count", len(tensors), "tensors", limits.tensors, path=self.path, unit="")
         builder = _Builder(container)
         for name, leaf in tensors.items():
+            if type(leaf) is NestedRef:
+                self._add_nested(builder, name, leaf, tensors)
+                continue
             info, why, record = builder.build(name, leaf)
             self.tensors[name] = info
             if why:
@@ -151,6 +156,65 @@ class PyTorchReader(Reader):
                 self._deflated[name] = record
             if isinstance(leaf, NumpyArray):
                 self._own[name] = _own_bytes(leaf.array)
+
+    def _add(self, name: str, info: TensorInfo, why: str | None, record: _zip.ZipMember | None) -> None:
+        self.tensors[name] = info
+        if why:
+            self._unreadable[name] = why
+        if record is not None:
+            self._deflated[name] = record
+
+    def _add_nested(self, builder: _Builder, name: str, ref: NestedRef, listed: dict[str, Any]) -> None:
+        """A strided nested tensor's components, ``name[0]``, ``name[1]`` …: views of its buffer's storage."""
+        buffer = ref.buffer
+        if (type(buffer) is not TensorRef or buffer.kind != "dense" or type(buffer.offset) is not int or buffer.offset
+                or _ints(buffer.size) is None or len(buffer.size) != 1 or _ints(buffer.stride) != (1,)):
+            raise CorruptFileError(f"nested tensor buffer {short_repr(buffer)} is not a flat tensor at storage "
+                                   "offset 0 (torch writes one)", path=self.path, tensor=name)
+        count = self.limits.tensors - len(self.tensors)
+        sizes = self._int_rows(builder, name, "sizes", ref.sizes, count)
+        strides = self._int_rows(builder, name, "strides", ref.strides, count)
+        offsets = self._int_rows(builder, name, "storage offsets", ref.offsets, count, flat=True)
+        if not len(sizes) == len(strides) == len(offsets) or any(
+                len(a) != len(b) for a, b in zip(sizes, strides, strict=True)):
+            raise CorruptFileError(f"nested tensor sizes ({len(sizes)} rows), strides ({len(strides)} rows) and "
+                                   f"storage offsets ({len(offsets)}) do not match", path=self.path, tensor=name)
+        for i, (size, stride, offset) in enumerate(zip(sizes, strides, offsets, strict=True)):
+            part = f"{name}[{i}]"
+            if part in listed or part in self.metadata or part in self.tensors:
+                raise FormatError(f"two entries flatten to the same name {part!r}; weightio cannot list both",
+                                  path=self.path)
+            if len(part.encode("utf-8")) > self.limits.name_bytes:
+                raise exceeded("a flattened name of", len(part.encode("utf-8")), "name_bytes",
+                               self.limits.name_bytes, path=self.path, unit=" bytes")
+            view = TensorRef(buffer.storage, offset, tuple(size), tuple(stride), buffer.dtype, "dense", "",
+                             buffer.metadata)
+            self._add(part, *builder.build(part, view))
+
+    def _int_rows(self, builder: _Builder, name: str, what: str, ref: Any, most: int, flat: bool = False) -> list:
+        """The values of a nested tensor's int64 sizes/strides (rows of at most MAX_NDIM) or offsets."""
+        info, why, record = builder.build(f"{name} ({what})", ref) if type(ref) is TensorRef else (None, "", None)
+        shape = info.shape if info is not None else ()
+        if why is not None or info.dtype.newbyteorder("=") != np.dtype(np.int64) or len(shape) != 2 - flat:
+            raise CorruptFileError(f"nested tensor {what} {short_repr(ref)} is not a {2 - flat}-D int64 tensor",
+                                   path=self.path, tensor=name)
+        if shape[0] > most or (not flat and shape[1] > MAX_NDIM):
+            raise exceeded(f"nested tensor components ({what} {_dims(shape)})", shape[0], "tensors", most,
+                           path=self.path, tensor=name, unit="")
+        data = self._record_bytes(record) if record is not None else self.file.data
+        return np.ndarray(shape, info.dtype, data, info.offset, info.strides).tolist()
+
+    def _record_bytes(self, record: _zip.ZipMember) -> np.ndarray:
+        """A deflated record's bytes, inflated once (within limits.inflated_bytes)."""
+        limit = self.limits.inflated_bytes
+        if limit is not None and record.size > limit:
+            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
+                           path=self.path)
+        with self._lock:
+            data = self._inflated.get(record.name)
+            if data is None:
+                data = self._inflated[record.name] = _zip.inflate(self.file, record, check_crc=self._check_crc)
+        return data
 
     def buffer(self, name: str) -> np.ndarray:
         """The mapping; a numpy array's own pickled bytes; or a deflated record, inflated once.
@@ -167,15 +231,10 @@ class PyTorchReader(Reader):
         record = self._deflated.get(name)
         if record is None:
             return self.file.data
-        limit = self.limits.inflated_bytes
-        if limit is not None and record.size > limit:
-            raise exceeded(f"deflated record {record.name!r} inflates to", record.size, "inflated_bytes", limit,
-                           path=self.path, tensor=name)
-        with self._lock:
-            data = self._inflated.get(record.name)
-            if data is None:
-                data = self._inflated[record.name] = _zip.inflate(self.file, record)
-        return data
+        try:
+            return self._record_bytes(record)
+        except WeightioError as e:
+            raise type(e)(e.message, path=self.path, tensor=name) from None
 
     def close(self) -> None:
         self._inflated = {}
@@ -221,6 +280,10 @@ class _Builder:
             return TensorInfo(a.dtype, a.shape, 0, a.nbytes, strides), None, None
         if isinstance(leaf, StorageRef):  # a bare storage: a 1-D tensor of its elements
             return self._dense(name, TensorRef(leaf, 0, (leaf.view_numel,), (1,)))
+        if isinstance(leaf, LegacyTensor):  # torch.FloatTensor() + BUILD; never built: torch's empty tensor
+            if leaf.storage is None:
+                return TensorInfo(NUMPY_DTYPES[leaf.torch_dtype], (0,), 0, 0), None, None
+            return self._dense(name, leaf)
         return self._listed_only(name, leaf), leaf.note, None
 
     def _dense(self, name: str, ref: TensorRef) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:
@@ -240,6 +303,8 @@ class _Builder:
         span = self._spans.get(id(storage)) or self._span(name, storage)
         size_of, storage_size = ITEMSIZES[torch_dtype], ITEMSIZES[storage.dtype]
         start = span.offset + storage.view_offset * storage_size
+        if torch_dtype in PER_BYTE:  # several elements per byte: listed only (quantized), bounded in bytes
+            return self._packed(name, ref, torch_dtype, start, storage.view_numel * storage_size, span)
         if numel and (last + 1) * size_of > storage.view_numel * storage_size:
             raise self.fail(name, f"view ({_geometry_text(offset, size, stride)}) reaches element "
                                   f"{number(last, grouping=True)} of a "
@@ -259,6 +324,28 @@ class _Builder:
             return _new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
                               None)), None, span.record
         info = self._info(torch_dtype, size, stride, start + offset * size_of if numel else start, numel * size_of)
+        return info, self._unreadable_reason(torch_dtype, ref), span.record
+
+    def _packed(self, name: str, ref: TensorRef, torch_dtype: str, start: int, storage_bytes: int,
+                span: Span) -> tuple[TensorInfo, str | None, _zip.ZipMember | None]:
+        """A view of a sub-byte dtype (quint4x2, quint2x4), several elements per byte: contiguous, it
+        takes torch's layout (each row rounded up to whole bytes); else element k lies in byte
+        k // per_byte. Listed only (quantized), with its bytes checked against the storage's."""
+        per_byte = PER_BYTE[torch_dtype]
+        offset, size, stride = self._geometry(name, ref)
+        numel, last, contiguous = _extent(size, stride, offset)
+        first = offset // per_byte
+        if not numel:
+            end = first
+        elif contiguous and size:
+            end = first + math.prod(size[:-1]) * -(-size[-1] // per_byte)
+        else:
+            end = last // per_byte + 1
+        if end > storage_bytes:
+            raise self.fail(name, f"view ({_geometry_text(offset, size, stride)}) of {torch_dtype} ({per_byte} "
+                                  f"elements per byte) needs {number(end, grouping=True)} bytes of a "
+                                  f"{number(storage_bytes, grouping=True)}-byte storage {short_repr(ref.storage.key)}")
+        info = self._info(torch_dtype, size, stride, start + first, end - first)
         return info, self._unreadable_reason(torch_dtype, ref), span.record
 
     def _info(self, torch_dtype: str, size: tuple, stride: tuple, offset: int, nbytes: int) -> TensorInfo:

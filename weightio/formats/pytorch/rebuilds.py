@@ -8,7 +8,8 @@ from typing import Any
 
 from ...errors import CorruptFileError, UnsafePickleError
 from .inert import Function, Token
-from .refs import StorageRef, TensorRef, check_state, short_repr
+from .legacy_tensors import TENSOR
+from .refs import NestedRef, StorageRef, TensorRef, check_state, short_repr
 
 __all__ = ["LAYOUTS", "effective_dtype", "torch_functions"]
 
@@ -59,6 +60,11 @@ def _rebuild_sparse_tensor(layout: Any, data: Any) -> TensorRef:
     return TensorRef(None, 0, size, None, dtype=dtype, kind="sparse", note=note)
 
 
+def _rebuild_nested_tensor(buffer: Any, sizes: Any, strides: Any, storage_offsets: Any) -> NestedRef:
+    """A strided nested tensor: checked, and its components listed, by the reader."""
+    return NestedRef(buffer, sizes, strides, storage_offsets)
+
+
 def _rebuild_meta_tensor_no_storage(dtype: Any, size: Any, stride: Any, requires_grad: Any) -> TensorRef:
     return TensorRef(None, 0, size, stride, dtype=dtype, kind="meta",
                      note="meta tensor: it has a shape but no data (saved from device='meta')")
@@ -88,7 +94,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     if not (isinstance(func, Function) and func.kind == "rebuild"):
         raise UnsafePickleError(f"_rebuild_from_type_v2 with function {short_repr(func)}, which is not a torch "
                                 "rebuild function; refused")
-    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type"):
+    if not (isinstance(new_type, Token) and new_type.kind == "tensor_type") and new_type is not TENSOR:
         raise UnsafePickleError(f"_rebuild_from_type_v2 with type {short_repr(new_type)}; only torch.Tensor and "
                                 "torch.nn.Parameter are allowed")
     if not isinstance(args, tuple):
@@ -125,7 +131,7 @@ def _get_layout(name: Any) -> Token:
 
 _REBUILDS = (_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter, _rebuild_parameter_with_state,
             _rebuild_qtensor, _rebuild_sparse_tensor, _rebuild_meta_tensor_no_storage,
-             _rebuild_device_tensor_from_cpu_tensor)
+             _rebuild_device_tensor_from_cpu_tensor, _rebuild_nested_tensor)
 
 
 def torch_functions() -> dict[tuple[str, str], Function]:

@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import CorruptFileError, UnsafePickleError
 from .inert import FrozenClass, Function, Token
 
-__all__ = ["StorageRef", "TensorRef", "check_state", "short_repr"]
+__all__ = ["NestedRef", "StorageRef", "TensorRef", "check_state", "short_repr"]
 
 
 class StorageRef:
@@ -66,6 +66,20 @@ class TensorRef:
 
     def __repr__(self) -> str:
         return _describe(self, 2)
+
+class NestedRef(TensorRef):
+    """A strided nested tensor (``torch._utils._rebuild_nested_tensor``): its components are views
+    of one flat `buffer` tensor, component i of size ``sizes[i]``, stride ``strides[i]`` at
+    storage offset ``offsets[i]``, each given as an int64 tensor (rows of `sizes` and `strides`).
+    The reader reads those three and lists the components (``name[0]``, ``name[1]`` …).
+    """
+
+    __slots__ = ("buffer", "sizes", "strides", "offsets")
+
+    def __init__(self, buffer: Any, sizes: Any, strides: Any, offsets: Any) -> None:
+        super().__init__(None, 0, None, None, kind="nested", note="nested tensor")
+        self.buffer, self.sizes, self.strides, self.offsets = buffer, sizes, strides, offsets
+
 
 def check_state(state: Any, what: str) -> None:
     """Object state set by BUILD-like calls: a dict (or (dict, slots dict)) of plain attribute names."""

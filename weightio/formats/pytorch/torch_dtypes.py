@@ -7,7 +7,7 @@ import numpy as np
 from ...dtypes import TABLE
 from .allowlist import TORCH_DTYPES
 
-__all__ = ["ITEMSIZES", "NUMPY_DTYPES", "QUANTIZED_DTYPES", "itemsize"]
+__all__ = ["ITEMSIZES", "NUMPY_DTYPES", "PER_BYTE", "QUANTIZED_DTYPES", "itemsize"]
 
 
 # Quantized tensors store integers: they are listed with that integer type (reading them raises).
@@ -28,6 +28,12 @@ NUMPY_DTYPES = _numpy_dtypes()
 _OPAQUE_SIZES = {"complex32": 4, "bits16": 2}
 ITEMSIZES = {name: NUMPY_DTYPES[name].itemsize if name in NUMPY_DTYPES else _OPAQUE_SIZES.get(name, 1)
              for name in set(TORCH_DTYPES.values())}
+
+
+# Elements per byte of torch's sub-byte quantized dtypes. Their storages count bytes (a
+# QUInt4x2Storage of 4 holds 4 bytes: torch's element_size is 1), their tensors count elements:
+# a (2, 3) quint4x2 tensor needs 3 bytes (torch allocates each row rounded up to whole bytes: 4).
+PER_BYTE = {"quint4x2": 2, "quint2x4": 4}
 
 
 def itemsize(torch_dtype: str) -> int:

@@ -1,6 +1,7 @@
 """The allowlist unpickler: CPython's C unpickler whose only source of globals is the allowlist
 (`weightio.formats.pytorch.allowlist.ALLOWLIST`), run on a pickle the lexer (`.lexer.prepass`)
-has already checked. See the lexer's module docstring for the whole pipeline.
+has already checked, its Python 2 strings rewritten as torch decodes them (`.py2_strings`).
+See the lexer's module docstring for the whole pipeline.
 
 In placeholder mode (`placeholders`, which the reader opens around a file's pickles) a global off
 the allowlist becomes an inert placeholder class of that file (`.placeholders`) instead of an
@@ -19,8 +20,9 @@ from typing import Any
 from ... import limits as _limits
 from ...errors import CorruptFileError, UnsafePickleError, UsageError, WeightioError
 from .allowlist import ALLOWLIST
-from .lexer import lex, prepass
+from .lexer import lex
 from .placeholders import MODES, OVERRIDES, Placeholders, overrides
+from .py2_strings import rewrite
 
 __all__ = ["Unpickler", "load", "placeholder_mode", "placeholders"]
 
@@ -103,19 +105,25 @@ _MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, Key
 
 
 def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None = None,
-         what: str = "the pickle", checked: bool = False, limits: _limits.Limits | None = None) -> Any:
-    """Check `data` with `prepass` (unless `checked`: it already was), then unpickle it with the
-    allowlist `Unpickler`. `data` must hold exactly one pickle.
+         what: str = "the pickle", checked: bool = False, limits: _limits.Limits | None = None,
+         text8: list[int] | None = None) -> Any:
+    """Check `data` with the lexer (unless `checked`: it already was, and `text8` is the ``text8``
+    it noted), then unpickle it with the allowlist `Unpickler`, Python 2 strings decoded as torch
+    decodes them (`.py2_strings`). `data` must hold exactly one pickle.
 
     Raises:
         UnsafePickleError: a global outside the allowlist, or a refused construct.
         CorruptFileError: anything malformed (CPython's own errors included).
     """
-    end = len(data) if checked else prepass(data, path=path, what=what, limits=limits)
+    if checked:
+        end = len(data)
+    else:
+        lexed = lex(data, path=path, what=what, limits=limits)
+        end, text8 = lexed.pos, lexed.text8
     if end != len(data):
         raise CorruptFileError(f"{what}: {len(data) - end:,} bytes follow its STOP opcode", path=path)
     try:
-        return Unpickler(data, persistent_load).load()
+        return Unpickler(rewrite(data, text8) if text8 else data, persistent_load).load()
     except WeightioError as e:
         raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
     except _MALFORMED as e:
