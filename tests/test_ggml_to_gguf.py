@@ -183,3 +183,21 @@ def test_short_vocabulary_and_zero_heads(tmp_path):
     convert(tmp_path / "zero.bin", tmp_path / "zero.gguf")
     fields = dict((k, v) for k, _, v in _fields(tmp_path / "zero.gguf"))
     assert fields["llama.attention.head_count"] == 0 and fields["llama.rope.dimension_count"] == 0
+
+
+@pytest.mark.parametrize("suffix", [".gguf", ".safetensors"])
+def test_ggml_keys_of_other_formats_are_plain_metadata(tmp_path, suffix):
+    """Only a file the ggml reader read becomes a llama model: a GGUF that weightio wrote from a ggjt
+    file before llama conversion existed (its ggml.* hparams as keys, llama names, no vocabulary), or
+    a safetensors file with such keys, converts to GGUF as any file of its format does."""
+    keys = {"ggml.magic": "ggjt", "ggml.version": 3, "ggml.n_vocab": 32, "ggml.n_embd": 4, "ggml.n_mult": 1,
+            "ggml.n_head": 1, "ggml.n_layer": 1, "ggml.n_rot": 4, "ggml.ftype": 0}
+    if suffix == ".safetensors":
+        keys = {k: str(v) for k, v in keys.items()}
+    src = tmp_path / f"old{suffix}"
+    wio.save({"tok_embeddings.weight": np.ones((3, 4), np.float32)}, src, metadata=keys)
+    result = convert(src, tmp_path / "again.gguf")
+    assert not any("llama" in note for note in result.notes)
+    with wio.open(tmp_path / "again.gguf") as ckpt:
+        assert list(ckpt) == ["tok_embeddings.weight"]
+        assert {k: ckpt.metadata[k] for k in keys} == keys
