@@ -96,6 +96,19 @@ def test_converter_options(tmp_path):
         convert(FIXTURES / "ggml" / "llama-f16.bin", tmp_path / "b.gguf", ggml_options={"gqa": 3})
     with pytest.raises(UsageError, match="unknown ggml option"):
         convert(FIXTURES / "ggml" / "llama-f16.bin", tmp_path / "b.gguf", ggml_options={"ctx": 3})
+    for options, message in (  # the caller's mistakes: UsageError before anything is opened, never ValueError
+            ({"eps": "abc"}, "ggml option eps must be a positive finite number, not 'abc'"),
+            ({"eps": float("nan")}, "ggml option eps must be a positive finite number, not nan"),
+            ({"eps": 0.0}, "ggml option eps must be a positive finite number, not 0.0"),
+            ({"gqa": 0}, "ggml option gqa must be an int from 1 to 255, not 0"),
+            ({"gqa": "8"}, "ggml option gqa must be an int from 1 to 255, not '8'"),
+            ({"gqa": True}, "ggml option gqa must be an int from 1 to 255, not True"),
+            ({"context_length": -5}, "ggml option context_length must be an int from 1 to 4,294,967,295, not -5"),
+            ({"context_length": 1.5}, "ggml option context_length must be an int from 1 to 4,294,967,295, not 1.5"),
+            ({"name": 5}, "ggml option name must be a str, not 5")):
+        with pytest.raises(UsageError) as e:
+            convert(FIXTURES / "ggml" / "llama-f16.bin", tmp_path / "b.gguf", ggml_options=options)
+        assert e.value.message == message
     with pytest.raises(UsageError, match="ggml options apply to a legacy ggml file converted to .gguf"):
         convert(FIXTURES / "ggml" / "llama-f16.bin", tmp_path / "b.safetensors", ggml_options={"gqa": 2})
     with pytest.raises(UsageError, match="ggml options apply"):
@@ -176,9 +189,14 @@ def test_short_vocabulary_and_zero_heads(tmp_path):
         raw += struct.pack("<IIII", 1, 11, 0, 8) + b"norm.weight"
         return raw + bytes(-len(raw) % 32) + np.ones(8, "<f4").tobytes()
 
-    (tmp_path / "short.bin").write_bytes(ggjt(2, 1))
-    with pytest.raises(UsageError, match="the vocabulary holds 2 tokens; a llama GGUF needs <unk>, <s> and </s>"):
-        convert(tmp_path / "short.bin", tmp_path / "short.gguf")
+    (tmp_path / "short.bin").write_bytes(ggjt(2, 1))  # converted as before llama conversion existed, as it was
+    result = convert(tmp_path / "short.bin", tmp_path / "short.gguf")
+    assert result.notes == ["not written as a llama model (llama.cpp could not load it): the vocabulary holds 2 "
+                            "tokens (<unk>, <s> and </s> at least are needed); the ggml hyperparameters are kept as "
+                            "ggml.* keys", "metadata not kept: 2 entries that are not scalars (ggml.tokens, "
+                            "ggml.scores)"]
+    with wio.open(tmp_path / "short.gguf") as ckpt:
+        assert list(ckpt) == ["norm.weight"] and ckpt.metadata["ggml.n_vocab"] == 2
     (tmp_path / "zero.bin").write_bytes(ggjt(3, 0))  # no division by zero: written as the file says
     convert(tmp_path / "zero.bin", tmp_path / "zero.gguf")
     fields = dict((k, v) for k, _, v in _fields(tmp_path / "zero.gguf"))
