@@ -163,11 +163,13 @@ def test_older_legacy_files_and_the_small_fixtures(tmp_path):
     ("layers.1.feed_forward.w3.bias", "blk.1.ffn_up.bias"),
     ("layers.0.attention.inner_attention.rope.freqs", "blk.0.attn_rot_embd"),
     ("layers.01.attention.wq.weight", None), ("layers.x.attention.wq.weight", None), ("model/wte", None),
-    ("tok_embeddings.scale", None),
+    ("tok_embeddings.scale", None), ("layers.\u0663.attention.wq.weight", None),
+    pytest.param("layers." + "1" * 5000 + ".attention.wq.weight", "blk." + "1" * 5000 + ".attn_q.weight",
+                 id="a 5000-digit block number (never int()'d: Python refuses over 4300 digits)"),
 ])
 def test_names_as_gguf_py_maps_them(name, expected):
     assert gguf_name(name) == expected
-    if expected is not None:  # gguf-py's own table agrees
+    if expected is not None and len(name) < 100:  # gguf-py's own table agrees
         mapped = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 13).get_name(name, try_suffixes=(".weight", ".bias"))
         assert mapped == expected
 

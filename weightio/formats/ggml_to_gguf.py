@@ -82,7 +82,7 @@ _GLOBAL = {"tok_embeddings": "token_embd", "norm": "output_norm", "output": "out
 _BLOCK = {"attention.wq": "attn_q", "attention.wk": "attn_k", "attention.wv": "attn_v", "attention.wo": "attn_output",
           "attention_norm": "attn_norm", "feed_forward.w1": "ffn_gate", "feed_forward.w2": "ffn_down",
           "feed_forward.w3": "ffn_up", "ffn_norm": "ffn_norm", "attention.inner_attention.rope.freqs": "attn_rot_embd"}
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.(.+)")  # a block number as llama writes it: ASCII, no leading 0
 _TYPES = {"general.architecture": "STRING", "general.name": "STRING", "general.description": "STRING",
           "general.file_type": "UINT32", "llama.attention.layer_norm_rms_epsilon": "FLOAT32",
           "tokenizer.ggml.model": "STRING", "tokenizer.ggml.pre": "STRING", "tokenizer.ggml.tokens": "ARRAY[STRING]",
@@ -152,7 +152,7 @@ def gguf_name(name: str) -> str | None:
         if base in _GLOBAL:
             return _GLOBAL[base] + suffix
         match = _LAYER.fullmatch(base)
-        if match and match[2] in _BLOCK and str(int(match[1])) == match[1]:
+        if match and match[2] in _BLOCK:
             return f"blk.{match[1]}.{_BLOCK[match[2]]}{suffix}"
     return None
 
