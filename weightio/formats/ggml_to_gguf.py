@@ -37,7 +37,9 @@ tokenizer.ggml.unknown/bos/eos_token_id     UINT32       0, 1, 2
 Tokens, by id: 0, 1 and 2 become ``<unk>`` (type 2, unknown), ``<s>`` and ``</s>`` (type 3,
 control) whatever the file holds; an empty token is control (3); a one-byte token with id 3 to
 258 is the byte token ``<0xXX>`` (type 6); any other token is normal (1), its spaces written as
-U+2581 ``▁`` (SentencePiece's space). The file must hold at least 3 tokens.
+U+2581 ``▁`` (SentencePiece's space). A file with fewer than 3 tokens, or with a tensor that has
+no GGUF name (below), is written as weightio writes other ggml files (``ggml.*`` keys, names kept),
+with a note: llama.cpp could not load it as a llama model.
 
 Tensors keep their bytes, ggml type and dimensions; names become GGUF's (gguf-py's
 ``tensor_mapping`` for ``MODEL_ARCH.LLAMA``), a ``.weight``/``.bias`` suffix kept:
