@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from weightio.formats import UNKNOWN_GLOBALS
 from weightio.text import printable
 
 __all__ = ["common_options", "limit_options", "unknown_globals_option", "settings", "quiet", "echo", "style",
@@ -92,7 +93,7 @@ def unknown_globals_option(f: F) -> F:
     """Add ``--unknown-globals refuse|placeholder`` (passed to the command as ``unknown_globals``):
     what a pickle's global outside the allowlist becomes (`weightio.open`'s ``unknown_globals=``)."""
     return click.option(
-        "--unknown-globals", "unknown_globals", type=click.Choice(["refuse", "placeholder"]), default="refuse",
+        "--unknown-globals", "unknown_globals", type=click.Choice(UNKNOWN_GLOBALS), default="refuse",
         show_default=True,
         help="What a pickle's global outside the allowlist does: 'refuse' the file, or become an inert "
              "'placeholder' (never imported or run) so that its tensors can be read, a whole torch.save(model) "

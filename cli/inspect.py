@@ -10,6 +10,7 @@ import click
 
 import weightio
 from weightio import Checkpoint
+from weightio.formats import PLACEHOLDERS_KEY
 from weightio.text import printable
 
 from . import _tree
@@ -17,7 +18,6 @@ from ._format import elide, human_bytes, human_count, json_text, json_value, kin
 from ._options import common_options, echo, limit_options, unknown_globals_option
 
 SCHEMA = "weightio.inspect/1"
-PLACEHOLDERS = "weightio.placeholders"  # the metadata key listing globals replaced by placeholders
 
 
 def _by_kind(ckpt: Checkpoint, names: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -52,14 +52,14 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
         lines.append(f"  placeholders {plural(len(replaced), 'global')} replaced (never imported or run): "
                      f"{elide(', '.join(map(str, replaced)))}")
     for key, value in ckpt.metadata.items():
-        if key != PLACEHOLDERS:
+        if key != PLACEHOLDERS_KEY:
             lines.append(f"  metadata    {printable(str(key))} = {elide(value)}")
     return lines
 
 
 def _placeholders(ckpt: Checkpoint) -> list:
     """The globals `--unknown-globals placeholder` replaced, as the reader listed them."""
-    replaced = ckpt.metadata.get(PLACEHOLDERS)
+    replaced = ckpt.metadata.get(PLACEHOLDERS_KEY)
     return replaced if isinstance(replaced, list) else []
 
 

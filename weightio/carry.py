@@ -2,7 +2,8 @@
 
 * GGUF to GGUF keeps every key with its value, but not the split-set keys of the source's parts
   nor a ``general.alignment`` that is not an int.
-* A llama ggml/ggmf/ggjt file written as GGUF becomes the llama GGUF model llama.cpp's own
+* A llama ggml/ggmf/ggjt file (read by the ggml reader: not a file of another format whose
+  metadata holds ``ggml.*`` keys) written as GGUF becomes the llama GGUF model llama.cpp's own
   converter writes (`weightio.formats.ggml_to_gguf`): its keys, value types and tensor names.
 * A whisper.cpp model written as GGUF keeps its mel filters and vocabulary as arrays.
 * Otherwise GGUF keeps the scalars; safetensors keeps scalars as strings; ``.npz``/``.npy`` keep
@@ -28,11 +29,12 @@ def carried(ckpt: Checkpoint, shapes: Mapping[str, tuple[int, ...]], fmt: str, l
             notes: list[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
     """The metadata a `fmt` output of `ckpt`'s tensors (`shapes`) holds, GGUF value types for
     keys whose type is not the default one, and new tensor names (empty: names are kept)."""
-    if fmt == "gguf" and is_llama(ckpt.metadata):
+    from_ggml = ckpt.format == "ggml"  # ggml.* keys of other files (a GGUF weightio wrote from one) are data
+    if fmt == "gguf" and from_ggml and is_llama(ckpt.metadata):
         model = as_llama(ckpt.metadata, shapes, os.path.basename(ckpt.path), llama or LlamaOptions(), notes)
         if model is not None:
             return model
-    arrays = _whisper_arrays(ckpt.metadata, fmt)
+    arrays = _whisper_arrays(ckpt.metadata, fmt) if from_ggml else {}
     scalars = _carried_metadata({k: v for k, v in ckpt.metadata.items() if k not in arrays}, ckpt.format, fmt, notes)
     return scalars | arrays, {}, {}
 

@@ -397,8 +397,7 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
     copies = [] if extra is None else [(os.path.join(extra.root, *rel.split("/")),
                                         os.path.join(os.path.dirname(layout.base), *rel.split("/")))
                                        for rel in extra.files]
-    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies)
-    writer.value_types = types
+    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies, types)
     files = writer.run(shards, metadata, aliases, verify)
     copied = [final for _, final in copies]
     return ConvertResult([f for f in files if f not in copied], layout.fmt, len(sources), sum(sizes.values()),
@@ -410,11 +409,11 @@ class _Writer:
 
     def __init__(self, ckpt: Checkpoint, layout: Outputs, views: dict[str, TensorView],
                  sources: dict[str, TensorSource], meter: _Meter, overwrite: bool,
-                 copies: list[tuple[str, str]]) -> None:
+                 copies: list[tuple[str, str]], value_types: dict[str, str]) -> None:
         self.ckpt, self.layout, self.views, self.sources, self.meter = ckpt, layout, views, sources, meter
         self.staging = Staging(overwrite)
         self.copies = copies  # (source file, destination) of the model directory's other files
-        self.value_types: dict[str, str] = {}  # GGUF types of keys that do not come from a GGUF source
+        self.value_types = value_types  # GGUF types of keys that do not come from a GGUF source (carry)
 
     def run(self, shards: list[list[str]], metadata: dict[str, Any], aliases: dict[str, str],
             verify: bool) -> list[str]:

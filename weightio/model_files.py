@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import layout
@@ -55,7 +56,7 @@ class ModelFiles:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def scan(root: str, *, exclude: list[str] = (), avoid: str | None = None) -> ModelFiles:  # type: ignore[assignment]
+def scan(root: str, *, exclude: Sequence[str] = (), avoid: str | None = None) -> ModelFiles:
     """The files of local directory `root` to copy beside a conversion of it.
 
     Args:

@@ -5,6 +5,7 @@ descriptors are in tests/formats/test_numpy.py::HOSTILE_NPY (HOSTILE_DESCRS)."""
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 import zipfile
 
@@ -148,12 +149,27 @@ def test_python2_suffixes_in_a_version_3_header_are_refused_as_numpy_refuses_the
         wio.open(HERE / "python2_v3.npy")
 
 
+def test_a_python2_header_over_lines_with_other_line_breaks_reads_as_numpy_reads_it(tmp_path):
+    header = "{'descr': [('a\x85b', '<i4')],\x0c\n 'fortran_order': False,\n 'shape': (2L,), }".encode("latin1")
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    path = tmp_path / "x.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + b"\x01\0\0\0\x02\0\0\0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # numpy asks to save the file again
+        ref = np.load(path)
+    got = wio.load(path)["x"]
+    assert got.dtype == ref.dtype and got.tolist() == ref.tolist() == [(1,), (2,)]
+
+
 @pytest.mark.parametrize("text,expected", [
     ("{'shape': (2L, 3L), }", "{'shape': (2, 3), }"),
     ("{'shape': (0x1FL,)}", "{'shape': (0x1F,)}"),
     ("{'descr': '2L', 'shape': (2L,)}", "{'descr': '2L', 'shape': (2,)}"),  # not inside strings
     ("{'shape': (2 L,)}", "{'shape': (2 ,)}"),  # numpy drops a separate L too
     ("{'shape': (2LL,)}", None), ("{'shape': (xL,)}", None), ("{'shape': (2l,)}", None), ("(", None),
+    # lines are tokenize's (\n only): \x0c, \x85, \u2028 … before a later line's L move no cut
+    ("{'descr': [('a\x85b', '<i4')],\n 'shape': (2L,)}", "{'descr': [('a\x85b', '<i4')],\n 'shape': (2,)}"),
+    ("{'descr': '<i4',\x0c\n 'shape': (2L, 3L)}", "{'descr': '<i4',\x0c\n 'shape': (2, 3)}"),
 ])
 def test_strip_long_suffixes_follows_numpys_rule(text, expected):
     assert strip_long_suffixes(text) == expected

@@ -99,8 +99,15 @@ def test_the_option_reaches_load_varbuilder_and_convert(tmp_path):
 
 
 def test_an_unknown_mode_is_a_usage_error():
-    with pytest.raises(UsageError, match="unknown_globals must be one of 'refuse', 'placeholder', not 'allow'"):
+    from weightio.formats.pytorch import PyTorchReader
+
+    message = "unknown_globals must be one of 'refuse', 'placeholder', not 'allow'"
+    with pytest.raises(UsageError, match=message):
         wio.open(TR / "objects.pt", unknown_globals="allow")
+    with pytest.raises(UsageError, match=message):  # the reader's own argument: the same check, the same words
+        PyTorchReader(TR / "objects.pt", unknown_globals="allow")
+    with pytest.raises(UsageError, match=r"not \['placeholder'\]"):
+        wio.open(TR / "objects.pt", unknown_globals=["placeholder"])
 
 
 def test_placeholder_mode_reads_ordinary_files_as_before():

@@ -18,9 +18,10 @@ from ..records import TensorSource
 from . import numpy as _numpy
 from . import safetensors as _safetensors
 from . import sniff as _sniff
-from .base import Reader, TensorInfo
+from .base import PLACEHOLDERS_KEY, UNKNOWN_GLOBALS, Reader, TensorInfo
 
-__all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "resolve"]
+__all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "resolve",
+           "UNKNOWN_GLOBALS", "PLACEHOLDERS_KEY"]
 
 # Readers by sniffed format: a class, or "module:attribute" imported on first use (so that
 # `import weightio` stays cheap and a format's module loads only when such a file is opened).

@@ -27,18 +27,30 @@ from ..limits import Limits
 from ..limits import current as current_limits
 from ..records import MAX_NDIM, TensorInfo
 
-__all__ = ["MAX_NDIM", "Reader", "TensorInfo", "UNKNOWN_GLOBALS", "stored_name", "unknown_globals",
-           "using_unknown_globals"]
+__all__ = ["MAX_NDIM", "PLACEHOLDERS_KEY", "Reader", "TensorInfo", "UNKNOWN_GLOBALS", "check_unknown_globals",
+           "stored_name", "unknown_globals", "using_unknown_globals"]
 
 # What a pickle reader does with a global off the allowlist: "refuse" (UnsafePickleError) or
 # "placeholder" (an inert placeholder; weightio.formats.pytorch.placeholders).
 UNKNOWN_GLOBALS = ("refuse", "placeholder")
+PLACEHOLDERS_KEY = "weightio.placeholders"  # the metadata key listing the globals placeholders replaced
 _unknown_globals: contextvars.ContextVar[str] = contextvars.ContextVar("weightio_unknown_globals", default="refuse")
 
 
 def unknown_globals() -> str:
     """The unknown-globals mode of the files opened here (`using_unknown_globals`; default "refuse")."""
     return _unknown_globals.get()
+
+
+def check_unknown_globals(mode: object) -> str:
+    """`mode` if it is one of `UNKNOWN_GLOBALS`.
+
+    Raises:
+        UsageError: it is not.
+    """
+    if not (isinstance(mode, str) and mode in UNKNOWN_GLOBALS):
+        raise UsageError(f"unknown_globals must be one of {', '.join(map(repr, UNKNOWN_GLOBALS))}, not {mode!r}")
+    return mode
 
 
 @contextlib.contextmanager
@@ -49,9 +61,7 @@ def using_unknown_globals(mode: str) -> Iterator[str]:
     Raises:
         UsageError: `mode` is not one of `UNKNOWN_GLOBALS`.
     """
-    if mode not in UNKNOWN_GLOBALS:
-        raise UsageError(f"unknown_globals must be one of {', '.join(map(repr, UNKNOWN_GLOBALS))}, not {mode!r}")
-    token = _unknown_globals.set(mode)
+    token = _unknown_globals.set(check_unknown_globals(mode))
     try:
         yield mode
     finally:

@@ -218,14 +218,18 @@ class GGMLReader(Reader):
     def _read_unversioned(self, pos: int) -> None:
         """llama.cpp's layout, else whisper.cpp's; else the error of the layout the file claims."""
         failed: dict[str, WeightioError] = {}
-        for layout, parse in (("llama", self._read_llama), ("whisper", self._read_whisper)):
+        attempts = (("llama", lambda: self._read_llama(pos, LLAMA_HPARAMS, False)),
+                    ("whisper", lambda: self._read_whisper(pos)))
+        for layout, parse in attempts:
             self.layout = layout
             try:
-                parse(pos, LLAMA_HPARAMS, False) if layout == "llama" else parse(pos)
+                parse()
                 return
             except WeightioError as e:
                 failed[layout] = e
-                self.metadata.clear(), self.tensors.clear(), self._old.clear()
+                self.metadata.clear()
+                self.tensors.clear()
+                self._old.clear()
         claimed = self._claimed_layout()
         if claimed is not None:
             raise failed[claimed]

@@ -37,7 +37,9 @@ tokenizer.ggml.unknown/bos/eos_token_id     UINT32       0, 1, 2
 Tokens, by id: 0, 1 and 2 become ``<unk>`` (type 2, unknown), ``<s>`` and ``</s>`` (type 3,
 control) whatever the file holds; an empty token is control (3); a one-byte token with id 3 to
 258 is the byte token ``<0xXX>`` (type 6); any other token is normal (1), its spaces written as
-U+2581 ``▁`` (SentencePiece's space). The file must hold at least 3 tokens.
+U+2581 ``▁`` (SentencePiece's space). A file with fewer than 3 tokens, or with a tensor that has
+no GGUF name (below), is written as weightio writes other ggml files (``ggml.*`` keys, names kept),
+with a note: llama.cpp could not load it as a llama model.
 
 Tensors keep their bytes, ggml type and dimensions; names become GGUF's (gguf-py's
 ``tensor_mapping`` for ``MODEL_ARCH.LLAMA``), a ``.weight``/``.bias`` suffix kept:
@@ -60,6 +62,7 @@ directory) is not offered; its other options are the keyword arguments of `llama
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,7 +84,7 @@ _GLOBAL = {"tok_embeddings": "token_embd", "norm": "output_norm", "output": "out
 _BLOCK = {"attention.wq": "attn_q", "attention.wk": "attn_k", "attention.wv": "attn_v", "attention.wo": "attn_output",
           "attention_norm": "attn_norm", "feed_forward.w1": "ffn_gate", "feed_forward.w2": "ffn_down",
           "feed_forward.w3": "ffn_up", "ffn_norm": "ffn_norm", "attention.inner_attention.rope.freqs": "attn_rot_embd"}
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_LAYER = re.compile(r"layers\.(0|[1-9][0-9]*)\.(.+)")  # a block number as llama writes it: ASCII, no leading 0
 _TYPES = {"general.architecture": "STRING", "general.name": "STRING", "general.description": "STRING",
           "general.file_type": "UINT32", "llama.attention.layer_norm_rms_epsilon": "FLOAT32",
           "tokenizer.ggml.model": "STRING", "tokenizer.ggml.pre": "STRING", "tokenizer.ggml.tokens": "ARRAY[STRING]",
@@ -107,9 +110,25 @@ class LlamaOptions:
     name: str | None = None
     description: str | None = None
 
+    def __post_init__(self) -> None:
+        for option, most in (("context_length", 2**32 - 1), ("gqa", 255)):  # a GGUF UINT32; the converter's range
+            value = getattr(self, option)
+            if type(value) is not int or not 1 <= value <= most:
+                raise UsageError(f"ggml option {option} must be an int from 1 to {most:,}, not {value!r}")
+        if type(self.eps) not in (int, float) or not 0 < self.eps < math.inf:
+            raise UsageError(f"ggml option eps must be a positive finite number, not {self.eps!r}")
+        for option in ("name", "description"):
+            if not isinstance(getattr(self, option), (str, type(None))):
+                raise UsageError(f"ggml option {option} must be a str, not {getattr(self, option)!r}")
+
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> LlamaOptions:
-        unknown = sorted(set(options or {}) - set(cls.__dataclass_fields__))
+        """The options of a ``ggml_options=`` mapping (`weightio.convert.convert`).
+
+        Raises:
+            UsageError: an unknown option, or a value of the wrong type or range.
+        """
+        unknown = sorted(map(repr, set(options or {}) - set(cls.__dataclass_fields__)))
         if unknown:
             raise UsageError(f"unknown ggml option(s) {', '.join(unknown)} (known: context_length, eps, gqa, name, "
                              "description)")
@@ -135,7 +154,7 @@ def gguf_name(name: str) -> str | None:
         if base in _GLOBAL:
             return _GLOBAL[base] + suffix
         match = _LAYER.fullmatch(base)
-        if match and match[2] in _BLOCK and str(int(match[1])) == match[1]:
+        if match and match[2] in _BLOCK:
             return f"blk.{match[1]}.{_BLOCK[match[2]]}{suffix}"
     return None
 
@@ -175,6 +194,11 @@ def vocabulary(tokens: Sequence[bytes], scores: np.ndarray | None) -> tuple[list
     return out, values, types
 
 
+def _token_bytes(metadata: Mapping[str, Any]) -> list[bytes]:
+    tokens = metadata.get("ggml.tokens")
+    return list(tokens.raw_strings()) if hasattr(tokens, "raw_strings") else [str(t).encode() for t in tokens or ()]
+
+
 def llama_gguf(metadata: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], source_name: str,
                options: LlamaOptions) -> tuple[dict[str, Any], dict[str, str]]:
     """The GGUF key/values (in the converter's order) and their GGUF types, for a llama ggml file.
@@ -187,8 +211,7 @@ def llama_gguf(metadata: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
     Raises:
         UsageError: a vocabulary of fewer than 3 tokens, or a `gqa` that fits no head count.
     """
-    tokens = metadata.get("ggml.tokens")
-    raw = list(tokens.raw_strings()) if hasattr(tokens, "raw_strings") else [str(t).encode() for t in tokens or ()]
+    raw = _token_bytes(metadata)
     if len(raw) < 3:
         raise UsageError(f"the vocabulary holds {len(raw)} tokens; a llama GGUF needs <unk>, <s> and </s> at least")
     scores = metadata.get("ggml.scores")
@@ -216,14 +239,17 @@ def llama_gguf(metadata: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
 def as_llama(metadata: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], source_name: str,
              options: LlamaOptions, notes: list[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str]] | None:
     """`convert`'s step for a llama ggml file written as GGUF: key/values, their types, and
-    ``ggml name -> GGUF name`` for the tensors in `shapes`. None when a tensor has no GGUF name:
-    the file is then written as weightio wrote such files before (``ggml.*`` keys, names
-    unchanged), and `notes` says so."""
+    ``ggml name -> GGUF name`` for the tensors in `shapes`. None when a tensor has no GGUF name
+    or the vocabulary lacks the three special tokens: the file is then written as weightio wrote
+    such files before (``ggml.*`` keys, names unchanged), and `notes` says so."""
     renames = {name: gguf_name(name) for name in shapes}
     missing = [name for name, new in renames.items() if new is None]
-    if missing:
-        notes.append(f"not written as a llama model (llama.cpp could not load it): tensor {missing[0]!r} has no "
-                     "GGUF llama name; the ggml hyperparameters are kept as ggml.* keys")
+    tokens = _token_bytes(metadata)
+    if missing or len(tokens) < 3:
+        why = (f"tensor {missing[0]!r} has no GGUF llama name" if missing else
+               f"the vocabulary holds {len(tokens)} tokens (<unk>, <s> and </s> at least are needed)")
+        notes.append(f"not written as a llama model (llama.cpp could not load it): {why}; the ggml hyperparameters "
+                     "are kept as ggml.* keys")
         return None
     out, types = llama_gguf(metadata, shapes, source_name, options)
     notes.append(f"written as a llama GGUF model, as llama.cpp's convert_llama_ggml_to_gguf.py writes it: "

@@ -163,7 +163,7 @@ def strip_long_suffixes(text: str) -> str | None:
     """`text` without the ``L`` of Python 2 long literals (``(2L, 3L)`` -> ``(2, 3)``), by numpy's
     rule: a name token that is exactly ``L`` right after a number token goes. None when `text`
     does not even tokenize (the caller reports the original parse error)."""
-    lines = text.splitlines(keepends=True)
+    lines = io.StringIO(text).readlines()  # the lines tokenize numbers (str.splitlines also breaks at \x0c, \x85 …)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))

@@ -36,14 +36,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import CorruptFileError
+from ..base import PLACEHOLDERS_KEY as KEY
 from .inert import FrozenClass, Function, Token
 from .refs import short_repr
 
-__all__ = ["KEY", "MAX_PLACEHOLDERS", "MODES", "OVERRIDES", "Placeholder", "PlaceholderClass", "Placeholders",
+__all__ = ["KEY", "MAX_PLACEHOLDERS", "OVERRIDES", "Placeholder", "PlaceholderClass", "Placeholders",
            "children", "module_class", "module_state"]
 
-KEY = "weightio.placeholders"  # the metadata key listing the replaced globals
-MODES = ("refuse", "placeholder")
 MAX_PLACEHOLDERS = 10_000  # distinct replaced globals in one file (each is a class made for it)
 MAX_NAME = 1_000  # characters of a replaced global's module and name (Python's are a few dozen)
 

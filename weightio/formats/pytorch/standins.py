@@ -49,6 +49,14 @@ __all__ = ["ENUMS", "RECORDS", "DefaultDict", "plain_time", "training_objects"]
 _SCALARS = (str, int, float, bool, type(None))
 
 
+def _empty(base: type, cls: type, args: tuple) -> Any:
+    """What NEWOBJ (``cls.__new__(cls, *args)``) makes of a class stand-in: an empty `base`
+    instance, filled later by SETITEMS / BUILD; arguments are refused."""
+    if args:
+        raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
+    return base.__new__(cls)
+
+
 # ----------------------------------------------------------------------------- dict-like records
 
 
@@ -61,9 +69,7 @@ class Record(dict, metaclass=FrozenClass):
     accepts_items = True  # SETITEM(S) on an instance is how dict subclasses pickle (tests/test_pickle.py)
 
     def __new__(cls, *args: Any) -> Record:
-        if args:
-            raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
-        return dict.__new__(cls)
+        return _empty(dict, cls, args)
 
     def __init__(self, *args: Any) -> None:
         """Nothing: NEWOBJ never calls it, and ``dict.__init__`` would take items from the pickle."""
@@ -121,9 +127,7 @@ class OmegaNode(metaclass=FrozenClass):
     bounded_repr = True
 
     def __new__(cls, *args: Any) -> OmegaNode:
-        if args:
-            raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
-        obj = object.__new__(cls)
+        obj = _empty(object, cls, args)
         obj.value = None
         return obj
 
@@ -144,9 +148,7 @@ class OmegaMetadata(metaclass=FrozenClass):
     bounded_repr = True
 
     def __new__(cls, *args: Any) -> OmegaMetadata:
-        if args:
-            raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
-        return object.__new__(cls)
+        return _empty(object, cls, args)
 
     def __setstate__(self, state: Any) -> None:
         check_state(state, f"the state of {type(self).allowlisted_as}")
@@ -172,9 +174,7 @@ class DictConfig(dict, metaclass=FrozenClass):
     accepts_items = True
 
     def __new__(cls, *args: Any) -> DictConfig:
-        if args:
-            raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
-        return dict.__new__(cls)
+        return _empty(dict, cls, args)
 
     def __init__(self, *args: Any) -> None:
         """Nothing (see `Record.__init__`)."""
@@ -193,9 +193,7 @@ class ListConfig(list, metaclass=FrozenClass):
     accepts_items = True
 
     def __new__(cls, *args: Any) -> ListConfig:
-        if args:
-            raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
-        return list.__new__(cls)
+        return _empty(list, cls, args)
 
     def __init__(self, *args: Any) -> None:
         """Nothing (see `Record.__init__`)."""

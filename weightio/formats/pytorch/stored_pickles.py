@@ -16,6 +16,7 @@ from .opcodes import OPCODE_NAMES, PROTO
 
 __all__ = ["pickles"]
 
+
 def pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     """(location, bytes) of every pickle stream in `file`, found without trusting the file to be
     well formed: what `weightio scan` inspects. A pickle that cannot be read is listed with the

@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import limits as _limits
-from ...errors import CorruptFileError, UnsafePickleError, UsageError, WeightioError
+from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from ..base import check_unknown_globals
 from .allowlist import ALLOWLIST
 from .lexer import lex
-from .placeholders import MODES, OVERRIDES, Placeholders, overrides
+from .placeholders import OVERRIDES, Placeholders, overrides
 from .py2_strings import rewrite
 
 __all__ = ["Unpickler", "load", "placeholder_mode", "placeholders"]
@@ -35,9 +36,7 @@ _placeholders: contextvars.ContextVar[Placeholders | None] = contextvars.Context
 def placeholders(mode: str) -> Iterator[Placeholders | None]:
     """Within the block, pickles read in `mode`: ``"refuse"`` (unknown globals raise
     `UnsafePickleError`) or ``"placeholder"`` (they become the yielded file's `Placeholders`)."""
-    if mode not in MODES:
-        raise UsageError(f"unknown_globals must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
-    registry = Placeholders() if mode == "placeholder" else None
+    registry = Placeholders() if check_unknown_globals(mode) == "placeholder" else None
     token = _placeholders.set(registry)
     try:
         yield registry
