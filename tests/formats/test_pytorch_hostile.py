@@ -547,3 +547,11 @@ def test_python2_strings_inside_frames_read(write):
     framed = b"\x80\x04\x95" + struct.pack("<Q", len(body)) + body
     with wio.open(write("framed.pkl", framed)) as ckpt:
         assert ckpt.metadata == {"clé": "été"}
+
+
+def test_python2_string_escapes_read_as_cpython_reads_them_without_a_warning(write):
+    # a Python 2 STRING: known escapes decoded, an unknown one ('\q') kept as backslash + q — CPython
+    # keeps it too, with a DeprecationWarning that this suite (filterwarnings = error) would raise
+    body = b"\x80\x02}S'note'\nS'a\\q\\x41\\n\\\\'\ns."
+    with wio.open(write("escapes.pkl", body)) as ckpt:
+        assert ckpt.metadata == {"note": "a\\qA\n\\"}

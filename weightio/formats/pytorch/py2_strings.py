@@ -21,6 +21,7 @@ Array data pickled as text (numpy arrays of Python 2 pickles) comes back to its 
 from __future__ import annotations
 
 import codecs
+import re
 import struct
 
 from ...errors import CorruptFileError
@@ -67,9 +68,19 @@ def _unquote(line: bytes) -> bytes | None:
     if len(line) < 2 or line[0] != line[-1] or line[:1] not in (b"'", b'"'):
         return None
     try:
-        return codecs.escape_decode(line[1:-1])[0]
+        return codecs.escape_decode(_ESCAPE.sub(_keep_unknown, line[1:-1]))[0]
     except ValueError:
         return None
+
+
+# A backslash before a character that starts no escape stays a backslash, as CPython keeps it, but
+# spelled as an escaped backslash: CPython also warns (DeprecationWarning), an error under -W error.
+_ESCAPE = re.compile(rb"\\(.)", re.S)
+_ESCAPES = frozenset(b"\\'\"abfnrtvx01234567\n")
+
+
+def _keep_unknown(match: re.Match[bytes]) -> bytes:
+    return match.group() if match.group(1)[0] in _ESCAPES else b"\\" + match.group()
 
 
 def _text(raw: bytes) -> bytes:
