@@ -101,8 +101,10 @@ def _model_dir(tmp_path: Path) -> Path:
     (src / ".git").mkdir()
     (src / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     outside = tmp_path / "elsewhere.txt"
-    outside.write_text("linked content")
-    (src / "README.md").symlink_to(outside)
+    outside.write_text("a private file")
+    (src / "README.md").symlink_to(outside)  # leads out of the model directory: never followed
+    (src / "system").symlink_to("/")  # would walk the whole file system
+    (src / "notes.md").symlink_to(src / "1_Pooling" / "config.json")  # inside: its content is copied
     (src / "dangling.json").symlink_to(tmp_path / "missing")
     (src / "loop").symlink_to(src)  # a linked directory that leads back: entered never (already seen)
     os.mkfifo(src / "pipe")
@@ -113,10 +115,13 @@ def test_subfolders_links_hidden_and_special_files(tmp_path):
     src = _model_dir(tmp_path)
     out = tmp_path / "out"
     result = convert(src, str(out) + "/")
-    assert _listing(out) == ["1_Pooling/config.json", "README.md", "config.json", "model.safetensors", *TOKENIZER]
-    assert not (out / "README.md").is_symlink() and (out / "README.md").read_text() == "linked content"
-    assert result.skipped == {"dangling.json": "a link to nothing", "onnx/model.onnx": "weights",
-                              "pipe": "not a regular file", "tf_model.h5": "weights"}
+    assert _listing(out) == ["1_Pooling/config.json", "config.json", "model.safetensors", "notes.md", *TOKENIZER]
+    assert not (out / "notes.md").is_symlink()
+    assert (out / "notes.md").read_text() == '{"pooling_mode_mean_tokens": true}'
+    out_of_dir = "a link out of the model directory (not followed)"
+    assert result.skipped == {"README.md": out_of_dir, "dangling.json": "a link to nothing",
+                              "onnx/model.onnx": "weights", "pipe": "not a regular file", "system": out_of_dir,
+                              "tf_model.h5": "weights"}
     _same_bytes(src, out, ["1_Pooling/config.json", "config.json", *TOKENIZER])
 
 
@@ -170,7 +175,40 @@ def test_weights_only_and_file_destinations(tmp_path):
 def test_scan_lists_without_the_excluded(tmp_path):
     src = _model_dir(tmp_path)
     found = model_files.scan(str(src), exclude=[str(src / "config.json")], avoid=str(src / "1_Pooling"))
-    assert found.files == ["README.md", *TOKENIZER]
+    assert found.files == ["notes.md", *TOKENIZER]
+
+
+def test_a_hugging_face_cache_snapshot_links_into_its_blobs(tmp_path):
+    repo = tmp_path / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    (snapshot / "1_Pooling").mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "c0ffee").write_text('{"model_type": "bert"}')
+    (blobs / "beef").write_text("{}")
+    (snapshot / "config.json").symlink_to("../../blobs/c0ffee")  # as huggingface_hub links them
+    (snapshot / "1_Pooling" / "config.json").symlink_to("../../../blobs/beef")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    (snapshot / "escape.json").symlink_to("../../refs/main")  # in the repo's cache, not in its blobs
+    found = model_files.scan(str(snapshot))
+    assert found.files == ["1_Pooling/config.json", "config.json"]
+    assert found.skipped == {"escape.json": "a link out of the model directory (not followed)"}
+
+
+def test_a_file_replaced_by_a_fifo_after_the_scan_is_refused_not_opened(tmp_path):
+    from weightio._staging import Staging
+    from weightio.errors import InputError
+
+    (tmp_path / "config.json").write_text("{}")
+    found = model_files.scan(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    os.mkfifo(tmp_path / "config.json")  # no writer: a blocking open would hang forever
+    staging = Staging(overwrite=False)
+    with pytest.raises(InputError, match="no longer a regular file") as e:
+        model_files.stage_copies(staging, [(str(tmp_path / found.files[0]), str(tmp_path / "out" / "config.json"))])
+    assert e.value.path == str(tmp_path / "config.json")
+    staging.discard()
+    assert sorted(os.listdir(tmp_path)) == ["config.json"]  # the sub-folder it made is gone again
 
 
 # ----------------------------------------------------------------------------- the command line

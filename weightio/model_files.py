@@ -16,10 +16,15 @@ conversion from a directory (or an ``hf://`` repo or folder) into a directory co
 * **Sub-directories** are copied with the same rules; hidden entries (``.git``, ``.cache``,
   ``.gitattributes``, weightio's temporaries) are not, nor the destination itself when it lies
   inside the source.
-* **Symbolic links are followed**: the file's content is copied (the Hugging Face cache is made
-  of links into its blob store). A linked directory is entered once (links that loop are not
-  followed twice). A link to nothing, and anything that is not a regular file (a FIFO, a
-  device), is skipped and listed.
+* **Symbolic links are followed inside the model directory**: the file's content is copied. A
+  link whose target lies outside the directory is skipped and listed, never followed: a cloned
+  repository may hold ``tokenizer.json -> /home/you/.ssh/id_rsa`` or ``data -> /``, which would
+  copy a private file into an output meant for sharing, or walk the whole file system. One
+  outside place is allowed: a Hugging Face cache snapshot (``…/snapshots/<commit>``) is made of
+  links into its repository's blob store (``…/blobs``). A linked directory is entered once
+  (links that loop are not followed twice). A link to nothing, and anything that is not a
+  regular file (a FIFO, a device), is skipped and listed; a file that became one after the scan
+  is refused when copied, never opened in a way that could block.
 * The destination rules are convert's: an existing file is refused unless ``overwrite``; copies
   are staged, fsynced and renamed into place with the weights, before the index (the commit point).
 """
@@ -30,6 +35,7 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from . import layout
 from ._io import atomic_write, write_all
@@ -66,15 +72,29 @@ def scan(root: str, *, exclude: Sequence[str] = (), avoid: str | None = None) ->
     """
     found = ModelFiles(root)
     excluded = {os.path.realpath(p) for p in exclude}
-    seen = {os.path.realpath(root)}
+    real_root = os.path.realpath(root)
+    seen = {real_root}
     avoided = os.path.realpath(avoid) if avoid is not None else None
-    _walk(root, "", found, excluded, seen, avoided)
+    _walk(root, "", found, excluded, seen, avoided, _link_roots(real_root))
     found.files.sort()
     return found
 
 
+def _link_roots(real_root: str) -> tuple[str, ...]:
+    """Where the entries of model directory `real_root` may lead: inside it, and for a Hugging
+    Face cache snapshot (``<repo>/snapshots/<commit>``) into that repository's ``blobs``."""
+    parent = os.path.dirname(real_root)
+    if os.path.basename(parent) == "snapshots":
+        return real_root, os.path.join(os.path.dirname(parent), "blobs")
+    return (real_root,)
+
+
+def _inside(real: str, roots: tuple[str, ...]) -> bool:
+    return any(os.path.commonpath([real, r]) == r for r in roots)
+
+
 def _walk(directory: str, prefix: str, found: ModelFiles, excluded: set[str], seen: set[str],
-          avoided: str | None) -> None:
+          avoided: str | None, roots: tuple[str, ...]) -> None:
     try:
         names = sorted(os.listdir(directory))
     except OSError as e:
@@ -84,18 +104,21 @@ def _walk(directory: str, prefix: str, found: ModelFiles, excluded: set[str], se
         if name.startswith("."):
             continue
         path, rel = os.path.join(directory, name), prefix + name
-        real = os.path.realpath(path)
-        if real in excluded:
-            continue
         try:
+            real = os.path.realpath(path)
             mode = os.stat(path).st_mode
         except OSError:
             found.skipped[rel] = "a link to nothing" if os.path.islink(path) else "cannot be read"
             continue
+        if real in excluded:
+            continue
+        if not _inside(real, roots):  # only a link leads out (a directory outside is never entered)
+            found.skipped[rel] = "a link out of the model directory (not followed)"
+            continue
         if stat.S_ISDIR(mode):
             if real not in seen and real != avoided:
                 seen.add(real)
-                _walk(path, rel + "/", found, excluded, seen, avoided)
+                _walk(path, rel + "/", found, excluded, seen, avoided, roots)
         elif not stat.S_ISREG(mode):
             found.skipped[rel] = "not a regular file"
         elif is_weights(name):
@@ -140,7 +163,7 @@ def stage_copies(staging: Staging, copies: list[tuple[str, str]]) -> None:
         staging.make_dirs(os.path.dirname(os.path.abspath(final)))
         staged = staging.path_for(final)
         try:
-            with open(source, "rb") as src, atomic_write(staged) as out:
+            with _open_regular(source) as src, atomic_write(staged) as out:
                 while chunk := src.read(1 << 20):
                     write_all(out, chunk)
         except OSError as e:
@@ -148,3 +171,17 @@ def stage_copies(staging: Staging, copies: list[tuple[str, str]]) -> None:
                 raise
             raise InputError(f"cannot be copied: {e.strerror}", path=source, errno=e.errno) from None
         staging.hold(staged)
+
+
+def _open_regular(source: str) -> BinaryIO:
+    """`source` opened for reading, refused unless it is a regular file now (it may have been
+    replaced since the scan): opened without blocking, so a FIFO or a device never hangs the copy."""
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError("cannot be copied: it is no longer a regular file", path=source)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -269,3 +269,21 @@ def test_str_data_beyond_unicode_is_a_corrupt_file_error(write):
             first_values(ckpt["bad"], 2)
     result = CliRunner().invoke(main, ["show", str(path), "bad"])
     assert result.exit_code == 1 and "holds a character beyond U+10FFFF" in result.output
+
+
+@pytest.mark.parametrize("descr", [
+    [("a", "<f4"), ("", "|V8", (2,))],  # padding given as a sub-array of void: 16 bytes, no field
+    [("a", "<f4"), ("", "|V4", 1)],
+    [("", [("x", "<f4")], (2,)), ("a", "<i2")],  # a sub-array of a record named '' is padding to numpy too
+    [("", [("x", "<f4")]), ("a", "<i2")],  # a record named '' without a shape is a field
+    [("a", "|u1"), ("", "|V7"), ("b", "<f8")],
+])
+def test_padding_is_what_numpy_load_makes_of_it(tmp_path, descr):
+    expected = np.lib.format.descr_to_dtype(descr)
+    path = tmp_path / "p.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": (3,)})
+        f.write(bytes(range(3 * expected.itemsize)))
+    got = wio.open(path)["p"].numpy()
+    _same(got, np.load(path))
+    assert got.tobytes() == np.load(path).tobytes()

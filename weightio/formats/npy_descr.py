@@ -10,8 +10,9 @@ numpy writes ``descr`` with ``numpy.lib.format.dtype_to_descr`` (a type string, 
     name     := str | (title: str, name: str)
 
 Fields lie one after another, as ``dtype.descr`` lists them: an aligned or padded record writes
-its gaps as fields named ``''`` of a plain void type (``('', '|V7')``), which take their room
-and are not fields (numpy's rule in ``descr_to_dtype``). So offsets are never read from the
+its gaps as fields named ``''`` of a void type without fields (``('', '|V7')``; a sub-array of
+one, ``('', '|V8', (2,))``, too), which take their room and are not fields (numpy's rule in
+``descr_to_dtype``). So offsets are never read from the
 file: they are the running sum of the itemsizes, and cannot be negative, overlap or point
 outside the record.
 
@@ -22,7 +23,9 @@ Rules enforced here, beyond numpy's (which hands every string to ``numpy.dtype``
 * records nest at most `MAX_DEPTH` levels, sub-arrays have at most `MAX_SUBARRAY_NDIM`
   non-negative int dimensions, names are str (titles too);
 * every itemsize is computed with Python ints first and must fit numpy's C ``int``
-  (`MAX_ITEMSIZE`), and an element of 0 bytes is refused (numpy cannot read it back either);
+  (`MAX_ITEMSIZE`), and an element of 0 bytes (``'|V0'``, ``[]``, a record of empty fields) is
+  refused: such an array holds no data, and weightio does not serve it (numpy.save writes it and
+  numpy.load reads it; it was never readable here);
 * a descr that holds the object type ``'O'`` anywhere (a field, a nested field, a sub-array)
   gives a dtype with ``hasobject``: its data is a pickle, which the reader never loads and
   refuses when the array is read (see `weightio.formats.numpy`).
@@ -74,8 +77,8 @@ def descr_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
         raise UnsupportedDTypeError(f"descr {describe(descr)} is not a dtype descriptor (a type string such as "
                                     "'<f4' or a list of record fields)", path=path, tensor=tensor)
     if dtype.itemsize == 0:
-        raise UnsupportedDTypeError(f"descr {describe(descr)} has elements of 0 bytes, which numpy cannot read back",
-                                    path=path, tensor=tensor)
+        raise UnsupportedDTypeError(f"descr {describe(descr)} has elements of 0 bytes (an array that holds no data), "
+                                    "which weightio does not read", path=path, tensor=tensor)
     return dtype
 
 
@@ -103,7 +106,9 @@ def _record(fields: list, descr: Any, depth: int, path: str, tensor: str | None)
     offset = 0
     for index, field in enumerate(fields):
         name, dtype = _field(field, index, descr, depth, path, tensor)
-        if not (name == "" and dtype.kind == "V" and dtype.fields is None and dtype.subdtype is None):  # padding
+        # numpy's padding rule, on the field's dtype after its sub-array shape: ('', '|V8', (2,))
+        # is 16 bytes of padding to numpy.load, not a field named ''
+        if not (name == "" and dtype.type is np.void and dtype.names is None):
             title, name = name if isinstance(name, tuple) else (None, name)
             names.append(name)
             titles.append(title)
