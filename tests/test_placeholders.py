@@ -293,6 +293,12 @@ STANDIN_HOSTILE = [
             UnsafePickleError, "BUILD on the class omegaconf.dictconfig.DictConfig"),
     Hostile("calling builtins.dict (a type token)", lambda m: P2 + call("builtins", "dict", EMPTY_LIST) + STOP,
             CorruptFileError, "'Token' object is not callable"),
+    Hostile("ListConfig whose content is itself (it would grow while read, forever)",
+            lambda m: P2 + _new("omegaconf.listconfig", "ListConfig") + BINPUT0 + MARK + i(1) + i(2) + APPENDS
+            + _dict(_content=BINGET0) + BUILD + STOP, metadata={"hostile": [1, 2, 1, 2]}),
+    Hostile("DictConfig whose content is itself",
+            lambda m: P2 + _new("omegaconf.dictconfig", "DictConfig") + BINPUT0 + MARK + s("a") + i(1) + SETITEMS
+            + _dict(_content=BINGET0) + BUILD + STOP, metadata={"a": 1}),
     Hostile("ListConfig whose content is a DictConfig",
             lambda m: P2 + _omega(_omega(EMPTY_DICT), "ListConfig", "omegaconf.listconfig") + STOP,
             metadata={"hostile": []}),
