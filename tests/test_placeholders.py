@@ -199,6 +199,10 @@ PLACEHOLDER_HOSTILE = [
             "the pickle names more than 10,000 distinct globals outside the allowlist"),
     Hostile("a global name of 5 000 characters", lambda m: P2 + call("evil", "x" * 5000) + STOP, CorruptFileError,
             "the pickle names a global of 5,005 characters"),
+    Hostile("a module of 20 000 None parameters reached 20 000 times (skipped entries are work too)",
+            lambda m: P2 + _module(params=EMPTY_DICT + MARK + b"".join(s(f"p{k}") + NONE for k in range(20_000))
+                                   + SETITEMS) + BINPUT0 + b"0" + EMPTY_LIST + MARK + BINGET0 * 20_000 + APPENDS + STOP,
+            CorruptFileError, "flattening the pickled object takes more than"),
     Hostile("one placeholder's 2 000 attributes reached 5 000 times", lambda m: P2 + _shared_state(2000, 5000) + STOP,
             CorruptFileError, "flattening the pickled object takes more than"),
 ]

@@ -40,7 +40,7 @@ from ..base import PLACEHOLDERS_KEY as KEY
 from .inert import FrozenClass, Function, Token
 from .refs import short_repr
 
-__all__ = ["KEY", "MAX_PLACEHOLDERS", "OVERRIDES", "Placeholder", "PlaceholderClass", "Placeholders",
+__all__ = ["KEY", "MAX_PLACEHOLDERS", "OVERRIDES", "SKIPPED", "Placeholder", "PlaceholderClass", "Placeholders",
            "children", "module_class", "module_state"]
 
 MAX_PLACEHOLDERS = 10_000  # distinct replaced globals in one file (each is a class made for it)
@@ -168,8 +168,14 @@ def module_state(obj: Placeholder) -> dict | None:
     return None
 
 
+SKIPPED = Token("weightio", "SKIPPED", "skipped")  # what `children` yields for an entry it leaves out
+
+
 def children(obj: Placeholder, component: Any) -> Iterator[tuple[str, Any]]:
-    """The (name component, child) pairs `.flatten` walks into; `component` names a key."""
+    """The (name component, child) pairs `.flatten` walks into; `component` names a key. An entry
+    left out (a None parameter, a non-persistent buffer) comes as ``("", SKIPPED)``: looking at it
+    is work, which `.flatten` counts against its budget like any other step (a module of 10^5 None
+    parameters reached 10^5 times would otherwise cost 10^10 steps for free)."""
     state = module_state(obj)
     if state is not None:
         return _module_children(state, component)
@@ -183,14 +189,11 @@ def _module_children(state: dict, component: Any) -> Iterator[tuple[str, Any]]:
     elif not isinstance(skip, (set, frozenset, dict)):  # `in` on a list would make this quadratic
         raise CorruptFileError("a module's _non_persistent_buffers_set is not a set")
     for key, value in state["_parameters"].items():
-        if value is not None:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None else (component(key), value)
     for key, value in state["_buffers"].items():
-        if value is not None and key not in skip:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None or key in skip else (component(key), value)
     for key, value in state["_modules"].items():
-        if value is not None:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None else (component(key), value)
 
 
 def _record_children(obj: Placeholder, component: Any) -> Iterator[tuple[str, Any]]:
