@@ -33,9 +33,11 @@ from .pytorch_files import (
     NEWFALSE,
     NONE,
     P2,
+    P4,
     REDUCE,
     SETITEM,
     SETITEMS,
+    STACK_GLOBAL,
     STOP,
     bounded,
     call,
@@ -57,6 +59,9 @@ from .pytorch_files import (
 NEWOBJ, BINPUT0, BINGET0, APPENDS, DICT = b"\x81", b"q\x00", b"h\x00", b"e", b"d"
 KEY = "weightio.placeholders"
 W3 = pid("FloatStorage", "0", 3)
+
+
+ODD_MODULE = "evil\x1b]0;pwned\x07\udc80"  # a terminal title escape and a lone surrogate
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,17 @@ PLACEHOLDER_HOSTILE = [
             lambda m: _zip(_module(buffers=_dict(b=tensor(W3, 0, (3,), (1,))),
                                    _non_persistent_buffers_set=EMPTY_LIST + MARK + s("b") + APPENDS)),
             CorruptFileError, "a module's _non_persistent_buffers_set is not a set"),
+    Hostile("a global named with ESC and a lone surrogate (STACK_GLOBAL): listed as spelled",
+            lambda m: P4 + s(ODD_MODULE) + s("f") + STACK_GLOBAL + EMPTY_TUPLE + REDUCE + STOP,
+            metadata={"__class__": f"{ODD_MODULE}.f", KEY: [f"{ODD_MODULE}.f"]}),
+    Hostile("a global named with ESC and a lone surrogate, in an error message: escaped",
+            lambda m: torch_zip(P4 + tensor(s(ODD_MODULE) + s("S") + STACK_GLOBAL + EMPTY_TUPLE + REDUCE, 0, (3,), (1,))
+                                + STOP, {"0": f32(1, 2, 3)}),
+            CorruptFileError, "tensor 'hostile': its storage is <evil\\x1b]0;pwned\\x07\\udc80.S placeholder>, not a "
+                              "torch storage"),
+    Hostile("BUILD on a placeholder class named with ESC: escaped",
+            lambda m: P4 + s(ODD_MODULE) + s("C") + STACK_GLOBAL + EMPTY_DICT + BUILD + STOP, UnsafePickleError,
+            "BUILD on the class evil\\x1b]0;pwned\\x07\\udc80.C (not an instance of it) is not allowed"),
     Hostile("5 000 nested placeholder calls", lambda m: P2 + _nested_calls(5_000) + STOP, CorruptFileError,
             "the pickled object nests deeper than 1,000 levels"),
     Hostile("10 001 distinct unknown globals", lambda m: P2 + _distinct_globals(10_001) + STOP, CorruptFileError,
@@ -234,6 +250,7 @@ def test_placeholder_mode_never_runs_anything(tmp_path, case):
             assert type(info.value) is case.error
             assert case.message in str(info.value), str(info.value)
             assert str(info.value).startswith(f"{path}: ")
+            str(info.value).encode("utf-8")  # printable: no lone surrogate (nor ESC) from the file
         else:
             with wio.open(path, unknown_globals="placeholder") as ckpt:
                 assert list(ckpt) == list(case.tensors)

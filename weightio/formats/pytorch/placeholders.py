@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import CorruptFileError
+from ...text import printable
 from ..base import PLACEHOLDERS_KEY as KEY
 from .inert import FrozenClass, Function, Token
 from .refs import short_repr
@@ -55,7 +56,8 @@ class Placeholder(metaclass=PlaceholderClass):
     """An instance of a replaced global: what the pickle passed, recorded, never interpreted."""
 
     __slots__ = ("args", "state", "items", "listitems")
-    allowlisted_as = "a placeholder"
+    allowlisted_as = "a placeholder"  # the global's name as messages show it (`weightio.text.printable`)
+    dotted = "a placeholder"  # the global's name as the pickle spells it: what metadata lists
     bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
 
     def __new__(cls, *args: Any) -> Placeholder:
@@ -93,7 +95,7 @@ class Placeholder(metaclass=PlaceholderClass):
 
 
 _Call = PlaceholderClass("Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": "<call>",
-                                                          "__qualname__": "Placeholder[<call>]"})
+                                                          "dotted": "<call>", "__qualname__": "Placeholder[<call>]"})
 
 
 class Placeholders:
@@ -112,15 +114,17 @@ class Placeholders:
             if len(dotted) > MAX_NAME:
                 raise CorruptFileError(f"the pickle names a global of {len(dotted):,} characters (placeholders "
                                        f"take names of at most {MAX_NAME:,})")
+            # a name can hold ESC or a lone surrogate (STACK_GLOBAL takes any string): messages show it
+            # escaped, as they show any text from a file; metadata lists it as the pickle spells it
             cls = self.classes[(module, name)] = PlaceholderClass(
-                "Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": dotted,
+                "Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": printable(dotted), "dotted": dotted,
                                                 "__qualname__": "Placeholder", "__module__": __name__})
         return cls
 
     @property
     def replaced(self) -> list[str]:
         """The replaced globals' dotted names, in the order they were first met."""
-        return [cls.allowlisted_as for cls in self.classes.values()]
+        return [cls.dotted for cls in self.classes.values()]
 
 
 # ----------------------------------------------------------------------------- rebuilds in placeholder mode
@@ -197,7 +201,7 @@ def _module_children(state: dict, component: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _record_children(obj: Placeholder, component: Any) -> Iterator[tuple[str, Any]]:
-    yield "__class__", type(obj).allowlisted_as
+    yield "__class__", type(obj).dotted
     if obj.args:
         yield "__args__", list(obj.args) if _plain_list(obj.args) else obj.args
     state = obj.state
