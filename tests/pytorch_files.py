@@ -25,8 +25,8 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
 def s(text: str) -> bytes:
-    """BINUNICODE."""
-    raw = text.encode()
+    """BINUNICODE (lone surrogates as CPython's pickle writes them)."""
+    raw = text.encode("utf-8", "surrogatepass")
     return b"X" + struct.pack("<I", len(raw)) + raw
 
 

@@ -33,9 +33,11 @@ from .pytorch_files import (
     NEWFALSE,
     NONE,
     P2,
+    P4,
     REDUCE,
     SETITEM,
     SETITEMS,
+    STACK_GLOBAL,
     STOP,
     bounded,
     call,
@@ -57,6 +59,9 @@ from .pytorch_files import (
 NEWOBJ, BINPUT0, BINGET0, APPENDS, DICT = b"\x81", b"q\x00", b"h\x00", b"e", b"d"
 KEY = "weightio.placeholders"
 W3 = pid("FloatStorage", "0", 3)
+
+
+ODD_MODULE = "evil\x1b]0;pwned\x07\udc80"  # a terminal title escape and a lone surrogate
 
 
 @dataclass(frozen=True)
@@ -193,12 +198,27 @@ PLACEHOLDER_HOSTILE = [
             lambda m: _zip(_module(buffers=_dict(b=tensor(W3, 0, (3,), (1,))),
                                    _non_persistent_buffers_set=EMPTY_LIST + MARK + s("b") + APPENDS)),
             CorruptFileError, "a module's _non_persistent_buffers_set is not a set"),
+    Hostile("a global named with ESC and a lone surrogate (STACK_GLOBAL): listed as spelled",
+            lambda m: P4 + s(ODD_MODULE) + s("f") + STACK_GLOBAL + EMPTY_TUPLE + REDUCE + STOP,
+            metadata={"__class__": f"{ODD_MODULE}.f", KEY: [f"{ODD_MODULE}.f"]}),
+    Hostile("a global named with ESC and a lone surrogate, in an error message: escaped",
+            lambda m: torch_zip(P4 + tensor(s(ODD_MODULE) + s("S") + STACK_GLOBAL + EMPTY_TUPLE + REDUCE, 0, (3,), (1,))
+                                + STOP, {"0": f32(1, 2, 3)}),
+            CorruptFileError, "tensor 'hostile': its storage is <evil\\x1b]0;pwned\\x07\\udc80.S placeholder>, not a "
+                              "torch storage"),
+    Hostile("BUILD on a placeholder class named with ESC: escaped",
+            lambda m: P4 + s(ODD_MODULE) + s("C") + STACK_GLOBAL + EMPTY_DICT + BUILD + STOP, UnsafePickleError,
+            "BUILD on the class evil\\x1b]0;pwned\\x07\\udc80.C (not an instance of it) is not allowed"),
     Hostile("5 000 nested placeholder calls", lambda m: P2 + _nested_calls(5_000) + STOP, CorruptFileError,
             "the pickled object nests deeper than 1,000 levels"),
     Hostile("10 001 distinct unknown globals", lambda m: P2 + _distinct_globals(10_001) + STOP, CorruptFileError,
             "the pickle names more than 10,000 distinct globals outside the allowlist"),
     Hostile("a global name of 5 000 characters", lambda m: P2 + call("evil", "x" * 5000) + STOP, CorruptFileError,
             "the pickle names a global of 5,005 characters"),
+    Hostile("a module of 20 000 None parameters reached 20 000 times (skipped entries are work too)",
+            lambda m: P2 + _module(params=EMPTY_DICT + MARK + b"".join(s(f"p{k}") + NONE for k in range(20_000))
+                                   + SETITEMS) + BINPUT0 + b"0" + EMPTY_LIST + MARK + BINGET0 * 20_000 + APPENDS + STOP,
+            CorruptFileError, "flattening the pickled object takes more than"),
     Hostile("one placeholder's 2 000 attributes reached 5 000 times", lambda m: P2 + _shared_state(2000, 5000) + STOP,
             CorruptFileError, "flattening the pickled object takes more than"),
 ]
@@ -230,6 +250,7 @@ def test_placeholder_mode_never_runs_anything(tmp_path, case):
             assert type(info.value) is case.error
             assert case.message in str(info.value), str(info.value)
             assert str(info.value).startswith(f"{path}: ")
+            str(info.value).encode("utf-8")  # printable: no lone surrogate (nor ESC) from the file
         else:
             with wio.open(path, unknown_globals="placeholder") as ckpt:
                 assert list(ckpt) == list(case.tensors)
@@ -293,6 +314,12 @@ STANDIN_HOSTILE = [
             UnsafePickleError, "BUILD on the class omegaconf.dictconfig.DictConfig"),
     Hostile("calling builtins.dict (a type token)", lambda m: P2 + call("builtins", "dict", EMPTY_LIST) + STOP,
             CorruptFileError, "'Token' object is not callable"),
+    Hostile("ListConfig whose content is itself (it would grow while read, forever)",
+            lambda m: P2 + _new("omegaconf.listconfig", "ListConfig") + BINPUT0 + MARK + i(1) + i(2) + APPENDS
+            + _dict(_content=BINGET0) + BUILD + STOP, metadata={"hostile": [1, 2, 1, 2]}),
+    Hostile("DictConfig whose content is itself",
+            lambda m: P2 + _new("omegaconf.dictconfig", "DictConfig") + BINPUT0 + MARK + s("a") + i(1) + SETITEMS
+            + _dict(_content=BINGET0) + BUILD + STOP, metadata={"a": 1}),
     Hostile("ListConfig whose content is a DictConfig",
             lambda m: P2 + _omega(_omega(EMPTY_DICT), "ListConfig", "omegaconf.listconfig") + STOP,
             metadata={"hostile": []}),

@@ -4,6 +4,7 @@ person, naming the file and the tensor — never a traceback from pickle/zipfile
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import struct
 import tarfile
@@ -436,6 +437,21 @@ def _nested(sizes: list[list[int]], strides: list[list[int]], offsets: list[int]
     return torch_zip(state_dict({name: nested, **(extra or {})}), records)
 
 
+def _broadcast_nested(rows: int, broadcast: str) -> bytes:
+    """A nested tensor of `rows` components whose `broadcast` metadata tensor ("sizes", "strides" or
+    "offsets") is a stride-0 view of one int64: `rows` components from a file of a kilobyte."""
+    def meta(key: str, shape: tuple[int, ...], value: int, what: str) -> tuple[bytes, bytes]:
+        values = [value] * (1 if what == broadcast else math.prod(shape))
+        stride = (0,) * len(shape) if what == broadcast else (*shape[1:], 1)
+        return tensor(pid("LongStorage", key, len(values)), 0, shape, stride), struct.pack(f"<{len(values)}q", *values)
+
+    (size_t, size_raw), (stride_t, stride_raw) = meta("1", (rows, 1), 1, "sizes"), meta("2", (rows, 1), 1, "strides")
+    offset_t, offset_raw = meta("3", (rows,), 0, "offsets")
+    nested = call("torch._utils", "_rebuild_nested_tensor", tensor(W, 0, (12,), (1,)), size_t, stride_t, offset_t)
+    return torch_zip(state_dict({"nt": nested}), {"0": f32(*range(12)), "1": size_raw, "2": stride_raw,
+                                                  "3": offset_raw})
+
+
 def _qtensor(numel: int, size: tuple[int, ...], stride: tuple[int, ...]) -> bytes:
     params = tup(g("torch", "per_tensor_affine"), b"G" + struct.pack(">d", 0.5), i(0))
     return call("torch._utils", "_rebuild_qtensor", pid("QUInt4x2Storage", "0", numel), i(0), ints(size), ints(stride),
@@ -476,7 +492,15 @@ ISSUE13_CASES = [
     ("quint4x2 strided view past its storage", lambda: one(_qtensor(4, (2,), (9,)), records={"0": bytes(4)}),
      CorruptFileError, "needs 5 bytes of a 4-byte storage '0'"),
     ("nested sizes that are floats", lambda: _nested([[2, 3]], [[3, 1]], [0], sizes_class="DoubleStorage"),
-     CorruptFileError, "tensor 'nt': nested tensor sizes <tensor dense size=(1, 2)> is not a 2-D int64 tensor"),
+     CorruptFileError, "tensor 'nt': nested tensor sizes <tensor dense size=(1, 2)> is not a contiguous 2-D int64 "
+                       "tensor (torch requires one)"),
+    ("nested sizes broadcast from one int64 (100 000 components from a kilobyte)",
+     lambda: _broadcast_nested(100_000, "sizes"), CorruptFileError,
+     "tensor 'nt': nested tensor sizes <tensor dense size=(100000, 1)> is not a contiguous 2-D int64 tensor"),
+    ("nested strides broadcast from one int64", lambda: _broadcast_nested(3, "strides"), CorruptFileError,
+     "tensor 'nt': nested tensor strides <tensor dense size=(3, 1)> is not a contiguous 2-D int64 tensor"),
+    ("nested storage offsets broadcast from one int64", lambda: _broadcast_nested(3, "offsets"), CorruptFileError,
+     "tensor 'nt': nested tensor storage offsets <tensor dense size=(3,)> is not a contiguous 1-D int64 tensor"),
     ("nested component past its buffer", lambda: _nested([[2, 3], [2, 3]], [[3, 1], [3, 1]], [0, 9]),
      CorruptFileError, "tensor 'nt[1]': view (offset 9, size (2, 3), stride (3, 1)) reaches element 14 of a "
                        "12-element storage '0'"),

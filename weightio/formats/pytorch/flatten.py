@@ -7,8 +7,9 @@ metadata values.
 
 The budget counts work, not nodes: a pickle can reference one object any number of times for
 two bytes each (``BINGET``), and each reference is walked, and a list leaf copied, again. So
-every entry visited costs 1 and every item of a list or tuple leaf copied into the metadata
-costs 1 more: a 10 000-item list referenced 10 000 times costs 10^8, not 10^4.
+every entry visited costs 1 (a placeholder module's entries left out, None parameters, too) and
+every item of a list or tuple leaf copied into the metadata costs 1 more: a 10 000-item list
+referenced 10 000 times costs 10^8, not 10^4.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ...errors import CorruptFileError, FormatError
 from ...limits import DEFAULTS, exceeded
 from ...limits import hint as limits_hint
 from .allowlist import Namespace, NumpyArray
-from .placeholders import Placeholder
+from .placeholders import SKIPPED, Placeholder
 from .placeholders import children as placeholder_children
 from .refs import StorageRef, TensorRef, short_repr
 from .standins import plain_time
@@ -147,6 +148,10 @@ def _walk(root: Any, budget: int, max_depth: int, max_name: int) -> Iterator[tup
             continue
         visited += 1
         key, child = step
+        if child is SKIPPED:  # an entry looked at and left out: its step counted, nothing listed
+            if visited > budget:
+                raise _walk_limit(visited, budget, prefix, max_name)
+            continue
         name = f"{prefix}.{key}" if prefix else key
         characters += len(name)
         if visited > budget or characters > 16 * budget or len(name) > max_name:

@@ -36,11 +36,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import CorruptFileError
+from ...text import printable
 from ..base import PLACEHOLDERS_KEY as KEY
 from .inert import FrozenClass, Function, Token
 from .refs import short_repr
 
-__all__ = ["KEY", "MAX_PLACEHOLDERS", "OVERRIDES", "Placeholder", "PlaceholderClass", "Placeholders",
+__all__ = ["KEY", "MAX_PLACEHOLDERS", "OVERRIDES", "SKIPPED", "Placeholder", "PlaceholderClass", "Placeholders",
            "children", "module_class", "module_state"]
 
 MAX_PLACEHOLDERS = 10_000  # distinct replaced globals in one file (each is a class made for it)
@@ -55,7 +56,8 @@ class Placeholder(metaclass=PlaceholderClass):
     """An instance of a replaced global: what the pickle passed, recorded, never interpreted."""
 
     __slots__ = ("args", "state", "items", "listitems")
-    allowlisted_as = "a placeholder"
+    allowlisted_as = "a placeholder"  # the global's name as messages show it (`weightio.text.printable`)
+    dotted = "a placeholder"  # the global's name as the pickle spells it: what metadata lists
     bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
 
     def __new__(cls, *args: Any) -> Placeholder:
@@ -93,7 +95,7 @@ class Placeholder(metaclass=PlaceholderClass):
 
 
 _Call = PlaceholderClass("Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": "<call>",
-                                                          "__qualname__": "Placeholder[<call>]"})
+                                                          "dotted": "<call>", "__qualname__": "Placeholder[<call>]"})
 
 
 class Placeholders:
@@ -112,15 +114,17 @@ class Placeholders:
             if len(dotted) > MAX_NAME:
                 raise CorruptFileError(f"the pickle names a global of {len(dotted):,} characters (placeholders "
                                        f"take names of at most {MAX_NAME:,})")
+            # a name can hold ESC or a lone surrogate (STACK_GLOBAL takes any string): messages show it
+            # escaped, as they show any text from a file; metadata lists it as the pickle spells it
             cls = self.classes[(module, name)] = PlaceholderClass(
-                "Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": dotted,
+                "Placeholder", (Placeholder,), {"__slots__": (), "allowlisted_as": printable(dotted), "dotted": dotted,
                                                 "__qualname__": "Placeholder", "__module__": __name__})
         return cls
 
     @property
     def replaced(self) -> list[str]:
         """The replaced globals' dotted names, in the order they were first met."""
-        return [cls.allowlisted_as for cls in self.classes.values()]
+        return [cls.dotted for cls in self.classes.values()]
 
 
 # ----------------------------------------------------------------------------- rebuilds in placeholder mode
@@ -168,8 +172,14 @@ def module_state(obj: Placeholder) -> dict | None:
     return None
 
 
+SKIPPED = Token("weightio", "SKIPPED", "skipped")  # what `children` yields for an entry it leaves out
+
+
 def children(obj: Placeholder, component: Any) -> Iterator[tuple[str, Any]]:
-    """The (name component, child) pairs `.flatten` walks into; `component` names a key."""
+    """The (name component, child) pairs `.flatten` walks into; `component` names a key. An entry
+    left out (a None parameter, a non-persistent buffer) comes as ``("", SKIPPED)``: looking at it
+    is work, which `.flatten` counts against its budget like any other step (a module of 10^5 None
+    parameters reached 10^5 times would otherwise cost 10^10 steps for free)."""
     state = module_state(obj)
     if state is not None:
         return _module_children(state, component)
@@ -183,18 +193,15 @@ def _module_children(state: dict, component: Any) -> Iterator[tuple[str, Any]]:
     elif not isinstance(skip, (set, frozenset, dict)):  # `in` on a list would make this quadratic
         raise CorruptFileError("a module's _non_persistent_buffers_set is not a set")
     for key, value in state["_parameters"].items():
-        if value is not None:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None else (component(key), value)
     for key, value in state["_buffers"].items():
-        if value is not None and key not in skip:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None or key in skip else (component(key), value)
     for key, value in state["_modules"].items():
-        if value is not None:
-            yield component(key), value
+        yield ("", SKIPPED) if value is None else (component(key), value)
 
 
 def _record_children(obj: Placeholder, component: Any) -> Iterator[tuple[str, Any]]:
-    yield "__class__", type(obj).allowlisted_as
+    yield "__class__", type(obj).dotted
     if obj.args:
         yield "__args__", list(obj.args) if _plain_list(obj.args) else obj.args
     state = obj.state

@@ -192,12 +192,17 @@ class PyTorchReader(Reader):
             self._add(part, *builder.build(part, view))
 
     def _int_rows(self, builder: _Builder, name: str, what: str, ref: Any, most: int, flat: bool = False) -> list:
-        """The values of a nested tensor's int64 sizes/strides (rows of at most MAX_NDIM) or offsets."""
+        """The values of a nested tensor's int64 sizes/strides (rows of at most MAX_NDIM) or offsets.
+
+        Each must be contiguous, as torch requires (``NestedTensorImpl``: "nested_sizes.is_contiguous()";
+        it reads offsets as if they were): then every value read lies in the file, where a broadcast
+        (stride 0) view of one int64 would make a million components out of a file of a kilobyte."""
         info, why, record = builder.build(f"{name} ({what})", ref) if type(ref) is TensorRef else (None, "", None)
         shape = info.shape if info is not None else ()
-        if why is not None or info.dtype.newbyteorder("=") != np.dtype(np.int64) or len(shape) != 2 - flat:
-            raise CorruptFileError(f"nested tensor {what} {short_repr(ref)} is not a {2 - flat}-D int64 tensor",
-                                   path=self.path, tensor=name)
+        if (why is not None or info.dtype.newbyteorder("=") != np.dtype(np.int64) or len(shape) != 2 - flat
+                or info.strides is not None):
+            raise CorruptFileError(f"nested tensor {what} {short_repr(ref)} is not a contiguous {2 - flat}-D int64 "
+                                   "tensor (torch requires one)", path=self.path, tensor=name)
         if shape[0] > most or (not flat and shape[1] > MAX_NDIM):
             raise exceeded(f"nested tensor components ({what} {_dims(shape)})", shape[0], "tensors", most,
                            path=self.path, tensor=name, unit="")

@@ -181,8 +181,8 @@ class DictConfig(dict, metaclass=FrozenClass):
 
     def __setstate__(self, state: Any) -> None:
         content = _content(state, self.allowlisted_as)
-        if isinstance(content, dict):
-            self.update((k, _unwrap(v)) for k, v in content.items())
+        if isinstance(content, dict):  # copied before the update: the content may be this very config
+            self.update([(k, _unwrap(v)) for k, v in content.items()])
 
 
 class ListConfig(list, metaclass=FrozenClass):
@@ -200,8 +200,8 @@ class ListConfig(list, metaclass=FrozenClass):
 
     def __setstate__(self, state: Any) -> None:
         content = _content(state, self.allowlisted_as)
-        if isinstance(content, list):
-            self.extend(_unwrap(v) for v in content)
+        if isinstance(content, list):  # copied before extending: a config whose content is itself (through
+            self.extend([_unwrap(v) for v in content])  # the memo) would otherwise grow while read, forever
 
 
 _OMEGA_NODES = ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode", "PathNode",
