@@ -49,7 +49,7 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
             lines.append(("  dtypes      " if i == 0 else " " * 14) + line)
     replaced = _placeholders(ckpt)
     if replaced:
-        lines.append(f"  placeholders {plural(len(replaced), 'global')} replaced (never imported or run): "
+        lines.append(f"  replaced    {plural(len(replaced), 'global')} by placeholders (never imported or run): "
                      f"{elide(', '.join(map(str, replaced)))}")
     for key, value in ckpt.metadata.items():
         if key != PLACEHOLDERS_KEY:

@@ -119,7 +119,7 @@ def test_placeholder_mode_reads_ordinary_files_as_before():
 def test_inspect_lists_the_replaced_globals_in_text_and_json():
     text = CliRunner().invoke(main, ["inspect", str(TR / "whole_model.pt"), "--unknown-globals", "placeholder"])
     assert text.exit_code == 0, text.output
-    assert ("  placeholders 8 globals replaced (never imported or run): gen_training.TinyNet, "
+    assert ("  replaced    8 globals by placeholders (never imported or run): gen_training.TinyNet, "
             "torch.nn.modules.sparse.Embedding, ") in text.output
     assert "lm_head.weight" in text.output
     doc = json.loads(CliRunner().invoke(main, ["inspect", str(TR / "whole_model.pt"), "--json",

@@ -68,7 +68,9 @@ class Unpickler(pickle.Unpickler):
             return self._placeholder_mode(module, name, standin)
         if standin is None:
             raise UnsafePickleError(f"the pickle asks for global '{_printable(module)}.{_printable(name)}', which "
-                                    "is not on weightio's allowlist; nothing was imported or run")
+                                    "is not on weightio's allowlist; nothing was imported or run (to read its tensors "
+                                    "without running it: unknown_globals='placeholder', CLI --unknown-globals "
+                                    "placeholder)")
         return standin
 
     def _placeholder_mode(self, module: str, name: str, standin: Any) -> Any:
