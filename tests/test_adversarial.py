@@ -835,6 +835,7 @@ def test_the_security_doc_counts_the_catalogue():
     rows = re.findall(r"^\| ([^|]+) \| (\d+) \| (.*) \| (\d+) \|$", DOC.read_text(), re.M)
     fmts = {"safetensors": "safetensors", "`.npy`": "npy", "`.npz` and zip": "npz", "GGUF": "gguf",
             "legacy ggml": "ggml", "PyTorch (zip, legacy, tar) and pickles": "pytorch",
+            "unknown globals (training-object stand-ins, placeholder mode)": "placeholder",
             "format confusion and polyglots": "confusion",
             "parser differentials (torch, zipfile, tarfile)": "differential",
             "the command line and writers": "cli", "models larger than memory": "huge"}
