@@ -27,6 +27,8 @@ def _value(v: object) -> str:
         return f"{v:.6g}"
     if isinstance(v, complex):
         return f"{v.real:.6g}{v.imag:+.6g}j"
+    if isinstance(v, str):  # as bytes show: quoted, a newline or escape in the data cannot fake output lines
+        return repr(v)
     return str(v)
 
 

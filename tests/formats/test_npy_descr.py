@@ -247,9 +247,17 @@ def test_cli_tables_and_show_name_the_dtypes():
         assert shown in out, shown
     result = runner.invoke(main, ["show", str(HERE / "dtypes.npz"), "str", "-n", "2"])
     assert result.exit_code == 0 and "(not numbers: no statistics)" in result.output
-    assert "values    [héé, x]  (first 2 of 6)" in result.output
+    assert "values    ['héé', 'x']  (first 2 of 6)" in result.output
     result = runner.invoke(main, ["diff", str(HERE / "dtypes.npz"), str(HERE / "dtypes_compressed.npz")])
     assert result.exit_code == 0 and "equal: 11 of 11" in result.output
+
+
+def test_show_quotes_text_values_so_that_data_cannot_fake_output_lines(tmp_path):
+    np.savez(tmp_path / "t.npz", s=np.array(["a\nweightio: fake line\x1b[2J", "b"]), b=np.array([b"x\ny"]))
+    for name, values in (("s", "['a\\nweightio: fake line\\x1b[2J', 'b']"), ("b", "[b'x\\ny']")):
+        result = CliRunner().invoke(main, ["show", str(tmp_path / "t.npz"), name])
+        assert result.exit_code == 0 and result.output.endswith(f"  values    {values}\n"), result.output
+        assert len(result.output.splitlines()) == 6
 
 
 def test_varbuilder_keeps_them_and_refuses_casts():
