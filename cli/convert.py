@@ -8,7 +8,7 @@ from collections.abc import Callable
 import click
 
 from weightio import UsageError, WeightioError
-from weightio.convert import ConvertResult, convert, parse_size, target_dtype
+from weightio.convert import ConvertResult, convert, into_directory, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.text import printable
 
@@ -30,11 +30,11 @@ def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click
     return check
 
 
-def _check_destination(dst: str, fmt: str | None) -> None:
+def _check_destination(src: str, dst: str, fmt: str | None) -> None:
     """A destination whose format cannot be told is a usage error (exit 2), found before any work."""
     if dst.startswith("hf://"):
         raise click.BadParameter("writing to the Hub is not supported; convert to a local path", param_hint="DST")
-    if fmt is not None or os.path.isdir(dst) or dst.endswith(("/", os.sep)):
+    if fmt is not None or into_directory(src, dst):
         return
     try:
         format_for_path(dst)
@@ -132,7 +132,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert llama-2-7b.ggmlv3.q4_0.bin llama.gguf --ggml-eps 1e-5 --ggml-context-length 4096
       weightio convert whole_model.pt model.safetensors --unknown-globals placeholder
     """
-    _check_destination(dst, fmt)
+    _check_destination(src, dst, fmt)
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
                               "name": ggml_name, "description": ggml_description}.items() if v is not None}
     with progress_bar(0, "converting") as bar:

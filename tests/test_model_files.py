@@ -18,7 +18,7 @@ from weightio.cli import main
 
 import weightio as wio
 from weightio import layout, model_files
-from weightio.convert import convert
+from weightio.convert import convert, into_directory
 from weightio.errors import WriteError
 
 from .conftest import FIXTURES
@@ -287,3 +287,19 @@ def test_from_pretrained_on_the_converted_directory(tmp_path, name, shard):
             outputs.append((batch["input_ids"].numpy(), model(**batch).last_hidden_state.numpy()))
     assert (outputs[0][0] == outputs[1][0]).all() and not (outputs[0][0] == 1).all()  # [UNK] everywhere would pass
     np.testing.assert_array_equal(outputs[0][1], outputs[1][1])
+
+
+def test_a_new_name_without_a_suffix_is_a_directory_when_the_source_is_one(tmp_path):
+    # `weightio convert MODEL_DIR OUT_DIR`: OUT_DIR need not exist nor end in '/'
+    result = CliRunner().invoke(main, ["convert", str(FIXTURES / "tiny-bert"), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors", *TOKENIZER]
+    # a file SRC keeps the rule it had: a DST without a suffix names no format
+    result = CliRunner().invoke(main, ["convert", str(FIXTURES / "tiny-bert" / "model.safetensors"),
+                                       str(tmp_path / "single")])
+    assert result.exit_code == 2 and "cannot tell the output format from suffix (none)" in result.output
+    assert not (tmp_path / "single").exists()
+    assert into_directory("hf://org/Llama-3.1-8B", "out") and into_directory("hf://org/m@v1/sub", "out")
+    assert not into_directory("hf://org/m/model.safetensors", "out")
+    assert not into_directory("hf://org/m/model.safetensors.index.json", "out")
+    assert not into_directory(str(FIXTURES / "tiny-bert"), "out.v2")

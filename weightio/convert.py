@@ -64,7 +64,7 @@ from .records import TensorSource
 from .view import TensorView
 from .writing import RECORD_FORMATS, block_type, check_materializable, check_numbers, write_sources
 
-__all__ = ["convert", "ConvertResult", "parse_size", "plan_shards", "target_dtype"]
+__all__ = ["convert", "ConvertResult", "into_directory", "parse_size", "plan_shards", "target_dtype"]
 
 Progress = Callable[[int, int], None]  # progress(advance_bytes, total_bytes)
 
@@ -282,8 +282,21 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------------- where to write
 
 
-def _layout(dst: str, fmt: str | None) -> Outputs:
+def into_directory(src: str, dst: str) -> bool:
+    """Whether `dst` names a directory to write into: an existing one, one spelled with a trailing
+    separator, or a new name without a suffix when `src` is a model directory (a local one, or an
+    ``hf://`` repo or folder: no weight-file or index suffix)."""
     if os.path.isdir(dst) or dst.endswith(("/", os.sep)):
+        return True
+    if os.path.splitext(os.path.basename(dst))[1]:
+        return False
+    if src.startswith("hf://"):
+        return not src.rstrip("/").endswith((*SUFFIXES, ".json"))
+    return os.path.isdir(src)
+
+
+def _layout(dst: str, fmt: str | None, into_dir: bool) -> Outputs:
+    if into_dir:
         fmt = fmt or "safetensors"
         format_for_path("x" + _EXTENSIONS.get(fmt, ""), fmt)  # validates the format name
         return Outputs(os.path.join(dst, "model" + _EXTENSIONS[fmt]), fmt)
@@ -350,8 +363,9 @@ def convert(
     src, dst = os.fspath(src), os.fspath(dst)
     if dst.startswith("hf://"):
         raise UsageError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
-    into_dir = copy_files and (os.path.isdir(dst) or dst.endswith(("/", os.sep)))
-    layout = _layout(dst, format)
+    into_dir = into_directory(src, dst)
+    layout = _layout(dst, format, into_dir)
+    copies_to = os.path.dirname(layout.base) if into_dir and copy_files else None
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
         raise UsageError("sharding (max_shard_size) writes safetensors; use a .safetensors destination", path=dst)
@@ -359,7 +373,7 @@ def convert(
     llama = LlamaOptions.from_mapping(ggml_options)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
     with open_checkpoint(src, unknown_globals=unknown_globals) as ckpt:
-        extra = model_files.of_source(src, ckpt.files, os.path.dirname(layout.base)) if into_dir else None
+        extra = None if copies_to is None else model_files.of_source(src, ckpt.files, copies_to)
         if ggml_options and not (ckpt.format == "ggml" and layout.fmt == "gguf"):
             raise UsageError("ggml options apply to a legacy ggml file converted to .gguf", path=ckpt.path)
         result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra, llama)
