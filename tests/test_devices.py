@@ -128,6 +128,15 @@ def test_torch_cpu_copies_only_what_it_cannot_wrap(make):
     assert t.tolist() == arr.astype(np.float32).tolist() and t.dtype == torch.float32
 
 
+def test_a_dtype_torch_lacks_names_the_file_and_tensor(tmp_path):
+    pytest.importorskip("torch")
+    np.save(tmp_path / "wide.npy", np.zeros(3, np.longdouble))
+    with wio.open(tmp_path / "wide.npy") as ckpt, pytest.raises(UnsupportedDTypeError) as info:
+        ckpt["wide"].to("torch")
+    assert str(info.value) == (f"{tmp_path / 'wide.npy'}: tensor 'wide': dtype {np.dtype(np.longdouble).name} has no "
+                               "safetensors/torch equivalent")
+
+
 def test_torch_casts_match_ml_dtypes():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)

@@ -150,7 +150,12 @@ class TensorView:
         """
         from . import devices
 
-        return devices.place(self, device, None if dtype is None else parse_dtype(dtype))
+        try:
+            return devices.place(self, device, None if dtype is None else parse_dtype(dtype))
+        except UnsupportedDTypeError as e:  # the dtype tables know no file: name this tensor's
+            if e.path is not None:
+                raise
+            raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
 
     # ------------------------------------------------------------------ internals
     def _stored(self) -> np.ndarray:
