@@ -66,6 +66,10 @@ W = pid("FloatStorage", "0", 12)
 # ----------------------------------------------------------------------------- zip checkpoints
 
 ZIP_CASES = [
+    ("compressed sparse tensor of three parts (no size)",
+     lambda: one(call("torch._utils", "_rebuild_sparse_tensor", g("torch", "sparse_csr"),
+                      tup(tensor(W, 0, (3,), (1,)), tensor(W, 0, (3,), (1,)), ints((3, 3))))),
+     CorruptFileError, "tensor 'w': size None is not a tuple of non-negative ints"),
     ("missing record", lambda: one(tensor(W, 0, (3, 4), (4, 1)), records={}), CorruptFileError,
      "tensor 'w': its storage '0' has no record 'archive/data/0' in the archive"),
     ("record smaller than declared", lambda: one(tensor(W, 0, (3, 4), (4, 1)), records={"0": f32(1, 2, 3)}),

@@ -52,7 +52,8 @@ def _rebuild_sparse_tensor(layout: Any, data: Any) -> TensorRef:
     """COO: ``(indices, values, size[, is_coalesced])``; compressed: ``(compressed, plain, values, size)``."""
     coo = isinstance(layout, Token) and layout.name == "sparse_coo"
     parts = data if isinstance(data, tuple) else ()
-    values, size = (parts[1:3] if coo else parts[2:4]) if len(parts) >= 3 else (None, None)
+    first = 1 if coo else 2  # where values and size are
+    values, size = parts[first:first + 2] if len(parts) >= first + 2 else (None, None)
     dtype = values.dtype if isinstance(values, TensorRef) else None
     if dtype is None and isinstance(values, TensorRef) and isinstance(values.storage, StorageRef):
         dtype = values.storage.dtype
