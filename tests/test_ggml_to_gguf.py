@@ -178,9 +178,9 @@ def test_vocabulary_rules():
     tokens, scores, types = vocabulary([b"x", b"y", b"z", b"", b"a", b" b c", b"\xff", b"ab"] + [b"q"] * 252 + [b"r"],
                                        np.arange(261, dtype=np.float32))
     assert tokens[:8] == [b"<unk>", b"<s>", b"</s>", b"", b"<0x61>", "\u2581b\u2581c".encode(), b"<0xFF>", b"ab"]
-    assert types[:8] == [2, 3, 3, 3, 6, 1, 6, 1]
+    assert types.dtype == np.int32 and types[:8].tolist() == [2, 3, 3, 3, 6, 1, 6, 1]
     assert tokens[258] == b"<0x71>" and tokens[260] == b"r" and types[260] == 1  # id 259 on: no byte tokens
-    assert scores == [float(i) for i in range(261)]
+    assert scores.dtype == np.float32 and scores.tolist() == [float(i) for i in range(261)]
 
 
 def test_short_vocabulary_and_zero_heads(tmp_path):

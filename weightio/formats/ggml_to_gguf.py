@@ -176,8 +176,9 @@ def _feed_forward_length(metadata: Mapping[str, Any], shapes: Mapping[str, Seque
     return (2 * (4 * n_embd) // 3 + n_mult - 1) // n_mult * n_mult
 
 
-def vocabulary(tokens: Sequence[bytes], scores: np.ndarray | None) -> tuple[list[bytes], list[float], list[int]]:
-    """Tokens, scores and token types as the converter writes them (see the module docstring)."""
+def vocabulary(tokens: Sequence[bytes], scores: np.ndarray | None) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """Tokens, scores (float32) and token types (int32) as the converter writes them (see the
+    module docstring); numbers stay arrays, not a Python object per token."""
     out, types = [], []
     for i, raw in enumerate(tokens):
         if i <= 2:
@@ -190,8 +191,8 @@ def vocabulary(tokens: Sequence[bytes], scores: np.ndarray | None) -> tuple[list
             raw, kind = raw.replace(b" ", "\u2581".encode()), _NORMAL
         out.append(raw)
         types.append(kind)
-    values = [0.0] * len(out) if scores is None else [float(s) for s in np.asarray(scores, np.float32)]
-    return out, values, types
+    values = np.zeros(len(out), np.float32) if scores is None else np.array(scores, np.float32)
+    return out, values, np.array(types, np.int32)
 
 
 def _token_bytes(metadata: Mapping[str, Any]) -> list[bytes]:
