@@ -170,6 +170,8 @@ def _same_zip_members(reader: Any, data: bytes) -> None:
         return  # zipfile refuses it (stricter or different checks): nothing to compare
     assert names == [m.name for m in members], ("zipfile lists other members", names)
     for m in members:
+        if m.size >= 1 << 26:  # beyond what the harness reads (zipfile's read(n) overflows past 2^63 - 1)
+            continue
         try:
             with archive.open(m.name) as f:
                 theirs = f.read(m.size + 1)
