@@ -301,5 +301,6 @@ def test_a_new_name_without_a_suffix_is_a_directory_when_the_source_is_one(tmp_p
     assert not (tmp_path / "single").exists()
     assert into_directory("hf://org/Llama-3.1-8B", "out") and into_directory("hf://org/m@v1/sub", "out")
     assert not into_directory("hf://org/m/model.safetensors", "out")
+    assert not into_directory("hf://org/m@v2/pytorch_model.bin", "out") and not into_directory("hf://o/m/w.npz", "o")
     assert not into_directory("hf://org/m/model.safetensors.index.json", "out")
     assert not into_directory(str(FIXTURES / "tiny-bert"), "out.v2")

@@ -60,6 +60,7 @@ from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
 from .formats import SUFFIXES, format_for_path, open_file
 from .formats.ggml_to_gguf import LlamaOptions
+from .layout import WEIGHT_SUFFIXES
 from .records import TensorSource
 from .view import TensorView
 from .writing import RECORD_FORMATS, block_type, check_materializable, check_numbers, write_sources
@@ -291,7 +292,7 @@ def into_directory(src: str, dst: str) -> bool:
     if os.path.splitext(os.path.basename(dst))[1]:
         return False
     if src.startswith("hf://"):
-        return not src.rstrip("/").endswith((*SUFFIXES, ".json"))
+        return not src.rstrip("/").endswith((*WEIGHT_SUFFIXES, *SUFFIXES, ".json"))
     return os.path.isdir(src)
 
 
