@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 
 import pytest
 
+import weightio as wio
 from weightio import errors
 
 
@@ -38,3 +40,35 @@ def test_not_found_is_a_key_error_with_a_readable_message():
 def test_errors_survive_pickling(err):
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and str(back) == str(err) and back.path == "f"
+
+
+@pytest.mark.parametrize("cls, code, std, made", [
+    (errors.InputError, errno.ENOENT, FileNotFoundError, errors.InputFileNotFoundError),
+    (errors.InputError, errno.EACCES, PermissionError, errors.InputPermissionError),
+    (errors.InputError, errno.EPERM, PermissionError, errors.InputPermissionError),
+    (errors.InputError, errno.EISDIR, IsADirectoryError, errors.InputIsADirectoryError),
+    (errors.InputError, errno.ENOTDIR, NotADirectoryError, errors.InputNotADirectoryError),
+    (errors.WriteError, errno.EEXIST, FileExistsError, errors.WriteFileExistsError),
+    (errors.WriteError, errno.EACCES, PermissionError, errors.WritePermissionError),
+    (errors.WriteError, errno.EISDIR, IsADirectoryError, errors.WriteIsADirectoryError),
+    (errors.WriteError, errno.ENOTDIR, NotADirectoryError, errors.WriteNotADirectoryError),
+])
+def test_os_errors_are_the_standard_subclass_their_errno_names(cls, code, std, made):
+    e = cls("cannot", path="f", errno=code)
+    assert type(e) is made and isinstance(e, std) and isinstance(e, cls) and e.errno == code
+    assert str(e) == "f: cannot"
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is made and back.errno == code and str(back) == "f: cannot"
+
+
+def test_other_errnos_and_none_stay_the_base_class():
+    assert type(errors.InputError("x", errno=errno.ENOMEM)) is errors.InputError
+    assert type(errors.WriteError("x", errno=errno.ENOSPC)) is errors.WriteError
+    assert type(errors.InputError("x")) is errors.InputError and errors.InputError("x").errno is None
+
+
+def test_a_missing_checkpoint_is_caught_as_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        wio.open(tmp_path / "missing.safetensors")
+    assert isinstance(info.value, errors.InputError) and info.value.errno == errno.ENOENT
+    assert str(info.value) == f"{tmp_path / 'missing.safetensors'}: no such file or directory"

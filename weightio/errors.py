@@ -8,8 +8,10 @@ WeightioError
 ├── TensorNotFoundError    also a KeyError; suggests close names
 ├── ShapeMismatchError     VarBuilder.get with the wrong shape; says expected vs found
 ├── UnsupportedDTypeError  a dtype weightio (or the target format) cannot represent
-├── InputError             also an OSError: a path that cannot be opened (missing, no permission, a FIFO)
-├── WriteError             also an OSError: an output could not be written (exists, is an input, disk full)
+├── InputError             also an OSError: a path that cannot be opened (missing, no permission, a FIFO);
+│                          with errno ENOENT/EACCES/EISDIR/ENOTDIR also FileNotFoundError … (Input*Error)
+├── WriteError             also an OSError: an output could not be written (exists, is an input, disk full);
+│                          with errno EEXIST/EACCES/EISDIR/ENOTDIR also FileExistsError … (Write*Error)
 ├── UsageError             also a ValueError: a caller's mistake (bad argument, conflicting options)
 └── MissingDependencyError also an ImportError: an optional extra is needed; names the extra to install
 ```
@@ -23,6 +25,7 @@ and renders them in its message: ``model.safetensors: tensor 'w': data_offsets �
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 from collections.abc import Iterable
 
@@ -34,11 +37,19 @@ __all__ = [
     "UnsafePickleError",
     "UnsupportedDTypeError",
     "InputError",
+    "InputFileNotFoundError",
+    "InputIsADirectoryError",
+    "InputNotADirectoryError",
+    "InputPermissionError",
     "MissingDependencyError",
     "UsageError",
     "WeightioError",
     "WeightioWarning",
     "WriteError",
+    "WriteFileExistsError",
+    "WriteIsADirectoryError",
+    "WriteNotADirectoryError",
+    "WritePermissionError",
 ]
 
 
@@ -106,26 +117,84 @@ class ShapeMismatchError(WeightioError):
     """A tensor was asked for with a shape it does not have."""
 
 
-class InputError(WeightioError, OSError):
+class _OSErrorByErrno(WeightioError, OSError):
+    """An `OSError` that, like `OSError` itself, is made as the standard subclass its `errno` names
+    (ENOENT: `FileNotFoundError`, EACCES/EPERM: `PermissionError` …): ``InputError(…, errno=ENOENT)``
+    is an `InputFileNotFoundError`, so ``except FileNotFoundError`` catches a missing checkpoint."""
+
+    _by_errno: dict[int, type] = {}
+
+    def __new__(cls, message: str, *, path=None, tensor=None, errno: int | None = None):  # noqa: ANN204
+        return super().__new__(cls._by_errno.get(errno, cls) if errno is not None else cls, message)
+
+    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, tensor=tensor)
+        self.errno = errno
+
+    def __reduce__(self):  # noqa: ANN204 - keeps errno too
+        return (_rebuild_os, (type(self), self.message, self.path, self.tensor, self.errno))
+
+
+def _rebuild_os(cls: type, message: str, path: str | None, tensor: str | None, errno: int | None) -> WeightioError:
+    return cls(message, path=path, tensor=tensor, errno=errno)
+
+
+class InputError(_OSErrorByErrno):
     """A path cannot be read: missing, unreadable, or not a regular file. Also an `OSError`.
 
-    `errno` is the operating system's code when there is one.
+    `errno` is the operating system's code when there is one; with ENOENT, EACCES/EPERM, EISDIR or
+    ENOTDIR the error is also the standard `FileNotFoundError`, `PermissionError`,
+    `IsADirectoryError` or `NotADirectoryError` (`InputFileNotFoundError` …).
     """
 
-    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
-        super().__init__(message, path=path, tensor=tensor)
-        self.errno = errno
 
-
-class WriteError(WeightioError, OSError):
+class WriteError(_OSErrorByErrno):
     """An output could not be written; the destination is left as it was. Also an `OSError`.
 
-    `errno` is the operating system's code (ENOSPC, EFBIG, EACCES, …) when there is one.
+    `errno` is the operating system's code (ENOSPC, EFBIG, EACCES, …) when there is one; with
+    EEXIST, EACCES/EPERM, EISDIR or ENOTDIR the error is also the standard `FileExistsError`,
+    `PermissionError`, `IsADirectoryError` or `NotADirectoryError` (`WriteFileExistsError` …).
     """
 
-    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
-        super().__init__(message, path=path, tensor=tensor)
-        self.errno = errno
+
+class InputFileNotFoundError(InputError, FileNotFoundError):
+    """`InputError` with errno ENOENT: also a `FileNotFoundError`."""
+
+
+class InputPermissionError(InputError, PermissionError):
+    """`InputError` with errno EACCES or EPERM: also a `PermissionError`."""
+
+
+class InputIsADirectoryError(InputError, IsADirectoryError):
+    """`InputError` with errno EISDIR: also an `IsADirectoryError`."""
+
+
+class InputNotADirectoryError(InputError, NotADirectoryError):
+    """`InputError` with errno ENOTDIR: also a `NotADirectoryError`."""
+
+
+class WriteFileExistsError(WriteError, FileExistsError):
+    """`WriteError` with errno EEXIST: also a `FileExistsError`."""
+
+
+class WritePermissionError(WriteError, PermissionError):
+    """`WriteError` with errno EACCES or EPERM: also a `PermissionError`."""
+
+
+class WriteIsADirectoryError(WriteError, IsADirectoryError):
+    """`WriteError` with errno EISDIR: also an `IsADirectoryError`."""
+
+
+class WriteNotADirectoryError(WriteError, NotADirectoryError):
+    """`WriteError` with errno ENOTDIR: also a `NotADirectoryError`."""
+
+
+InputError._by_errno = {_errno.ENOENT: InputFileNotFoundError, _errno.EACCES: InputPermissionError,
+                        _errno.EPERM: InputPermissionError, _errno.EISDIR: InputIsADirectoryError,
+                        _errno.ENOTDIR: InputNotADirectoryError}
+WriteError._by_errno = {_errno.EEXIST: WriteFileExistsError, _errno.EACCES: WritePermissionError,
+                        _errno.EPERM: WritePermissionError, _errno.EISDIR: WriteIsADirectoryError,
+                        _errno.ENOTDIR: WriteNotADirectoryError}
 
 
 class UsageError(WeightioError, ValueError):
