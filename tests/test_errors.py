@@ -65,6 +65,8 @@ def test_other_errnos_and_none_stay_the_base_class():
     assert type(errors.InputError("x", errno=errno.ENOMEM)) is errors.InputError
     assert type(errors.WriteError("x", errno=errno.ENOSPC)) is errors.WriteError
     assert type(errors.InputError("x")) is errors.InputError and errors.InputError("x").errno is None
+    e = errors.InputFileNotFoundError("x", path="f", errno=errno.EACCES)  # a subclass asked for by name stays it
+    assert type(e) is errors.InputFileNotFoundError and e.errno == errno.EACCES and str(e) == "f: x"
 
 
 def test_a_missing_checkpoint_is_caught_as_file_not_found(tmp_path):

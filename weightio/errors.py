@@ -125,7 +125,8 @@ class _OSErrorByErrno(WeightioError, OSError):
     _by_errno: dict[int, type] = {}
 
     def __new__(cls, message: str, *, path=None, tensor=None, errno: int | None = None):  # noqa: ANN204
-        return super().__new__(cls._by_errno.get(errno, cls) if errno is not None else cls, message)
+        made = cls._by_errno.get(errno, cls) if errno is not None else cls
+        return super().__new__(made if issubclass(made, cls) else cls, message)  # a subclass asked for stays it
 
     def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
         super().__init__(message, path=path, tensor=tensor)
