@@ -46,3 +46,5 @@ def write(tmp_path):
         return path
 
     return _write
+
+from tests.remote_fixtures import remote_files  # noqa: E402,F401 - a fixture for the remote tests

@@ -68,8 +68,9 @@ __all__ = [
 
 
 def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa: A001
-         unknown_globals: str = "refuse") -> Checkpoint:
-    """Open a checkpoint: a file of any supported format, a model directory, or ``hf://`` URI.
+         unknown_globals: str = "refuse", storage_options: Mapping[str, Any] | None = None,
+         download: bool = False) -> Checkpoint:
+    """Open a checkpoint: a file of any supported format, a model directory, or a URL.
 
     Formats: safetensors, PyTorch pickles (zip, legacy, tar; never executed), GGUF (split sets
     opened as one), legacy ggml/ggmf/ggjt, ``.npz`` and ``.npy``. Only headers are read;
@@ -77,8 +78,17 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa:
     name. A directory may hold a sharded index (``model.safetensors.index.json``,
     ``pytorch_model.bin.index.json``), a single weight file (``model.safetensors``,
     ``pytorch_model.bin``, one ``.gguf``) or the parts of one split GGUF model; a sharded
-    index file may also be opened by its own path. ``hf://org/repo[@revision][/file]`` is
-    fetched through huggingface_hub (its cache, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` apply).
+    index file may also be opened by its own path.
+
+    URLs — ``hf://org/repo[@revision][/file]``, ``https://…``, ``s3://bucket/key`` and any other
+    scheme with an fsspec filesystem installed — name a file, a sharded index or a folder laid
+    out like a model directory. Only headers are fetched to open (by HTTP Range requests), and
+    each tensor's bytes when it is read: a slice fetches only the slice. ``hf://`` goes through
+    huggingface_hub (its cache, ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE`` apply; files
+    already in the cache are mapped from there); other schemes through fsspec, with
+    `storage_options` passed to the filesystem (credentials, endpoint). `download` (``hf://``
+    only) fetches the weights whole into the Hub cache with the repo's config and tokenizer
+    files, then maps them. See docs/remote.md.
 
     `limits` (a `weightio.Limits`) bounds what the files may make weightio spend: header
     bytes, tensor count, name length, nesting, inflated bytes; by default the current limits
@@ -104,7 +114,8 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa:
     """
     from .checkpoint import open_checkpoint
 
-    return open_checkpoint(path, limits, unknown_globals=unknown_globals)
+    return open_checkpoint(path, limits, unknown_globals=unknown_globals, storage_options=storage_options,
+                           download=download)
 
 
 def load(path: str | os.PathLike[str], *, limits: Limits | None = None,

@@ -105,7 +105,10 @@ class MappedFile:
         data: the mapping as a read-only 1-D `uint8` array; slices of it are zero-copy views.
             Each access checks that the file has not changed since it was opened (see the
             module docstring), and raises once it is closed.
+        remote: False (`weightio._remote.RemoteFile`, the same interface over byte ranges, says True).
     """
+
+    remote = False
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -183,6 +186,20 @@ class MappedFile:
         if done < length:
             raise WeightioError(_CLOSED, path=self.path)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def ensure(self, offset: int, length: int, what: str) -> None:
+        """Make bytes `offset`..`offset + length` of `data` readable: a mapped file's all are (a
+        `weightio._remote.RemoteFile` fetches them); `CorruptFileError` naming `what` past the end."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise CorruptFileError(
+                f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}", path=self.path
+            )
+
+    def region(self, offset: int, length: int, what: str = "the bytes asked for") -> np.ndarray:
+        """Bytes `offset`..`offset + length` as a read-only array: a zero-copy slice of `data` here
+        (a remote file fetches them into memory of their own)."""
+        self.ensure(offset, length, what)
+        return self.data[offset : offset + length]
 
     def unpack(self, fmt: struct.Struct, offset: int, what: str) -> tuple:
         """`fmt.unpack` of the bytes at `offset`, bounds-checked first."""

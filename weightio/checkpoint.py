@@ -14,13 +14,14 @@ from types import TracebackType
 from typing import Any
 
 from . import layout
-from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError
+from ._remote import is_url
+from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError, UsageError
 from .formats import open_file
 from .formats.base import Reader, TensorInfo, using_unknown_globals
 from .limits import Limits, using
 from .view import TensorView
 
-__all__ = ["Checkpoint", "open_checkpoint"]
+__all__ = ["Checkpoint", "open_checkpoint", "open_readers", "open_sharded_set"]
 
 
 class Checkpoint(Mapping[str, TensorView]):
@@ -137,7 +138,8 @@ class Checkpoint(Mapping[str, TensorView]):
 # ----------------------------------------------------------------------------- opening
 
 def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, *,
-                    unknown_globals: str | None = None) -> Checkpoint:
+                    unknown_globals: str | None = None, storage_options: Mapping[str, Any] | None = None,
+                    download: bool = False) -> Checkpoint:
     """Open a checkpoint file or model directory; see `weightio.open`.
 
     Args:
@@ -148,15 +150,24 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     """
     if unknown_globals is not None:
         with using_unknown_globals(unknown_globals):
-            return open_checkpoint(path, limits)
+            return open_checkpoint(path, limits, storage_options=storage_options, download=download)
     if limits is not None:
         with using(limits):
-            return open_checkpoint(path)
+            return open_checkpoint(path, storage_options=storage_options, download=download)
     path = os.fspath(path)
-    if path.startswith("hf://"):
-        from .hub import resolve  # imports huggingface_hub: only for hf:// paths
+    if is_url(path):
+        from .remote import open_url  # imports fsspec or huggingface_hub: only for URLs
 
-        path = resolve(path)
+        opened = open_url(path, storage_options=storage_options, download=download)
+        if opened.local is not None:
+            return open_checkpoint(opened.local)
+        if opened.sharded is not None:
+            return open_sharded_set(opened.path, *opened.sharded[:3], opened.readers, opened.sharded[3])
+        return open_readers(opened.path, opened.readers)
+    if storage_options:
+        raise UsageError("storage_options apply to URLs only (hf://, https://, s3:// …)", path=path)
+    if download:
+        raise UsageError("download=True applies to hf:// paths only", path=path)
     if os.path.isdir(path):
         return _open_directory(path)
     if path.endswith(".index.json") and os.path.isfile(path):  # a sharded set, named by its index
@@ -201,16 +212,43 @@ def _open_sharded(directory: str, index_path: str) -> Checkpoint:
     for shard in shard_names:
         if not os.path.isfile(os.path.join(directory, shard)):
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
-    checkpoint = _open_readers(directory, [os.path.join(directory, s) for s in shard_names], index_metadata)
-    by_path = {os.path.join(directory, s): s for s in shard_names}
+    readers = _open_readers(directory, [os.path.join(directory, s) for s in shard_names]).readers
+    return open_sharded_set(directory, index_path, weight_map, index_metadata, list(readers),
+                            {os.path.join(directory, s): s for s in shard_names})
+
+
+def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], metadata: dict[str, Any],
+                     readers: list[Reader], shard_of: dict[str, str]) -> Checkpoint:
+    """One checkpoint over the opened shards of a sharded set, checked against its index's `weight_map`.
+
+    Args:
+        shard_of: each reader's ``path`` -> the shard name the index uses for it.
+
+    Raises:
+        CorruptFileError: a tensor the index maps to a shard that does not hold it (every reader
+            is closed first).
+    """
+    checkpoint = open_readers(path, readers, metadata)
     for name, shard in weight_map.items():
         holder = checkpoint._index.get(name)
-        if holder is None or by_path[holder[0].path] != shard:
-            found = f"; it is in {by_path[holder[0].path]!r}" if holder else ""
+        if holder is None or shard_of[holder[0].path] != shard:
+            found = f"; it is in {shard_of[holder[0].path]!r}" if holder else ""
             checkpoint.close()
             raise CorruptFileError(f"maps tensor {name!r} to {shard!r}, which does not hold it{found}",
                                    path=index_path)
     return checkpoint
+
+
+def open_readers(path: str, readers: list[Reader], metadata: dict[str, Any] | None = None, *,
+                 opened: list[Reader] | None = None) -> Checkpoint:
+    """A checkpoint over readers already open (`opened` first); every one is closed if it cannot be made."""
+    everything = [*(opened or []), *readers]
+    try:
+        return Checkpoint(everything, path=path, metadata=metadata)
+    except BaseException:
+        for reader in everything:
+            reader.close()
+        raise
 
 
 def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None = None, *,

@@ -43,7 +43,8 @@ from urllib.parse import unquote
 from . import layout
 from .errors import FormatError, InputError, WeightioError
 
-__all__ = ["HubPath", "parse", "resolve", "download", "model_files", "pick_weights", "CONFIG_PATTERNS"]
+__all__ = ["HubFile", "HubPath", "parse", "remote_sources", "resolve", "download", "model_files", "pick_weights",
+           "CONFIG_PATTERNS"]
 
 SCHEME = "hf://"
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
@@ -274,6 +275,31 @@ class _Repo:
         except Exception as e:  # noqa: BLE001 - see _hub_error
             raise _hub_error(e, self.uri, self.endpoint, filename) from None
 
+    def cached(self, filename: str) -> str | None:
+        """The local path of a repo file at the listed commit when the cache holds it, else None."""
+        if self.local_dir is not None:
+            return None
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(self.hub.repo_id, filename, cache_dir=self.cache_dir, revision=self.commit,
+                                       repo_type=self.hub.repo_type)
+        return found if isinstance(found, str) else None
+
+    def sizes(self, filenames: list[str]) -> dict[str, int]:
+        """Each file's size at the listed commit (one paths-info request for them all)."""
+        from huggingface_hub import HfApi
+
+        try:
+            infos = HfApi(endpoint=self.endpoint).get_paths_info(self.hub.repo_id, filenames, revision=self.commit,
+                                                                  repo_type=self.hub.repo_type)
+        except Exception as e:  # noqa: BLE001 - see _hub_error
+            raise _hub_error(e, self.uri, self.endpoint) from None
+        sizes = {info.path: getattr(info, "size", None) for info in infos}
+        for name in filenames:
+            if not isinstance(sizes.get(name), int):
+                raise InputError(f"the Hub at {self.endpoint} gave no size for file {name!r}", path=self.uri)
+        return {name: int(sizes[name]) for name in filenames}  # type: ignore[arg-type]
+
     def remember_revision(self) -> None:
         """Record branch/tag -> commit in the cache's ``refs/`` (as huggingface_hub does), so that
         later offline calls find this revision."""
@@ -375,6 +401,65 @@ def resolve(uri: str) -> str:
     if plan.file is not None:
         return local[plan.file]
     return _local_folder(local[plan.files[0]], plan.files[0], plan.folder)
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A repo file that is not in the local cache: `weightio.remote` reads it by byte ranges.
+
+    Attributes:
+        repo_id, repo_type: the repo.
+        commit: the commit the revision pointed to when listed (files at a commit never change).
+        filename: the file's path in the repo.
+        endpoint: the Hub or mirror (``HF_ENDPOINT``).
+        size: the file's size, from the Hub's paths-info.
+        uri: the ``hf://`` path shown in messages (revision as the user wrote it).
+    """
+
+    repo_id: str
+    repo_type: str
+    commit: str
+    filename: str
+    endpoint: str
+    size: int
+    uri: str
+
+    def url(self) -> str:
+        """The file's download URL, pinned to `commit`."""
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, self.filename, repo_type=self.repo_type, revision=self.commit,
+                          endpoint=self.endpoint)
+
+
+def remote_sources(uri: str) -> tuple[list[str | HubFile], str | None]:
+    """The weights of an ``hf://`` path without downloading them: each file's local path where the
+    cache holds it, else a `HubFile` to read by range; and the local path of the sharded index
+    (fetched into the cache: it is small) or None. Offline (``HF_HUB_OFFLINE``), every file must
+    be cached.
+
+    Raises:
+        InputError: malformed path, unknown repo/revision/file, nothing cached offline.
+        FormatError: no weights, or several candidates.
+    """
+    repo = _Repo(parse(uri), uri)
+    plan = _plan(repo)
+    sharded = plan.files[0].endswith(".index.json")
+    weights = plan.files[1:] if sharded else plan.files
+    index = repo.fetch(plan.files[0]) if sharded else None
+    found: dict[str, str | None] = {f: repo.cached(f) for f in weights}
+    if repo.offline:
+        found = {f: path or repo.fetch(f) for f, path in found.items()}
+    missing = [f for f, path in found.items() if path is None]
+    sizes = repo.sizes(missing) if missing else {}
+    label = str(HubPath(repo.hub.repo_id, repo.hub.repo_type, repo.hub.revision, ""))
+    sources: list[str | HubFile] = [
+        path if path is not None else HubFile(repo.hub.repo_id, repo.hub.repo_type, repo.commit, f, repo.endpoint,
+                                              sizes[f], f"{label}/{f}")
+        for f, path in found.items()]
+    if index is not None:
+        repo.remember_revision()
+    return sources, index
 
 
 def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | None = None) -> str:

@@ -24,7 +24,7 @@ from ._io import MappedFile
 from ._json import parse_json_object
 from .errors import CorruptFileError
 
-__all__ = ["LAYOUTS", "WEIGHT_SUFFIXES", "Ambiguous", "choose", "is_weights", "read_index", "split_part",
+__all__ = ["LAYOUTS", "WEIGHT_SUFFIXES", "Ambiguous", "choose", "is_weights", "check_index", "read_index", "split_part",
            "split_parts"]
 
 # (index suffix or None, preferred file, other weight suffixes), most preferred first.
@@ -127,6 +127,11 @@ def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
         index = parse_json_object(file.read(0, file.size, "the index"), path=index_path, what="index")
     finally:
         file.close()
+    return check_index(index, index_path)
+
+
+def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """`read_index`'s checks of a parsed index (from a file or a URL); the same errors."""
     weight_map, metadata = index.get("weight_map"), index.get("metadata") or {}
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptFileError("weight_map must be an object mapping tensor names to file names", path=index_path)

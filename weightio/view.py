@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._remote import RemoteImage
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError
 from .text import dims
@@ -115,7 +116,10 @@ class TensorView:
         For strided tensors, the bytes from the first to one past the last element.
         """
         start, stop = self.info.stored_range()
-        return self._reader.buffer(self.name)[start:stop]
+        buf = self._reader.buffer(self.name)
+        if isinstance(buf, RemoteImage):  # a remote file: fetch exactly these bytes
+            return buf.file.fetch(start, stop - start, f"tensor {self.name!r}")
+        return buf[start:stop]
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """``view[a:b]``, ``view[:, a:b]``: the selected part as a read-only array.
@@ -125,6 +129,9 @@ class TensorView:
         """
         if self.info.ggml_type is not None:
             return self._dequantize(key)
+        remote = self._remote_select(key)
+        if remote is not None:
+            return remote
         stored = self._stored()
         try:
             return _finish(stored[key])
@@ -173,9 +180,32 @@ class TensorView:
         buf = self._reader.buffer(self.name)
         if info.dtype.hasobject:  # the reader refuses these in buffer(); never view bytes as pointers
             raise UnsupportedDTypeError("object arrays are never read", path=self.path, tensor=self.name)
+        if isinstance(buf, RemoteImage):  # a remote file: fetch the tensor's bytes (and no others)
+            start, stop = info.stored_range()
+            buf = buf.file.fetch(start, stop - start, f"tensor {self.name!r}")
+            if info.strides is None:
+                return buf.view(info.dtype).reshape(info.shape)
+            return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset - start, strides=info.strides)
         if info.strides is None:
             return buf[info.offset : info.offset + info.nbytes].view(info.dtype).reshape(info.shape)
         return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset, strides=info.strides)
+
+    def _remote_select(self, key: Any) -> np.ndarray | None:
+        """``self[key]`` of a tensor in a remote file, fetching only the selected bytes; None for a
+        local file or an index that is not basic (the whole tensor is read, then indexed)."""
+        info = self.info
+        if info.dtype in PACKED or info.dtype.hasobject:
+            return None  # _stored() says why it cannot
+        buf = self._reader.buffer(self.name)
+        if not isinstance(buf, RemoteImage):
+            return None
+        from ._select import plan
+
+        selection = plan(info.shape, info.dtype, info.strides, key)
+        if selection is None:
+            return None
+        raw = buf.file.gather([(info.offset + o, n) for o, n in selection.runs], f"tensor {self.name!r}")
+        return _finish(selection.assemble(raw, info.dtype))
 
     def _dequantize(self, key: Any) -> np.ndarray:
         from . import quant

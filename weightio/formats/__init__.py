@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._io import MappedFile
+from .._remote import RemoteFile
 from ..errors import FormatError, UsageError
 from ..records import TensorSource
 from . import numpy as _numpy
@@ -66,9 +67,10 @@ WRITERS: dict[str, Callable[..., None] | str] = {
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".gguf": "gguf"}
 
 
-def open_file(path: str | os.PathLike[str]) -> Reader:
-    """Map `path`, sniff its format from its bytes and return the validated reader."""
-    file = MappedFile(path)
+def open_file(path: str | os.PathLike[str] | MappedFile | RemoteFile) -> Reader:
+    """Map `path` (or take an opened file: a `RemoteFile`), sniff its format from its bytes and
+    return the validated reader."""
+    file = MappedFile(path) if isinstance(path, (str, os.PathLike)) else path
     try:
         fmt = _sniff.sniff(file)
         try:

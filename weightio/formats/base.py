@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._io import MappedFile
+from .._remote import RemoteFile
 from ..errors import UsageError
 from ..limits import Limits
 from ..limits import current as current_limits
@@ -77,8 +78,8 @@ class Reader:
 
     format: ClassVar[str]
 
-    def __init__(self, source: str | os.PathLike[str] | MappedFile) -> None:
-        self.file = source if isinstance(source, MappedFile) else MappedFile(source)
+    def __init__(self, source: str | os.PathLike[str] | MappedFile | RemoteFile) -> None:
+        self.file = MappedFile(source) if isinstance(source, (str, os.PathLike)) else source
         self.path = self.file.path
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}

@@ -1,0 +1,457 @@
+"""A remote file read by byte ranges: what a reader sees of a checkpoint on the Hub, in S3 or behind HTTPS.
+
+`RemoteFile` has the interface every reader uses of a local `weightio._io.MappedFile` — ``path``,
+``size``, ``read(offset, length, what)``, ``unpack``, ``data``, ``check``, ``close`` — so every
+format's reader opens a remote file unchanged, and only the bytes it asks for cross the network:
+
+* **headers** (``read``/``unpack``, and the few parsers that walk ``data`` after `ensure`-ing
+  the bytes they walk) go through a bounded LRU cache of `BLOCK`-sized blocks: a first read of 512
+  bytes fetches one 64 KiB block, which holds most safetensors headers, GGUF magic and zip tails
+  whole; missing runs of blocks are fetched as one request each, several in flight at once;
+* **tensors** (`fetch`, `gather`: what `weightio.view.TensorView` calls for a remote file) are
+  fetched as their exact byte ranges into memory the caller owns — large ones in `PART`-sized
+  requests in flight at once, a selection (``view[:, a:b]``, a tensor-parallel shard) as its
+  runs, coalesced where they nearly touch — and never kept: reading a model tensor by tensor holds
+  one tensor, not the model.
+
+``data`` is an *image* of the file: an anonymous mapping of the file's size (``MAP_NORESERVE``:
+address space only, no memory committed until written) in which the blocks `ensure` fetched are
+filled in. Indexing it with a slice fills the slice first, so code that slices ``data`` gets the
+file's bytes; parsers that take a ``memoryview`` of it call `ensure` for what they walk.
+
+Transport is fsspec's: each file is opened once with its filesystem (``HfFileSystem`` for the
+Hub, fsspec's HTTP filesystem, ``s3fs``, any other installed) and ranges are fetched with the
+file object's own range fetcher, from a pool of threads. Retries: transient failures (5xx, 429,
+connection errors, timeouts) are retried with exponential backoff (`RETRIES` tries). A server
+that ignores ``Range`` and answers the whole body is refused (`InputError`), never read whole. A
+file whose size or ETag changed since it was opened raises `CorruptFileError`. Credentials never
+appear in a message: `redact` strips them from every URL shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import re
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .errors import CorruptFileError, InputError, WeightioError
+
+__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "is_url", "redact", "pool"]
+
+BLOCK = 64 << 10  # header cache granularity: a header read moves at most one block more than it needs
+PART = 8 << 20  # a large range is fetched as parts of this size, several in flight
+GAP = 4 << 10  # two runs of a selection closer than this are fetched as one range
+CACHE_BYTES = 32 << 20  # the header block cache of one file (LRU)
+WORKERS = 16  # ranges in flight at once (all files of the process together)
+RETRIES = 4  # tries of one range before its error is raised
+BACKOFF = 0.25  # seconds before the first retry; doubles each time
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@?#]*@")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def is_url(path: object) -> bool:
+    """Whether `path` is a URL weightio reads remotely (``hf://``, ``https://``, ``s3://`` …; not ``file://``)."""
+    if not isinstance(path, str):
+        return False
+    match = _URL.match(path)
+    return match is not None and match.group(1).lower() != "file"
+
+
+def redact(url: str) -> str:
+    """`url` as shown in messages: no ``user:password@``, no query string (presigned URLs carry keys there)."""
+    url = _USERINFO.sub(r"\1", url)
+    base, sep, _ = url.partition("?")
+    return base + ("?…" if sep else "")
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's pool of range-fetching threads (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="weightio-fetch")
+        return _pool
+
+
+class Traffic:
+    """What one remote file cost: requests made and body bytes received (thread-safe counters)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.bytes += nbytes
+
+
+class RemoteImage(np.ndarray):
+    """The image of a remote file (see the module docstring): slicing it fetches the slice first."""
+
+    file: RemoteFile
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice) and getattr(self, "file", None) is not None:
+            start, stop, _ = key.indices(len(self))
+            if stop > start:
+                self.file.ensure(start, stop - start, "the bytes asked for")
+        return np.ndarray.__getitem__(self, key)
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.file = None  # type: ignore[assignment]  # slices are plain views once filled
+
+
+class RemoteFile:
+    """One remote file, read by byte ranges (see the module docstring).
+
+    Attributes:
+        path: the URL as shown (credentials removed).
+        size: the file's size in bytes, as the server reported it at open.
+        etag: the server's ETag at open, when it sent one.
+        traffic: requests made and bytes received so far (`Traffic`).
+    """
+
+    remote = True
+
+    def __init__(self, url: str, fetcher: Callable[[int, int], bytes], size: int, *, etag: str | None = None,
+                 close: Callable[[], None] | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+        self.path = redact(url)
+        self.size = size
+        self.etag = etag
+        self.traffic = Traffic()
+        self._fetcher = fetcher
+        self._on_close = close
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._cache_blocks = max(2, cache_bytes // BLOCK)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._image: RemoteImage | None = None
+        self._filled: set[int] = set()
+        if size <= 0:
+            raise CorruptFileError("empty file (0 bytes)", path=self.path)
+
+    # ------------------------------------------------------------------ the MappedFile interface
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check(self) -> None:
+        """Raise if closed (a remote file's changes are caught per request: see `_get`)."""
+        if self._closed:
+            raise WeightioError("the checkpoint was closed; open it again to read tensors", path=self.path)
+
+    def read(self, offset: int, length: int, what: str) -> bytes:
+        """`length` bytes at `offset`, through the block cache; `CorruptFileError` naming `what` past the end."""
+        self._bounds(offset, length, what)
+        if length == 0:
+            return b""
+        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        blocks = self._blocks_of(range(first, last + 1))
+        joined = blocks[0] if first == last else b"".join(blocks)
+        start = offset - first * BLOCK
+        return joined[start:start + length]
+
+    def unpack(self, fmt: struct.Struct, offset: int, what: str) -> tuple:
+        if offset < 0 or offset + fmt.size > self.size:
+            raise CorruptFileError(f"file ends inside {what} (needs {fmt.size} bytes at offset {offset}, file has "
+                                   f"{self.size})", path=self.path)
+        return fmt.unpack(self.read(offset, fmt.size, what))
+
+    @property
+    def data(self) -> np.ndarray:
+        """The image of the file (module docstring): `ensure` a range before reading it through a memoryview."""
+        self.check()
+        with self._lock:
+            if self._image is None:
+                self._image = self._new_image()
+            return self._image
+
+    def ensure(self, offset: int, length: int, what: str) -> None:
+        """Fill bytes `offset`..`offset + length` of `data` (fetching the blocks not yet there)."""
+        self._bounds(offset, length, what)
+        if length == 0:
+            return
+        image = self.data
+        wanted = [b for b in range(offset // BLOCK, (offset + length - 1) // BLOCK + 1) if b not in self._filled]
+        if not wanted:
+            return
+        writable = np.ndarray(image.shape, np.uint8, buffer=image.base, offset=0)  # the same mapping, writable
+        for block, raw in zip(wanted, self._blocks_of(wanted), strict=True):
+            writable[block * BLOCK: block * BLOCK + len(raw)] = np.frombuffer(raw, np.uint8)
+            self._filled.add(block)
+
+    def region(self, offset: int, length: int, what: str = "the bytes asked for") -> np.ndarray:
+        """Bytes `offset`..`offset + length` as a read-only array (fetched now; the caller's own memory)."""
+        return self.fetch(offset, length, what)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._blocks.clear()
+            self._image = None  # the mapping goes with the last view of it
+        if self._on_close is not None:
+            with contextlib.suppress(Exception):
+                self._on_close()
+
+    def __repr__(self) -> str:
+        return f"<RemoteFile {self.path!r} {self.size} bytes>"
+
+    # ------------------------------------------------------------------ tensor data
+    def fetch(self, offset: int, length: int, what: str = "the bytes asked for") -> np.ndarray:
+        """Bytes `offset`..`offset + length` as a new read-only ``uint8`` array.
+
+        Small ranges come through the block cache (neighbouring small tensors share requests);
+        larger ones are fetched exactly, in `PART`-sized requests in flight together.
+        """
+        self._bounds(offset, length, what)
+        out = np.empty(length, np.uint8)  # the caller's own memory (torch may wrap it and write)
+        if length <= BLOCK:
+            out[:] = np.frombuffer(self.read(offset, length, what), np.uint8)
+        else:
+            self._fill(out, [(offset, length, 0)])
+        out.flags.writeable = False
+        return out
+
+    def gather(self, runs: Sequence[tuple[int, int]], what: str = "the bytes asked for") -> np.ndarray:
+        """The bytes of `runs` (``(offset, length)`` pairs) one after the other, as a new ``uint8`` array.
+
+        Runs closer than `GAP` to each other are fetched as one range (the bytes between are read
+        and dropped); every range is fetched exactly, several in flight.
+        """
+        total = sum(length for _, length in runs)
+        out = np.empty(total, np.uint8)
+        spans: list[list[tuple[int, int, int]]] = []  # per merged range: its runs (offset, length, position)
+        position = 0
+        for offset, length in runs:
+            self._bounds(offset, length, what)
+            if spans and 0 <= offset - (spans[-1][-1][0] + spans[-1][-1][1]) <= GAP:
+                spans[-1].append((offset, length, position))
+            else:
+                spans.append([(offset, length, position)])
+            position += length
+        ranges = [(span[0][0], span[-1][0] + span[-1][1] - span[0][0]) for span in spans]
+        fetched = self._get_many(ranges)
+        for span, (start, _), raw in zip(spans, ranges, fetched, strict=True):
+            for offset, length, at in span:
+                out[at: at + length] = np.frombuffer(raw, np.uint8, length, offset - start)
+        out.flags.writeable = False
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _bounds(self, offset: int, length: int, what: str) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise CorruptFileError(f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}",
+                                   path=self.path)
+        self.check()
+
+    def _new_image(self) -> RemoteImage:
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0)
+        try:
+            mapping = mmap.mmap(-1, self.size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            raise InputError(f"cannot reserve {self.size:,} bytes of address space for the file's headers: "
+                             f"{e.strerror or e}", path=self.path, errno=e.errno) from e
+        image = np.frombuffer(mapping, np.uint8).view(RemoteImage)
+        image.file = self
+        image.flags.writeable = False
+        return image
+
+    def _blocks_of(self, wanted: Iterable[int]) -> list[bytes]:
+        """The cached blocks `wanted` (in order), fetching missing runs of them as one request each."""
+        wanted = list(wanted)
+        with self._lock:
+            have = {b: self._blocks[b] for b in wanted if b in self._blocks}
+            for b in have:
+                self._blocks.move_to_end(b)
+        missing = [b for b in wanted if b not in have]
+        if missing:
+            runs: list[list[int]] = []
+            for b in missing:
+                if runs and runs[-1][-1] == b - 1:
+                    runs[-1].append(b)
+                else:
+                    runs.append([b])
+            ranges = [(run[0] * BLOCK, min((run[-1] + 1) * BLOCK, self.size) - run[0] * BLOCK) for run in runs]
+            for run, raw in zip(runs, self._get_many(ranges), strict=True):
+                for k, b in enumerate(run):
+                    have[b] = raw[k * BLOCK: (k + 1) * BLOCK]
+            with self._lock:
+                for b in missing:
+                    self._blocks[b] = have[b]
+                while len(self._blocks) > self._cache_blocks:
+                    self._blocks.popitem(last=False)
+        return [have[b] for b in wanted]
+
+    def _fill(self, out: np.ndarray, ranges: list[tuple[int, int, int]]) -> None:
+        """Fetch each ``(offset, length, position)`` into ``out[position:]``, in `PART`s, several in flight."""
+        parts = [(offset + k, min(PART, length - k), at + k)
+                 for offset, length, at in ranges for k in range(0, length, PART)]
+
+        def one(part: tuple[int, int, int]) -> None:
+            offset, length, at = part
+            out[at: at + length] = np.frombuffer(self._get(offset, length), np.uint8)
+
+        self._run(one, parts)
+
+    def _get_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        if len(ranges) == 1:
+            return [self._get(*ranges[0])]
+        results: list[bytes] = [b""] * len(ranges)
+
+        def one(k: int) -> None:
+            results[k] = self._get(*ranges[k])
+
+        self._run(one, range(len(ranges)))
+        return results
+
+    def _run(self, job: Callable[[Any], None], items: Iterable[Any]) -> None:
+        """`job` on every item: here when one, else on the fetch pool (not from a pool thread: that could
+        wait on itself); the first error is raised once all are done."""
+        items = list(items)
+        if len(items) == 1 or threading.current_thread().name.startswith("weightio-fetch"):
+            for item in items:
+                job(item)
+            return
+        futures = [pool().submit(job, item) for item in items]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _get(self, offset: int, length: int) -> bytes:
+        """One range, with retries of transient failures; exactly `length` bytes or an error."""
+        self.check()
+        for attempt in range(RETRIES):
+            try:
+                raw = self._fetcher(offset, offset + length)
+                break
+            except WeightioError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every transport's errors are sorted here
+                problem = describe_failure(e)
+                if problem.transient and attempt + 1 < RETRIES:
+                    time.sleep(BACKOFF * 2 ** attempt)
+                    continue
+                raise problem.error(self.path, offset, length) from None
+        self.traffic.add(len(raw))
+        if len(raw) != length:
+            if len(raw) > length:
+                raise InputError(f"the server ignores Range requests: it answered {len(raw):,} bytes for a range of "
+                                 f"{length:,}", path=self.path)
+            raise CorruptFileError(f"changed since it was opened: bytes {offset}..{offset + length} came back "
+                                   f"{len(raw)} bytes long (the file was {self.size} bytes); open it again",
+                                   path=self.path)
+        return bytes(raw) if not isinstance(raw, bytes) else raw
+
+
+class Failure:
+    """A transport error sorted: whether to retry it, and the `WeightioError` it becomes."""
+
+    def __init__(self, status: int | None, detail: str, *, transient: bool, changed: bool = False,
+                 ignores_range: bool = False) -> None:
+        self.status, self.detail, self.transient = status, detail, transient
+        self.changed, self.ignores_range = changed, ignores_range
+
+    def error(self, url: str, offset: int | None = None, length: int | None = None) -> WeightioError:
+        where = f" reading bytes {offset}..{offset + length}" if offset is not None and length is not None else ""
+        if self.changed:
+            return CorruptFileError(f"changed since it was opened (the server answered HTTP {self.status}: its "
+                                    "ETag no longer matches); open it again", path=url)
+        if self.ignores_range:
+            return InputError("the server ignores Range requests (it answers the whole file to a range request); "
+                              "weightio reads remote files by range only: download the file first", path=url)
+        status = self.status
+        if status in (401, 403):
+            return InputError(f"access denied (HTTP {status}){where}: check your credentials (HF_TOKEN, the AWS "
+                              "credential chain, or storage_options=)", path=url, errno=13)
+        if status == 404:
+            return InputError(f"not found (HTTP 404){where}", path=url, errno=2)
+        if status is not None:
+            return InputError(f"the server answered HTTP {status}{where}: {self.detail}", path=url)
+        return InputError(f"cannot read{where}: {self.detail}", path=url)
+
+
+_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+def describe_failure(error: BaseException) -> Failure:
+    """Sort an exception of any transport (aiohttp, httpx, botocore, fsspec, OSError) into a `Failure`."""
+    status = _status_of(error)
+    detail = _scrub(_first_line(error))
+    if status == 412:
+        return Failure(status, detail, transient=False, changed=True)
+    if isinstance(error, ValueError) and "support range requests" in str(error):
+        return Failure(None, detail, transient=False, ignores_range=True)
+    if status is not None:
+        return Failure(status, detail, transient=status in _TRANSIENT_STATUS)
+    if isinstance(error, FileNotFoundError):
+        return Failure(404, detail, transient=False)
+    if isinstance(error, PermissionError):
+        return Failure(403, detail, transient=False)
+    names = {cls.__name__ for cls in type(error).__mro__}
+    transient = bool(names & {"ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError",
+                              "TimeoutError", "TimeoutException", "NetworkError", "ConnectError", "ReadTimeout",
+                              "ConnectTimeout", "RemoteProtocolError", "ConnectionError", "EndpointConnectionError",
+                              "ReadTimeoutError", "IncompleteReadError", "ConnectionResetError",
+                              "ResponseStreamingError"})
+    return Failure(None, f"{type(error).__name__}: {detail}", transient=transient)
+
+
+def _status_of(error: BaseException) -> int | None:
+    """The HTTP status an exception carries, whatever its library."""
+    for candidate in (error, getattr(error, "__cause__", None), getattr(error, "__context__", None)):
+        if candidate is None:
+            continue
+        status = getattr(candidate, "status", None)  # aiohttp
+        if isinstance(status, int):
+            return status
+        response = getattr(candidate, "response", None)
+        code = getattr(response, "status_code", None)  # httpx / requests
+        if isinstance(code, int):
+            return code
+        if isinstance(response, dict):  # botocore ClientError
+            meta = response.get("ResponseMetadata", {})
+            code = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+            if isinstance(code, int):
+                return code
+            err = response.get("Error", {})
+            if isinstance(err, dict) and str(err.get("Code", "")).isdigit():
+                return int(err["Code"])
+            if isinstance(err, dict) and err.get("Code") in ("PreconditionFailed",):
+                return 412
+            if isinstance(err, dict) and err.get("Code") in ("NoSuchKey", "NoSuchBucket", "404"):
+                return 404
+            if isinstance(err, dict) and err.get("Code") in ("AccessDenied", "InvalidAccessKeyId",
+                                                               "SignatureDoesNotMatch", "403"):
+                return 403
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+_SECRETS = re.compile(r"(hf_[A-Za-z0-9]{6,}|(?i:signature|token|x-amz-[a-z-]+|sig|key)=[^&\s]+|//[^/@\s]+@)")
+
+
+def _scrub(text: str) -> str:
+    """Remove tokens, signatures and URL credentials from a message."""
+    return _SECRETS.sub(lambda m: "//***@" if m.group(0).startswith("//") else
+                        (m.group(0).split("=")[0] + "=***" if "=" in m.group(0) else "hf_***"), text)
