@@ -35,9 +35,12 @@ Common to all three (attributes of the running server, changeable while it runs)
 
 - ``requests``: a `Request` per request, in arrival order: ``method``, ``path`` (with the query),
   ``headers`` (names lower-cased), ``range`` (the ``Range`` header or None), ``status``, ``bytes`` (the
-  body bytes written to the socket: the exact payload, headers not counted; 0 for ``HEAD``, ``304``),
-  ``started``/``finished`` (``time.monotonic()``); ``bytes_sent`` (their total), ``count(...)``,
-  ``peak_in_flight`` (most requests being answered at once) and ``reset()`` (clears all of that).
+  body bytes handed to the socket: the exact payload, headers not counted; 0 for ``HEAD``, ``304``;
+  counted before the client can see them), ``started``/``finished`` (``time.monotonic()``; ``finished``
+  is None until the answer is written: call ``idle()`` first to read it); ``bytes_sent`` (their
+  total), ``sent(...)``/``count(...)``/``matching(...)`` (bytes, number, records of the requests of one
+  method, path substring, status), ``peak_in_flight`` (most requests being answered at once) and
+  ``reset()`` (clears the log and the peak).
 - ``delay``: seconds slept before answering each request (the bench injects 0.02 s of latency).
 - ``ignore_range``: answer ``200`` and the whole body even when ``Range`` is asked.
 - ``failures``: ``{path substring: [status, ...]}`` answers those statuses to the next matching
@@ -238,6 +241,17 @@ class LoopbackServer:
         """How many requests `matching` these filters were seen."""
         return len(self.matching(method, contains, status))
 
+    def idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is being answered (a client may hold the last byte of an answer before
+        the server has closed its record: ``finished`` is set after it); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self._in_flight == 0:
+                    return True
+            time.sleep(0.002)
+        return False
+
     def reset(self) -> None:
         """Forget the request log and the in-flight peak (the knobs and files stay)."""
         with self.lock:
@@ -327,13 +341,15 @@ class LoopbackHandler(BaseHTTPRequestHandler):
         if head or status == 304:
             return
         view = memoryview(body)
-        try:
-            for start in range(0, len(body), _CHUNK):
-                chunk = view[start:start + _CHUNK]
+        for start in range(0, len(body), _CHUNK):
+            chunk = view[start:start + _CHUNK]
+            self.record.bytes += len(chunk)  # counted first: the client may look at the log once it has them
+            try:
                 self.wfile.write(chunk)
-                self.record.bytes += len(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client went away: what it did not take is not counted
+            except (BrokenPipeError, ConnectionResetError):
+                self.record.bytes -= len(chunk)  # the client went away: what it did not take is not counted
+                self.close_connection = True
+                return
 
     def send_content(self, data: bytes, etag: str, head: bool, headers: dict[str, str] | None = None) -> None:
         """Answer a file's bytes honouring the conditional headers, ``Range`` and the ``ignore_range`` knob.
