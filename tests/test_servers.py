@@ -67,12 +67,13 @@ RANGES = [  # header -> status, Content-Range, body slice
 
 
 @pytest.fixture(params=["http", "hub-cdn", "hub-resolve"])
-def file_url(request, http_server, serve_hub):
+def file_url(request):
     """(server, URL) of a file holding DATA on each server and route with Range support."""
     if request.param == "http":
+        http_server = request.getfixturevalue("http_server")
         return http_server, http_server.add("dir/model.bin", DATA)
-    hub = serve_hub({("model", "org/model"): Repo({MAIN: {"model.safetensors": DATA, "data.txt": DATA}},
-                                                  {"main": MAIN})})
+    files = {"model.safetensors": DATA, "data.txt": DATA}
+    hub = request.getfixturevalue("serve_hub")({("model", "org/model"): Repo({MAIN: files}, {"main": MAIN})})
     if request.param == "hub-resolve":
         return hub, hub.file_url("org/model", "data.txt")
     status, headers, _ = fetch(hub.file_url("org/model", "model.safetensors"), "HEAD")
@@ -309,6 +310,29 @@ def test_hf_hub_download_against_the_hub(serve_hub, tmp_path):
     assert hub.sent(contains="/cdn/") == N and hub.count("GET", "/cdn/") == 1
     assert hf.list_repo_files("org/model") == ["config.json", "model.safetensors", "sub/a/b.json",
                                                "sub/x.safetensors"]
+
+
+def test_transformers_loads_from_the_hub_then_offline(serve_hub, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import huggingface_hub.constants
+
+    from .conftest import FIXTURES
+    from .hubserver import repo_from_folder
+
+    hub = serve_hub({("model", "weightio/tiny-bert"): repo_from_folder(FIXTURES / "tiny-bert", commit=MAIN)})
+    model = transformers.AutoModel.from_pretrained("weightio/tiny-bert")
+    transformers.AutoTokenizer.from_pretrained("weightio/tiny-bert")
+    assert [(r.path.split("?")[0], r.status) for r in hub.matching(contains="/tree/")] == [
+        ("/api/models/weightio/tiny-bert/tree/main/additional_chat_templates", 404),
+        ("/api/models/weightio/tiny-bert/tree/main", 200)]
+    assert not hub.matching(status=500) and hub.sent(contains="/cdn/") == (FIXTURES / "tiny-bert" /
+                                                                          "model.safetensors").stat().st_size
+    hub.stop()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline = transformers.AutoModel.from_pretrained("weightio/tiny-bert")
+    assert offline.config.to_dict() == model.config.to_dict()
 
 
 # ----------------------------------------------------------------------------- S3 (moto)
