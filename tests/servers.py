@@ -146,6 +146,7 @@ def _tags(header: str) -> list[str]:
 
 class _ThreadingServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # http.server's 5 drops connections when a client opens dozens at once
     owner: LoopbackServer
 
     def process_request(self, request: Any, client_address: Any) -> None:
