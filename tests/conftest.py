@@ -47,4 +47,94 @@ def write(tmp_path):
 
     return _write
 
+
+# ----------------------------------------------------------------------------- loopback protocol servers
+# The real servers the remote tests run against (tests/servers.py, tests/hubserver.py): each counts the
+# requests and body bytes it answers and has the delay / failures / ignore_range knobs.
+
+
+@pytest.fixture
+def http_server():
+    """A started `tests.servers.HTTPRangeServer` with no files: ``http_server.add(path, bytes)`` -> URL."""
+    pytest.importorskip("fsspec")
+    pytest.importorskip("aiohttp")
+    from .servers import HTTPRangeServer
+
+    with HTTPRangeServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _s3_session_server():
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from .servers import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_server(_s3_session_server, monkeypatch):
+    """moto's S3 (`tests.servers.S3Server`, one per session), empty and with a fresh log for each test.
+
+    The AWS variables (``server.env``: testing credentials, us-east-1, ``AWS_ENDPOINT_URL_S3``) are
+    set for the test, so ``s3://bucket/key`` needs no storage_options; s3fs's instance cache is
+    cleared before and after, so no test gets a filesystem made for another's settings.
+    """
+    import s3fs
+
+    from .servers import S3_UNSET
+
+    server = _s3_session_server
+    for var in S3_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in server.env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+    server.clear()
+    server.delay, server.ignore_range = 0.0, False
+    server.failures.clear()
+    server.reset()
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield server
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.failures.clear()
+    server.delay, server.ignore_range = 0.0, False
+
+
+@pytest.fixture
+def serve_hub(tmp_path, monkeypatch):
+    """serve_hub(repos) -> a started `tests.hubserver.HubServer`, huggingface_hub pointed at it.
+
+    ``repos`` is ``{(repo_type, repo_id): Repo}``; the client gets an empty cache under
+    ``tmp_path / "hf-cache"`` and no token (see `tests.hubserver.point_client_at`); the client's
+    cache default (``constants.HF_HUB_CACHE``, read at import) and the module-level functions
+    (``huggingface_hub.list_repo_files`` … are bound to an ``HfApi`` made at import) follow. The
+    servers stop, and HfFileSystem's instance cache is cleared, when the test ends.
+    """
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+    import huggingface_hub.hf_api
+
+    from .hubserver import HubServer, point_client_at
+
+    started = []
+
+    def _serve(repos: dict) -> HubServer:
+        server = HubServer(repos).start()
+        started.append(server)
+        point_client_at(server, monkeypatch, tmp_path / "hf-cache")
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setattr(huggingface_hub.hf_api.api, "endpoint", server.url)
+        return server
+
+    yield _serve
+    for server in started:
+        server.stop()
+    from huggingface_hub import HfFileSystem
+
+    HfFileSystem.clear_instance_cache()
+
 from tests.remote_fixtures import remote_files  # noqa: E402,F401 - a fixture for the remote tests

@@ -1,47 +1,49 @@
 """Serving test files remotely, for the tests of remote reading (issue 14).
 
-`remote_files` gives a `Served`: put files in, get their URLs, read the traffic the client made.
-Its backing server is swapped for the real loopback HTTP server of tests/servers.py once it
-lands; until then it serves through fsspec's in-memory filesystem, so the client path (ranges,
-cache, counting in `weightio._remote.RemoteFile.traffic`) is the same.
+`remote_files` gives a `Served`: put files in, get their URLs (``http://127.0.0.1:PORT/…``, served
+by the real loopback `tests.servers.HTTPRangeServer`: Range, ETag, If-Match), and read what moved:
+`moved` counts the requests and body bytes the server answered (HEAD included), `traffic` what a
+checkpoint's remote files fetched (range requests only).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
 
-_ids = itertools.count()
-
 
 class Served:
-    """Files served under one base URL."""
+    """Files served under one base URL by `server` (a `tests.servers.HTTPRangeServer`)."""
 
-    def __init__(self) -> None:
-        fsspec = pytest.importorskip("fsspec")
-        self.fs = fsspec.filesystem("memory")
-        self.root = f"/served{next(_ids)}"
+    def __init__(self, server) -> None:  # noqa: ANN001
+        self.server = server
 
     def put(self, name: str, data: bytes) -> str:
         """Serve `data` as `name` (may hold "/"); its URL."""
-        self.fs.pipe(f"{self.root}/{name}", data)
-        return self.url(name)
+        return self.server.add(name, data)
 
     def url(self, name: str = "") -> str:
-        return f"memory://{self.root}/{name}" if name else f"memory://{self.root}"
+        """The URL of `name`; of the root folder when empty."""
+        return self.server.url_for(name) if name else self.server.url + "/"
+
+    def moved(self) -> tuple[int, int]:
+        """(requests, body bytes) the server answered since the last `reset` (waits for answers in flight)."""
+        self.server.idle()
+        return self.server.count(), self.server.bytes_sent
+
+    def reset(self) -> None:
+        self.server.idle()
+        self.server.reset()
 
 
 def traffic(checkpoint) -> tuple[int, int]:  # noqa: ANN001
-    """(requests, bytes) a checkpoint's remote files made so far."""
+    """(requests, bytes) a checkpoint's remote files fetched so far (range requests only)."""
     from weightio.remote import traffic as count
 
     return count(checkpoint)
 
 
 @pytest.fixture
-def remote_files() -> Iterator[Served]:
-    served = Served()
-    yield served
-    served.fs.rm(served.root, recursive=True)
+def remote_files(http_server) -> Iterator[Served]:  # noqa: ANN001
+    yield Served(http_server)

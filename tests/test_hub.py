@@ -173,15 +173,19 @@ def _sha256(path: str | Path) -> str:
 
 
 def test_open_hf_path_reads_a_sharded_repo(server, tmp_path):
+    shards = [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
     with wio.open("hf://weightio/tiny-bert-sharded") as ckpt, wio.open(FIXTURES / "tiny-bert-sharded") as local:
-        assert ckpt.path == str(_snapshot(tmp_path, "weightio/tiny-bert-sharded"))
-        assert len(ckpt.files) == 3 and list(ckpt) == list(local)
-        assert ckpt.metadata == local.metadata
+        assert ckpt.path == "hf://weightio/tiny-bert-sharded"
+        assert ckpt.files == [f"hf://weightio/tiny-bert-sharded/{s}" for s in shards]
+        assert list(ckpt) == list(local) and ckpt.metadata == local.metadata
         name = "encoder.layer.1.output.dense.weight"
         assert ckpt[name].numpy().tobytes() == local[name].numpy().tobytes()
-    fetched = sorted(p.rsplit("/", 1)[-1] for p in server.paths("HEAD"))
-    assert fetched == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                       "model-00003-of-00003.safetensors", "model.safetensors.index.json"]
+    # only the (small) index is downloaded; the shards are read by range, never fetched whole
+    assert sorted(p.rsplit("/", 1)[-1] for p in server.paths("HEAD")) == ["model.safetensors.index.json"]
+    snapshot = _snapshot(tmp_path, "weightio/tiny-bert-sharded")
+    assert sorted(p.name for p in snapshot.iterdir()) == ["model.safetensors.index.json"]
+    ranged = [r for r in server.requests if r[0] == "GET" and (r.range or "").startswith("bytes=") and r.status != 302]
+    assert len(ranged) >= 3 and all(r.status == 206 and r.bytes <= 64 << 10 for r in ranged)
 
 
 def test_prefers_safetensors_and_never_fetches_the_bin(server):
@@ -193,7 +197,11 @@ def test_prefers_safetensors_and_never_fetches_the_bin(server):
 def test_revisions_tags_and_pull_request_refs(server, tmp_path):
     assert Path(hub.resolve("hf://weightio/revisions@v1.0")).parent.name == V1
     with wio.open("hf://weightio/revisions@refs/pr/3") as ckpt:
-        assert sorted(ckpt) == ["bias", "weight"] and Path(ckpt.files[0]).parent.name == PR
+        assert sorted(ckpt) == ["bias", "weight"] and ckpt.files == ["hf://weightio/revisions@refs/pr/3/model.safetensors"]
+        read = ckpt["bias"].numpy().tobytes()
+    with wio.open(hub.resolve("hf://weightio/revisions@refs/pr/3/model.safetensors")) as local:
+        assert read == local["bias"].numpy().tobytes()
+    assert f"/weightio/revisions/resolve/{PR}/model.safetensors" in server.paths("GET")  # pinned to the PR's commit
     assert Path(hub.resolve(f"hf://weightio/revisions@{MAIN}")).parent.name == MAIN
     assert "/api/models/weightio/revisions/revision/refs%2Fpr%2F3" in server.paths("GET")
     refs = tmp_path / "cache" / "models--weightio--revisions" / "refs"

@@ -71,6 +71,8 @@ def open_url(url: str, *, storage_options: Mapping[str, Any] | None = None, down
                          "other URLs by range, or copy them with `weightio convert URL model.safetensors`",
                          path=redact(url))
     fs, path = _filesystem(url, options)
+    if url.endswith("/"):  # a folder (HTTP cannot tell one apart otherwise: its index page is a file)
+        return _open_folder(fs, path, url)
     info = _info(fs, path, url)
     if info.get("type") == "directory":
         return _open_folder(fs, path, url)
@@ -237,7 +239,7 @@ def _open_folder(fs: Any, path: str, url: str) -> Opened:
     child = _url_of(fs, entry["name"], url)
     if chosen.endswith(".index.json"):
         return _open_index(fs, entry["name"], child)
-    first = open_file(_fsspec_file(fs, entry["name"], child, entry if "size" in entry else None))
+    first = open_file(_fsspec_file(fs, entry["name"], child, entry if isinstance(entry.get("size"), int) else None))
     siblings = _siblings(first, lambda u: _fsspec_file(fs, _fs_path(fs, u), u))
     return Opened(redact(url), [first, *siblings])
 
