@@ -45,13 +45,14 @@ import numpy as np
 
 from .errors import CorruptFileError, InputError, WeightioError
 
-__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "is_url", "redact", "pool"]
+__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool", "redact",
+           "retrying"]
 
 BLOCK = 64 << 10  # header cache granularity: a header read moves at most one block more than it needs
 PART = 8 << 20  # a large range is fetched as parts of this size, several in flight
-GAP = 4 << 10  # two runs of a selection closer than this are fetched as one range
+GAP = 1 << 10  # two runs of a selection closer than this are fetched as one range (the bytes between dropped)
 CACHE_BYTES = 32 << 20  # the header block cache of one file (LRU)
-WORKERS = 16  # ranges in flight at once (all files of the process together)
+WORKERS = 32  # ranges in flight at once (all files of the process together)
 RETRIES = 4  # tries of one range before its error is raised
 BACKOFF = 0.25  # seconds before the first retry; doubles each time
 
@@ -337,18 +338,7 @@ class RemoteFile:
     def _get(self, offset: int, length: int) -> bytes:
         """One range, with retries of transient failures; exactly `length` bytes or an error."""
         self.check()
-        for attempt in range(RETRIES):
-            try:
-                raw = self._fetcher(offset, offset + length)
-                break
-            except WeightioError:
-                raise
-            except Exception as e:  # noqa: BLE001 - every transport's errors are sorted here
-                problem = describe_failure(e)
-                if problem.transient and attempt + 1 < RETRIES:
-                    time.sleep(BACKOFF * 2 ** attempt)
-                    continue
-                raise problem.error(self.path, offset, length) from None
+        raw = retrying(lambda: self._fetcher(offset, offset + length), self.path, offset, length)
         self.traffic.add(len(raw))
         if len(raw) != length:
             if len(raw) > length:
@@ -360,6 +350,22 @@ class RemoteFile:
         return bytes(raw) if not isinstance(raw, bytes) else raw
 
 
+def retrying(call: Callable[[], Any], url: str, offset: int | None = None, length: int | None = None) -> Any:
+    """`call()`, retried with exponential backoff on transient failures (`RETRIES` tries); any
+    other failure, or the last, becomes the `WeightioError` `describe_failure` gives (naming `url`)."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except WeightioError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every transport's errors are sorted here
+            problem = describe_failure(e)
+            if not (problem.transient and attempt + 1 < RETRIES):
+                raise problem.error(redact(url), offset, length) from None
+        time.sleep(BACKOFF * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
 class Failure:
     """A transport error sorted: whether to retry it, and the `WeightioError` it becomes."""
 
@@ -369,10 +375,10 @@ class Failure:
         self.changed, self.ignores_range = changed, ignores_range
 
     def error(self, url: str, offset: int | None = None, length: int | None = None) -> WeightioError:
-        where = f" reading bytes {offset}..{offset + length}" if offset is not None and length is not None else ""
+        where = f" (bytes {offset}..{offset + length})" if offset is not None and length is not None else ""
         if self.changed:
-            return CorruptFileError(f"changed since it was opened (the server answered HTTP {self.status}: its "
-                                    "ETag no longer matches); open it again", path=url)
+            return CorruptFileError(f"changed since it was opened{where}: the server answered HTTP {self.status} "
+                                    "(its ETag no longer matches); open it again", path=url)
         if self.ignores_range:
             return InputError("the server ignores Range requests (it answers the whole file to a range request); "
                               "weightio reads remote files by range only: download the file first", path=url)
@@ -394,8 +400,8 @@ def describe_failure(error: BaseException) -> Failure:
     """Sort an exception of any transport (aiohttp, httpx, botocore, fsspec, OSError) into a `Failure`."""
     status = _status_of(error)
     detail = _scrub(_first_line(error))
-    if status == 412:
-        return Failure(status, detail, transient=False, changed=True)
+    if status == 412 or type(error).__name__ == "FileExpired":  # s3fs's word for a failed If-Match
+        return Failure(status or 412, detail, transient=False, changed=True)
     if isinstance(error, ValueError) and "support range requests" in str(error):
         return Failure(None, detail, transient=False, ignores_range=True)
     if status is not None:

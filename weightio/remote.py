@@ -28,7 +28,7 @@ from typing import Any
 
 from . import layout
 from ._json import parse_json_object
-from ._remote import RemoteFile, describe_failure, is_url, redact
+from ._remote import RemoteFile, is_url, redact, retrying
 from .errors import FormatError, InputError, MissingDependencyError, UsageError, WeightioError
 from .formats import Reader, open_file
 
@@ -174,10 +174,7 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
 
 
 def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
-    try:
-        return fs.info(path)
-    except Exception as e:  # noqa: BLE001 - every transport's errors are sorted by describe_failure
-        raise describe_failure(e).error(redact(url)) from None
+    return retrying(lambda: fs.info(path), url)
 
 
 def _fsspec_file(fs: Any, path: str, url: str, info: dict[str, Any] | None = None) -> RemoteFile:
@@ -195,10 +192,7 @@ def _fsspec_file(fs: Any, path: str, url: str, info: dict[str, Any] | None = Non
         # size given: no second HEAD; If-Match: a file replaced on the server answers 412, not new bytes
         headers = dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})
         options = {"size": size, "headers": headers}
-    try:
-        handle = fs.open(path, "rb", cache_type="none", **options)
-    except Exception as e:  # noqa: BLE001
-        raise describe_failure(e).error(redact(url)) from None
+    handle = retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url)
     fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
     if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
         handle.close()
@@ -223,10 +217,7 @@ def _url_of(fs: Any, path: str, like: str) -> str:
 
 
 def _open_folder(fs: Any, path: str, url: str) -> Opened:
-    try:
-        entries = fs.ls(path, detail=True)
-    except Exception as e:  # noqa: BLE001
-        raise describe_failure(e).error(redact(url)) from None
+    entries = retrying(lambda: fs.ls(path, detail=True), url)
     files = {posixpath.basename(e["name"].rstrip("/")): e for e in entries if e.get("type") == "file"}
     try:
         chosen = layout.choose(sorted(files))
