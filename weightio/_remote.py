@@ -38,12 +38,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import CorruptFileError, InputError, WeightioError
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool", "redact",
            "retrying"]
@@ -82,6 +84,8 @@ def pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # only once something remote is read
+
             _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="weightio-fetch")
         return _pool
 
