@@ -237,8 +237,8 @@ def walk_fetching(file: Any, pos: int, count: int, length: struct.Struct, hi: in
     Bytes ``pos``..`hi` of ``file.data`` are already there. Each string is a `length` prefix, its
     bytes and `extra` bytes more (the legacy vocabulary's scores); their start offsets are appended
     to `starts` (when given). When the walk reaches `hi`, the rest of the strings are fetched in one
-    request whose size is estimated from the strings walked so far (their mean length times the
-    strings left, and a fifth more: a vocabulary's later tokens are longer; more again on each further
+    request whose size is estimated from the strings walked last (their mean length times the strings
+    left, and a fifth more, since a vocabulary's later tokens are longer; a little more each further
     round), plus `tail` bytes the caller knows follow. Nothing past `bound`
     (the file's size or the header limit) is ever fetched: strings that cannot fit before it, from
     their count and the lengths already read, return ``bound + 1`` before any fetch (what
@@ -247,7 +247,7 @@ def walk_fetching(file: Any, pos: int, count: int, length: struct.Struct, hi: in
     """
     buf, unpack, width = memoryview(file.data), length.unpack_from, length.size
     step, hi = width + extra, max(hi, pos)
-    begin = pos
+    since, since_done = pos, 0  # where the strings walked since the last fetch began, and their count
     done = rounds = 0
     while True:
         while done < count and pos + width <= hi:  # walk the strings wholly here
@@ -263,11 +263,11 @@ def walk_fetching(file: Any, pos: int, count: int, length: struct.Struct, hi: in
         minimum = first + (count - done - 1) * step  # and the others' prefixes, at least
         if minimum > bound:
             return bound + 1, hi
-        mean = (pos - begin) / done if done else step + 8
-        guess = pos + int((count - done) * mean * (6 + 3 * rounds) / 5)
+        mean = (pos - since) / (done - since_done) if done > since_done else step + 8
+        guess = pos + int((count - done) * mean * (6 + rounds) / 5)
         target = min(bound, max(minimum, guess) + tail)
         file.ensure(hi, target - hi, what)
-        hi, rounds = fetched_to(file, target), rounds + 1
+        hi, rounds, since, since_done = fetched_to(file, target), rounds + 1, pos, done
 
 
 class _Copy:
