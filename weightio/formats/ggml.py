@@ -100,11 +100,13 @@ from typing import Any
 
 import numpy as np
 
+from .._remote import BLOCK
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
 from .gguf import MAX_ELEMENTS, GGUFArray, GGUFValueType
+from .gguf_arrays import walk_fetching
 
 __all__ = ["GGMLReader", "LLAMA_HPARAMS", "WHISPER_HPARAMS"]
 
@@ -117,6 +119,7 @@ _EXAMPLES_HINT = ("the ggml examples' layout (gpt-2, gpt-j, …: the model's own
                   "weightio.formats.ggml.GGMLReader(path, hparams=(\"n_vocab\", \"n_ctx\", \"n_embd\", \"n_head\", "
                   "\"n_layer\", \"ftype\"), vocab_count=True), naming that model's hparams")
 _ALIGN = 32  # ggjt tensor data alignment
+_FIRST_GUESS = 48  # bytes of a tensor header fetched from a remote file at first (then: the longest one so far)
 _MAX_DIMS = 4
 _U32 = struct.Struct("<I")
 _TENSOR_HEAD = struct.Struct("<III")  # n_dims, name_len, ggml_type
@@ -174,6 +177,16 @@ class GGMLReader(Reader):
         self._old: dict[str, str] = {}
         self._min_dims = 1
         self.layout = "examples" if vocab_count else "llama"
+        file = self.file
+        # Tensor headers are read through _unpack/_bytes: the file's own for a local file; for a
+        # remote one, exact ranges (see _remote_bytes), so that no tensor data is fetched with them.
+        self._unpack, self._bytes = file.unpack, file.read
+        self._hi = file.size  # the image (file.data) holds bytes up to here: all of a local file
+        self._guess, self._head = _FIRST_GUESS, 0  # the length to fetch a header with; where it starts
+        if getattr(file, "remote", False):
+            self._unpack, self._bytes = self._remote_unpack, self._remote_bytes
+            self._hi = min(file.size, BLOCK)
+            self._spare = (0, b"")  # the last header range fetched: (offset, bytes)
         self._validate(self._read, None if hparams is None else tuple(hparams), vocab_count)
 
     def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
@@ -184,6 +197,7 @@ class GGMLReader(Reader):
 
     def _read(self, hparams: tuple[str, ...] | None, vocab_count: bool) -> None:
         pos = self._read_magic()
+        self.file.ensure(0, min(self.file.size, 64), "the hparams")  # the block of the magic: nothing fetched
         if hparams is None and not vocab_count and self.magic == "ggml":
             self._read_unversioned(pos)
         else:
@@ -319,20 +333,30 @@ class GGMLReader(Reader):
         if pos + n_vocab * entry > limit:
             raise exceeded(f"the header length (magic, hparams and {n_vocab} vocabulary entries, at least)",
                            pos + n_vocab * entry, "header_bytes", limit, path=self.path)
-        buf, starts, pos = memoryview(self.file.data), array("q"), pos
         gap = entry  # between one token's text and the next one's: [score] + length
-        for _ in range(n_vocab):
-            if pos + 4 > self.file.size:
-                raise self._fail("the vocabulary runs past the end of the file")
-            (n,) = _U32.unpack_from(buf, pos)
-            starts.append(pos + 4)
-            pos += 4 + n + (entry - 4)
+        if self._hi < self.file.size:  # a remote file: fetched as walked
+            starts = array("q")
+            pos, hi = walk_fetching(self.file, pos, n_vocab, _U32, self._hi, min(self.file.size, limit),
+                                    extra=entry - 4, starts=starts, what="the vocabulary")
+            self._hi = max(self._hi, hi)
+        else:
+            starts, pos = self._walk_vocab(pos, n_vocab, entry)
         if pos > self.file.size:
             raise self._fail("the vocabulary runs past the end of the file")
         if pos > limit:
             raise exceeded("the header length (through the vocabulary)", pos, "header_bytes", limit, path=self.path)
         scores = self._scores(starts, pos) if scored else None
         return GGUFArray.strings(self.file, starts, pos - (entry - 4), gap), scores, pos
+
+    def _walk_vocab(self, pos: int, n_vocab: int, entry: int) -> tuple[array, int]:
+        buf, starts = memoryview(self.file.data), array("q")
+        for _ in range(n_vocab):
+            if pos + 4 > self.file.size:
+                raise self._fail("the vocabulary runs past the end of the file")
+            (n,) = _U32.unpack_from(buf, pos)
+            starts.append(pos + 4)
+            pos += 4 + n + (entry - 4)
+        return starts, pos
 
     def _scores(self, starts: array, end: int) -> GGUFArray:
         """Each score sits just before the next token's length prefix (the last one at the end)."""
@@ -341,15 +365,17 @@ class GGMLReader(Reader):
         return GGUFArray.from_array(GGUFValueType.FLOAT32, raw.reshape(-1).view("<f4"))
 
     def _read_tensor(self, pos: int) -> int:
-        n_dims, name_len, type_id = self.file.unpack(_TENSOR_HEAD, pos, "a tensor header")
+        start = self._head = pos
+        n_dims, name_len, type_id = self._unpack(_TENSOR_HEAD, pos, "a tensor header")
         pos += _TENSOR_HEAD.size
         if not self._min_dims <= n_dims <= _MAX_DIMS:
             raise self._fail(f"a tensor at offset {pos - 12} has {n_dims} dimensions "
                              f"({self._min_dims} to {_MAX_DIMS} allowed)")
-        ne = struct.unpack("<" + "I" * n_dims, self.file.read(pos, 4 * n_dims, "tensor dimensions"))
+        ne = struct.unpack("<" + "I" * n_dims, self._bytes(pos, 4 * n_dims, "tensor dimensions"))
         pos += 4 * n_dims
         name = self._name(pos, name_len)
         pos += name_len
+        self._guess = max(self._guess, pos - start)  # a remote file's next header is fetched this long
         if self.magic == "ggjt":
             pos += -pos % _ALIGN
         info = self._info(name, ne[::-1], type_id, pos)
@@ -363,7 +389,7 @@ class GGMLReader(Reader):
         if length > self.limits.name_bytes and pos + length <= self.file.size:  # past the end: read() says so
             raise exceeded(f"the length of the tensor name at offset {pos}:", length, "name_bytes",
                            self.limits.name_bytes, path=self.path)
-        raw = self.file.read(pos, length, "a tensor name")
+        raw = self._bytes(pos, length, "a tensor name")
         try:
             name = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -373,6 +399,27 @@ class GGMLReader(Reader):
         if name in self.tensors:
             raise self._fail("tensor name appears twice", name)
         return name
+
+    def _remote_unpack(self, fmt: struct.Struct, pos: int, what: str) -> tuple:
+        if pos < 0 or pos + fmt.size > self.file.size:
+            return self.file.unpack(fmt, pos, what)  # its error
+        return fmt.unpack(self._remote_bytes(pos, fmt.size, what))
+
+    def _remote_bytes(self, pos: int, length: int, what: str) -> bytes:
+        """Bytes of a tensor header of a remote file: from what is fetched already, else fetched exactly
+        (as long as the previous header, so that one request usually brings the whole header, and no
+        tensor data)."""
+        if pos < 0 or length < 0 or pos + length > self.file.size:
+            return self.file.read(pos, length, what)  # its error
+        if pos + length <= self._hi:
+            return self.file.data[pos:pos + length].tobytes()
+        at, spare = self._spare
+        if at <= pos and pos + length <= at + len(spare):
+            return spare[pos - at:pos - at + length]
+        fetch = min(self.file.size - pos, max(length, self._guess - (pos - self._head)))
+        spare = self.file.gather([(pos, fetch)], what).tobytes()
+        self._spare = (pos, spare)
+        return spare[:length]
 
     def _info(self, name: str, shape: tuple[int, ...], type_id: int, start: int) -> TensorInfo:
         t = self._type(name, type_id)

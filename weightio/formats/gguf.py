@@ -71,17 +71,28 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 import struct
+from array import array
 from typing import Any
 
 import numpy as np
 
 from .. import layout
+from .._remote import BLOCK, is_url
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import DEFAULTS, exceeded
 from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
-from .gguf_arrays import EAGER_ARRAY_ITEMS, GGUFArray, decode_value_string, skip_strings, walk_strings
+from .gguf_arrays import (
+    EAGER_ARRAY_ITEMS,
+    GGUFArray,
+    decode_value_string,
+    fetched_to,
+    skip_strings,
+    walk_fetching,
+    walk_strings,
+)
 from .gguf_fields import SCALAR_DTYPES, Fields, GGUFValueType, fields_for
 
 __all__ = ["GGUFReader", "GGUFArray", "GGUFValueType", "value_types", "DEFAULT_ALIGNMENT"]
@@ -97,6 +108,10 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # numpy refuses a shape whose non-zero dims times the itemsize (8 at most here) reach 2^63 bytes,
 # even when another dim is 0 and the tensor holds nothing: checked at open, not at numpy().
 MAX_ELEMENTS = 1 << 60
+VOCABULARY = "tokenizer.ggml.tokens"
+# tokenizer.ggml.model values whose vocabularies llama.cpp's converters follow with FLOAT32 scores
+# (SentencePiece and Unigram); every model's is followed by INT32 token types
+_SCORED_VOCABULARIES = ("llama", "t5")
 _ARRAY_TYPES = {t: f"ARRAY[{t.name}]" for t in GGUFValueType}  # one string per type, not one per key
 
 
@@ -104,13 +119,33 @@ _ARRAY_TYPES = {t: f"ARRAY[{t.name}]" for t in GGUFValueType}  # one string per 
 
 
 class _Cursor:
-    """A position in the file with bounds-checked reads of GGUF fields."""
+    """A position in the file with bounds-checked reads of GGUF fields.
+
+    Fields are read from ``buf``, a memoryview of ``file.data``, below ``hi``: for a local file the
+    file's end (or the header limit), so one comparison per field checks both; for a remote one
+    (`weightio._remote.RemoteFile`, whose ``data`` holds only the bytes fetched) the end of what
+    has been fetched, first the 64 KiB block the magic came in. A field past ``hi`` that the file
+    and the limit allow makes `fetch` get more in one request: what the field needs, the rest of a
+    string array estimated from its count (`walk_fetching`), and the least the metadata keys and
+    tensor infos still to come will take (`tail`), so a header with a large vocabulary arrives in a
+    few round trips and the fetches end within a block of the data section.
+    """
 
     def __init__(self, reader: GGUFReader, layout: Fields, pos: int) -> None:
+        file = reader.file
         self.reader, self.layout, self.pos = reader, layout, pos
-        self.buf = memoryview(reader.file.data)
-        self.size = reader.file.size
+        self.buf = memoryview(file.data)
+        self.size = file.size
         self.limit = reader.limits.header_bytes  # no header field may end past this offset
+        self.bound = min(self.size, self.limit)
+        self.remote = getattr(file, "remote", False)
+        self.hi = self.bound
+        if self.remote:  # the block read() fetched for the magic: in the image at no cost
+            file.ensure(0, min(self.size, BLOCK), "the GGUF header")
+            self.hi = min(self.bound, fetched_to(file, min(self.size, BLOCK)))
+        self.kvs_left = self.tensors_left = 0  # what follows, for the size of the next fetch
+        self.n_tensors = 0
+        self.infos_start: int | None = None
 
     def fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.reader.path, tensor=tensor)
@@ -119,11 +154,48 @@ class _Cursor:
         return self.size - self.pos
 
     def need(self, n: int, what: str) -> None:
+        """Make `n` bytes at the cursor readable: within the file and the limit, and fetched."""
+        if self.pos + n > self.hi:
+            self.room(n, what)
+            self.fetch(self.pos + n, what)  # a remote file's bytes not fetched yet (a local hi is the bound)
+
+    def room(self, n: int, what: str) -> None:
+        """Refuse `n` bytes at the cursor that the file or the limit cannot hold (nothing is fetched)."""
         if n > self.size - self.pos:
             raise self.fail(f"{what} needs {n} bytes at offset {self.pos} but only {self.size - self.pos} remain")
         if self.pos + n > self.limit:
             raise exceeded(f"the header length (reading {what})", self.pos + n, "header_bytes", self.limit,
                            path=self.reader.path)
+
+    def fetch(self, end: int, what: str) -> None:
+        """Fetch (remote files) up to `end` and the least of what follows (`tail`), within the bound."""
+        start = min(self.pos, self.hi)
+        target = min(self.bound, end + self.tail())
+        self.reader.file.ensure(start, target - start, what)
+        self.hi = min(self.bound, fetched_to(self.reader.file, target))
+
+    def tail(self) -> int:
+        """Bytes the keys and tensor infos not read yet take, estimated: each key a typical short one's
+        (a scalar under a 30-byte name), each tensor info the mean of those read, else a typical one's
+        (a 2-d tensor with a 20-byte name)."""
+        width = self.layout.count.size
+        done = self.n_tensors - self.tensors_left
+        per_info = (self.pos - self.infos_start) / done if self.infos_start is not None and done else 3 * width + 36
+        return self.kvs_left * (width + 40) + int(self.tensors_left * per_info)
+
+    def walk(self, count: int, what: str, keep: bool, ahead: int = 0) -> tuple[array | None, int]:
+        """The start offsets of `count` strings from the cursor (when `keep`) and the position after
+        them (past the file or the bound when they cannot fit); fetched as walked for a remote file,
+        with `ahead` bytes more than `tail` expected after them."""
+        if not self.remote:
+            if keep:
+                return walk_strings(self.buf, self.pos, count, self.layout.count)
+            return None, skip_strings(self.buf, self.pos, count, self.layout.count)
+        starts = array("q") if keep else None
+        pos, hi = walk_fetching(self.reader.file, self.pos, count, self.layout.count, self.hi, self.bound,
+                                tail=self.tail() + ahead, starts=starts, what=what)
+        self.hi = min(self.bound, hi)
+        return starts, pos
 
     def take(self, fmt: struct.Struct, what: str) -> int:
         self.need(fmt.size, what)
@@ -183,10 +255,16 @@ class GGUFReader(Reader):
 
     def _read(self) -> None:
         cur, n_tensors, n_kv = self._read_header()
+        cur.kvs_left, cur.tensors_left = n_kv, n_tensors
         for _ in range(n_kv):
             self._read_kv(cur)
+            cur.kvs_left -= 1
         self.alignment = self._alignment()
-        infos = [self._read_tensor_info(cur) for _ in range(n_tensors)]
+        cur.infos_start = cur.pos
+        infos = []
+        for _ in range(n_tensors):
+            infos.append(self._read_tensor_info(cur))
+            cur.tensors_left -= 1
         self.data_offset = cur.pos + (-cur.pos % self.alignment)
         for name, shape, type_id, offset in infos:
             self.tensors[name] = self._tensor(name, shape, type_id, offset)
@@ -207,6 +285,7 @@ class GGUFReader(Reader):
             raise FormatError(f"GGUF version {self.version} is not supported (1, 2 and 3 are)", path=self.path)
         cur = _Cursor(self, fields_for(order, self.version), 8)
         n_tensors, n_kv = cur.count("tensor_count"), cur.count("metadata_kv_count")
+        cur.n_tensors = n_tensors
         # Beyond its length prefix a kv takes at least 1 (key) + 4 (type) + 1 (value) bytes, a tensor
         # info 1 (name) + 4 (n_dims) + 4 (type) + 8 (offset): a count the rest of the file cannot
         # hold is refused before anything loops over it.
@@ -280,8 +359,9 @@ class GGUFReader(Reader):
 
     def _string_array(self, cur: _Cursor, key: str, count: int) -> GGUFArray:
         width = cur.layout.count.size
-        cur.need(count * width, f"array {key!r} of {count} strings")  # O(1) refusal of absurd counts
-        starts, pos = walk_strings(cur.buf, cur.pos, count, cur.layout.count)
+        cur.room(count * width, f"array {key!r} of {count} strings")  # O(1) refusal of absurd counts
+        ahead = _after_vocabulary(self.metadata, count) if key == VOCABULARY else 0
+        starts, pos = cur.walk(count, f"array {key!r} of {count} strings", keep=True, ahead=ahead)
         self._end_strings(cur, key, count, pos)
         arr = GGUFArray.strings(self.file, starts, pos, width, strip_nul=self.version == 1)
         if count <= EAGER_ARRAY_ITEMS:
@@ -310,8 +390,8 @@ class GGUFReader(Reader):
         for _ in range(count):  # each item: its own element type, count and elements
             etype, n = self._array_head(cur, key, depth)
             if etype == GGUFValueType.STRING:
-                cur.need(n * width, f"array {key!r} of {n} strings")
-                self._end_strings(cur, key, n, skip_strings(cur.buf, cur.pos, n, cur.layout.count))
+                cur.room(n * width, f"array {key!r} of {n} strings")
+                self._end_strings(cur, key, n, cur.walk(n, f"array {key!r} of {n} strings", keep=False)[1])
                 name = _ARRAY_TYPES[etype]
             elif etype == GGUFValueType.ARRAY:
                 name = f"ARRAY[{self._skip_arrays(cur, key, n, depth + 1) or 'ARRAY'}]"
@@ -403,7 +483,7 @@ class GGUFReader(Reader):
 
     def siblings(self) -> list[str]:
         """The other parts of a split model (``-0000k-of-0000N.gguf`` with ``split.count`` = N)."""
-        part = layout.split_part(os.path.basename(self.path))
+        part = layout.split_part((posixpath if is_url(self.path) else os.path).basename(self.path))
         count = self.metadata.get("split.count")
         if part is None or not isinstance(count, int) or count < 2:
             return []
@@ -414,8 +494,16 @@ class GGUFReader(Reader):
         if self.metadata.get("split.no", number - 1) != number - 1:
             raise CorruptFileError(f"is named part {number} but split.no is {self.metadata['split.no']} "
                                    "(counting from 0)", path=self.path)
-        directory = os.path.dirname(self.path)
-        return [os.path.join(directory, f) for k, f in enumerate(layout.split_parts(stem, count), 1) if k != number]
+        paths = posixpath if is_url(self.path) else os.path  # a remote part's siblings are URLs beside it
+        directory = paths.dirname(self.path)
+        return [paths.join(directory, f) for k, f in enumerate(layout.split_parts(stem, count), 1) if k != number]
+
+
+def _after_vocabulary(metadata: dict[str, Any], count: int) -> int:
+    """Bytes of the arrays llama.cpp's converters write right after a vocabulary of `count` tokens:
+    one INT32 type per token, and one FLOAT32 score per token for SentencePiece-like models (a
+    remote file fetches them with the vocabulary, saving one round trip each)."""
+    return (8 if metadata.get("tokenizer.ggml.model") in _SCORED_VOCABULARIES else 4) * count
 
 
 def value_types(checkpoint: Any) -> dict[str, str]:

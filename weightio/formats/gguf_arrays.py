@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .._remote import BLOCK
 from .gguf_fields import SCALAR_DTYPES, Fields, GGUFValueType
 
 __all__ = ["GGUFArray", "EAGER_ARRAY_ITEMS", "EAGER_NESTED_BYTES", "decode_value_string", "walk_strings",
-           "skip_strings"]
+           "skip_strings", "walk_fetching", "fetched_to"]
 
 EAGER_ARRAY_ITEMS = 64  # arrays this short are decoded at open (and stay usable after close)
 EAGER_NESTED_BYTES = 4096  # arrays of arrays this short are copied at open (and stay usable after close)
@@ -134,6 +135,8 @@ class GGUFArray(Sequence):
             raise TypeError(f"a GGUF array of {self.type} has no numpy view; use tolist()")
         if self._array is not None:
             return self._array
+        if getattr(self._file, "remote", False):  # fetched at open unless skipped; else fetched now
+            self._file.ensure(self._offset, self._count * self._dtype.itemsize, f"a metadata array of {self.type}")
         return self._numbers(self._file.data)
 
     def _numbers(self, data: Any) -> np.ndarray:
@@ -160,6 +163,8 @@ class GGUFArray(Sequence):
         (the reader at open), else one checked access to the mapping."""
         if self._items is None:
             if self._layout is not None:
+                if data is None and getattr(self._file, "remote", False):
+                    self._file.ensure(self._offset, self._end - self._offset, "a metadata array of arrays")
                 self._items = tuple(_arrays(self._file, self._file.data if data is None else data, self._offset,
                                             self._count, self._layout, self._strip_nul))
             elif self._dtype is not None:
@@ -217,6 +222,52 @@ def skip_strings(buf: memoryview, pos: int, count: int, length: struct.Struct) -
     except (struct.error, OverflowError):
         return len(buf) + 1
     return pos
+
+
+def fetched_to(file: Any, end: int) -> int:
+    """Where the bytes of a remote file that `ensure` filled up to `end` really end: it fetches whole
+    blocks, so what follows `end` in its last block is there too (and costs nothing to read)."""
+    return min(file.size, -(-end // BLOCK) * BLOCK)
+
+
+def walk_fetching(file: Any, pos: int, count: int, length: struct.Struct, hi: int, bound: int, *, extra: int = 0,
+                  tail: int = 0, starts: array | None = None, what: str = "a string array") -> tuple[int, int]:
+    """`walk_strings` over a remote file's image, fetching the strings as it walks.
+
+    Bytes ``pos``..`hi` of ``file.data`` are already there. Each string is a `length` prefix, its
+    bytes and `extra` bytes more (the legacy vocabulary's scores); their start offsets are appended
+    to `starts` (when given). When the walk reaches `hi`, the rest of the strings are fetched in one
+    request whose size is estimated from the strings walked last (their mean length times the strings
+    left, and a fifth more, since a vocabulary's later tokens are longer; a little more each further
+    round), plus `tail` bytes the caller knows follow. Nothing past `bound`
+    (the file's size or the header limit) is ever fetched: strings that cannot fit before it, from
+    their count and the lengths already read, return ``bound + 1`` before any fetch (what
+    `walk_strings` returns for strings past the file). Returns the position after the strings and
+    the new `hi`.
+    """
+    buf, unpack, width = memoryview(file.data), length.unpack_from, length.size
+    step, hi = width + extra, max(hi, pos)
+    since, since_done = pos, 0  # where the strings walked since the last fetch began, and their count
+    done = rounds = 0
+    while True:
+        while done < count and pos + width <= hi:  # walk the strings wholly here
+            end = pos + step + unpack(buf, pos)[0]
+            if end > hi:
+                break
+            if starts is not None:
+                starts.append(pos + width)
+            pos, done = end, done + 1
+        if done == count:
+            return pos, hi
+        first = pos + step + (unpack(buf, pos)[0] if pos + width <= hi else 0)  # the string begun
+        minimum = first + (count - done - 1) * step  # and the others' prefixes, at least
+        if minimum > bound:
+            return bound + 1, hi
+        mean = (pos - since) / (done - since_done) if done > since_done else step + 8
+        guess = pos + int((count - done) * mean * (6 + rounds) / 5)
+        target = min(bound, max(minimum, guess) + tail)
+        file.ensure(hi, target - hi, what)
+        hi, rounds, since, since_done = fetched_to(file, target), rounds + 1, pos, done
 
 
 class _Copy:
