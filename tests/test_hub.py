@@ -160,12 +160,16 @@ def test_pick_weights_explains_what_it_cannot_choose(files, message):
 # ----------------------------------------------------------------------------- against the loopback Hub
 
 
-def test_resolve_single_file_repo_downloads_only_the_weights(server, tmp_path):
+def test_resolve_single_file_repo_downloads_the_weights_and_configs(server, tmp_path):
     path = hub.resolve("hf://weightio/tiny-bert")
     assert Path(path) == _snapshot(tmp_path, "weightio/tiny-bert") / "model.safetensors"
     assert Path(path).read_bytes() == (FIXTURES / "tiny-bert" / "model.safetensors").read_bytes()
-    assert server.paths("GET") == ["/api/models/weightio/tiny-bert", f"/cdn/{_sha256(path)}"]
-    assert server.paths("HEAD") == [f"/weightio/tiny-bert/resolve/{MAIN}/model.safetensors"]
+    configs = ["config.json", "tokenizer.json", "tokenizer_config.json"]  # what transformers needs besides
+    assert server.paths("GET") == ["/api/models/weightio/tiny-bert", f"/cdn/{_sha256(path)}",
+                                   *(f"/weightio/tiny-bert/resolve/{MAIN}/{c}" for c in configs)]
+    assert server.paths("HEAD") == [f"/weightio/tiny-bert/resolve/{MAIN}/{f}" for f in ["model.safetensors", *configs]]
+    for name in configs:
+        assert (Path(path).parent / name).read_bytes() == (FIXTURES / "tiny-bert" / name).read_bytes()
 
 
 def _sha256(path: str | Path) -> str:
