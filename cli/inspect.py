@@ -37,8 +37,8 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
     lines = [path, f"  format      {ckpt.format}"]
     if len(ckpt.files) > 1:
         lines.append(f"  files       {len(ckpt.files)}")
-    if is_url(path):
-        requests, nbytes = traffic(ckpt)
+    requests, nbytes = traffic(ckpt)
+    if requests:  # a URL read by range (not one mapped from the Hugging Face cache)
         lines.append(f"  fetched     {plural(requests, 'request')}, {human_bytes(nbytes)}")
     if patterns:
         lines.append(f"  filter      {printable(' '.join(patterns))}  ({len(names):,} of {len(ckpt):,} tensors)")

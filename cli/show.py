@@ -63,8 +63,8 @@ def show_command(path: str, name: str, count: int, unknown_globals: str, storage
     with weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
                        download=download) as ckpt:
         _show(shown, ckpt, name, count)
-        if is_url(path):
-            requests, nbytes = traffic(ckpt)
+        requests, nbytes = traffic(ckpt)
+        if requests:  # a URL read by range (not one mapped from the Hugging Face cache)
             echo(f"  fetched   {plural(requests, 'request')}, {human_bytes(nbytes)} (headers and values)")
 
 
