@@ -166,6 +166,22 @@ def test_convert_a_remote_folder_into_a_directory_copies_its_other_files(bert, t
     assert weights_only.exit_code == 0 and [p.name for p in (tmp_path / "bare").iterdir()] == ["model.safetensors"]
 
 
+def test_a_remote_sharded_folder_diffs_and_converts_like_the_local_one(remote_files, tmp_path):
+    folder = FIXTURES / "tiny-bert-sharded"
+    for file in folder.iterdir():
+        remote_files.put(f"sharded/{file.name}", file.read_bytes())
+    url = remote_files.url("sharded")
+    assert run("diff", str(folder), url, "-q").exit_code == 0
+    result = run("convert", url, str(tmp_path / "out"), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [p.rsplit("/", 1)[-1] for p in doc["copied"]] == OTHER_FILES and doc["skipped"] == {}
+    shards = sorted(folder.glob("*.safetensors"))
+    assert doc["fetched"]["requests"] >= len(shards)
+    assert doc["fetched"]["bytes"] == sum(p.stat().st_size for p in shards)  # every shard's bytes once
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["model.safetensors", *OTHER_FILES])
+
+
 def test_convert_refuses_a_url_destination(bert):
     result = run("convert", bert, "s3://bucket/out.safetensors")
     assert result.exit_code == 2 and "writing to the Hub is not supported (nor to any URL)" in result.stderr
@@ -269,6 +285,8 @@ def test_options_that_do_not_apply_are_usage_errors(bert):
     assert run("diff", str(MODEL), f"{bert}/model.safetensors", "--storage-option", "skip_instance_cache=true",
                "-q").exit_code == 0
     assert run("scan", f"{bert}/model.safetensors", "--download").exit_code == 2
+    scan_local = run("scan", str(MODEL), "--storage-option", "anon=true")
+    assert scan_local.exit_code == 2 and "storage_options apply to URLs only" in scan_local.stderr
 
 
 @pytest.mark.parametrize("argv", [["inspect", "URL"], ["inspect", "URL", "--json"], ["show", "URL", "NAME"],
@@ -283,3 +301,19 @@ def test_a_missing_url_is_one_line_and_exit_1(remote_files, tmp_path, monkeypatc
     assert result.stderr == f"weightio: error: {url}: not found (HTTP 404)\n"
     assert "TOPSECRET" not in result.output and "Traceback" not in result.output
     assert not list(tmp_path.iterdir())  # convert left nothing behind
+
+
+@pytest.mark.parametrize("command", ["inspect", "scan"])
+def test_credentials_in_a_url_are_never_printed(command):
+    pytest.importorskip("aiohttp")
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = run(command, f"http://alice:pa55word@127.0.0.1:{port}/m.pt?X-Amz-Signature=f00d&token=hf_abcdefghij")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"weightio: error: http://127.0.0.1:{port}/m.pt?…: ")
+    assert len(result.stderr.splitlines()) == 1
+    for secret in ("alice", "pa55word", "f00d", "hf_abcdefghij"):
+        assert secret not in result.output
