@@ -4,15 +4,17 @@
 after it (``weightio convert … -q``). Colour is used only on a terminal and never when
 ``NO_COLOR`` is set (https://no-color.org). Commands that open checkpoints also take
 ``--max-header-bytes`` (`limit_options`), which applies `weightio.limits` to every file they open,
-and ``--unknown-globals`` (`unknown_globals_option`), passed to `weightio.open`.
+and ``--unknown-globals`` (`unknown_globals_option`), passed to `weightio.open`; those that read
+URLs take ``--storage-option KEY=VALUE`` and ``--download`` (`remote_options`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -20,8 +22,8 @@ import click
 from weightio.formats import UNKNOWN_GLOBALS
 from weightio.text import printable
 
-__all__ = ["common_options", "limit_options", "unknown_globals_option", "settings", "quiet", "echo", "style",
-           "Styled", "progress_bar", "apply_environment"]
+__all__ = ["common_options", "limit_options", "unknown_globals_option", "remote_options", "open_options", "settings",
+           "quiet", "echo", "style", "Styled", "progress_bar", "apply_environment"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,6 +100,57 @@ def unknown_globals_option(f: F) -> F:
         help="What a pickle's global outside the allowlist does: 'refuse' the file, or become an inert "
              "'placeholder' (never imported or run) so that its tensors can be read, a whole torch.save(model) "
              "included. The replaced globals are listed; scan still reports such a file unsafe.")(f)
+
+
+def _parse_storage_options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+                           ) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs as a dict, each VALUE parsed as JSON when it parses (true, 3, {"a": 1}),
+    else kept as a string. Messages name keys only: a value may be a secret."""
+    if not values:
+        return None
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter("expects KEY=VALUE (e.g. anon=true or "
+                                     "client_kwargs='{\"endpoint_url\": \"http://…\"}')")
+        if key in options:
+            raise click.BadParameter(f"{printable(repr(key))} is given twice")
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
+def remote_options(f: F) -> F:
+    """Add ``--storage-option KEY=VALUE`` (repeatable; passed as ``storage_options``, a dict or
+    None) and ``--download`` (passed as ``download``): how `weightio.open` reads a URL."""
+    f = click.option("--download", is_flag=True,
+                     help="hf:// only: download the weight files whole into the Hugging Face cache, with the "
+                          "repo's config and tokenizer files (transformers then loads it offline), instead of "
+                          "reading them by range.")(f)
+    return click.option(
+        "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE", callback=_parse_storage_options,
+        help="An option of the URL's fsspec filesystem (s3://, https:// …), repeatable; VALUE is read as JSON when "
+             "it is JSON (true, 3, {...}), else as text. E.g. --storage-option anon=true. Never printed.")(f)
+
+
+def open_options(paths: Sequence[str], storage_options: dict[str, Any] | None, download: bool) -> list[dict[str, Any]]:
+    """`weightio.open`'s keyword arguments for each of `paths`: storage options go to the URLs that
+    are not hf:// (fsspec's), ``download`` to the hf:// ones. When none takes them, every path
+    gets them, so that the library says why they do not apply (a usage error)."""
+    from weightio.remote import is_url
+
+    takes_options = [is_url(p) and not p.startswith("hf://") for p in paths]
+    takes_download = [p.startswith("hf://") for p in paths]
+    if storage_options and not any(takes_options):
+        takes_options = [True] * len(paths)
+    if download and not any(takes_download):
+        takes_download = [True] * len(paths)
+    return [{"storage_options": storage_options if o else None, "download": download and d}
+            for o, d in zip(takes_options, takes_download, strict=True)]
 
 
 def apply_environment(ctx: click.Context) -> None:

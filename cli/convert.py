@@ -10,10 +10,11 @@ import click
 from weightio import UsageError, WeightioError
 from weightio.convert import ConvertResult, convert, into_directory, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
+from weightio.remote import is_url
 from weightio.text import printable
 
 from ._format import human_bytes, json_text, plural
-from ._options import common_options, echo, limit_options, progress_bar, unknown_globals_option
+from ._options import common_options, echo, limit_options, progress_bar, remote_options, unknown_globals_option
 
 
 def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
@@ -32,8 +33,9 @@ def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click
 
 def _check_destination(src: str, dst: str, fmt: str | None) -> None:
     """A destination whose format cannot be told is a usage error (exit 2), found before any work."""
-    if dst.startswith("hf://"):
-        raise click.BadParameter("writing to the Hub is not supported; convert to a local path", param_hint="DST")
+    if is_url(dst):
+        raise click.BadParameter("writing to the Hub is not supported (nor to any URL); convert to a local path",
+                                 param_hint="DST")
     if fmt is not None or into_directory(src, dst):
         return
     try:
@@ -61,6 +63,8 @@ def _report(result: ConvertResult) -> None:
              f"{' …' if len(result.copied) > 6 else ''})")
     for rel, why in result.skipped.items():
         echo(f"  not copied: {printable(rel)} ({why})")
+    if result.fetched != (0, 0):
+        echo(f"  fetched: {plural(result.fetched[0], 'request')}, {human_bytes(result.fetched[1])} from the source")
     for note in result.notes:
         echo(f"  note: {note}")
 
@@ -70,7 +74,8 @@ def _json(result: ConvertResult) -> str:
     return json_text({"schema": "weightio.convert/1", "format": result.format, "files": result.files,
                       "tensors": result.tensors, "nbytes": result.nbytes, "verified": result.verified,
                       "aliases": result.aliases, "copied": result.copied, "skipped": result.skipped,
-                      "notes": result.notes})
+                      "notes": result.notes,
+                      "fetched": {"requests": result.fetched[0], "bytes": result.fetched[1]}})
 
 
 @click.command("convert")
@@ -98,24 +103,27 @@ def _json(result: ConvertResult) -> str:
               help="ggml llama -> .gguf: grouped-query attention factor (default 1; LLaMA-2 70B: 8).")
 @click.option("--ggml-name", metavar="TEXT", help="ggml llama -> .gguf: general.name (default: SRC's file name).")
 @click.option("--ggml-description", metavar="TEXT", help="ggml llama -> .gguf: general.description.")
+@remote_options
 @unknown_globals_option
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
                     fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
                     as_json: bool, unknown_globals: str, ggml_context_length: int | None, ggml_eps: float | None,
-                    ggml_gqa: int | None,
-                    ggml_name: str | None, ggml_description: str | None) -> None:
+                    ggml_gqa: int | None, ggml_name: str | None, ggml_description: str | None,
+                    storage_options: dict | None, download: bool) -> None:
     """Convert checkpoint SRC to DST, one tensor in memory at a time.
 
-    SRC is anything weightio reads (a file, a model directory, an hf:// path). DST's suffix
+    SRC is anything weightio reads (a file, a model directory, a URL: hf://, https://, s3:// …;
+    a remote SRC is streamed too, each tensor's bytes fetched when written, under a progress bar
+    of the bytes fetched; --json's "fetched" says what it took). DST's suffix
     picks the format: .safetensors, .npz, .npy (one tensor) or .gguf; a directory gets
     DST/model.safetensors (with shards and an index under --max-shard-size). The output is
     written beside DST, fsynced and renamed into place only when complete: Ctrl-C or a full
     disk leave no partial DST, and SRC is never modified. Temporary files that a killed
     conversion left beside DST (``.*.weightio-tmp``) are removed first, when no running process
     holds them. Tied weights of PyTorch checkpoints are written once, with aliases in the metadata.
-    From a model directory (or hf:// repo) into a directory, the directory's other files (config,
+    From a model directory (or a URL's repo or folder) into a directory, its other files (config,
     tokenizer, generation config …) are copied beside the weights; weight files of other formats
     are listed, not copied. A legacy llama ggml/ggjt file written as .gguf becomes the llama
     GGUF model llama.cpp's own converter writes (vocabulary, hyper-parameters, GGUF names);
@@ -125,6 +133,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     Examples:
       weightio convert pytorch_model.bin model.safetensors --verify
       weightio convert hf://org/model out/ --max-shard-size 5GB
+      weightio convert s3://bucket/model/ out/ --storage-option anon=true
       weightio convert model.safetensors model-bf16.safetensors --dtype bf16
       weightio convert model-Q4_K_M.gguf model.safetensors --dequantize --dtype fp16
       weightio convert weights.npz weights.safetensors
@@ -135,7 +144,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     _check_destination(src, dst, fmt)
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
                               "name": ggml_name, "description": ggml_description}.items() if v is not None}
-    with progress_bar(0, "converting") as bar:
+    with progress_bar(0, "fetching" if is_url(src) else "converting") as bar:
         def progress(advance: int, total: int) -> None:
             if bar.total != total:
                 bar.total = total
@@ -145,7 +154,7 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
                          select=patterns or None, verify=verify, overwrite=force, progress=progress,
                          copy_files=not weights_only, ggml_options=ggml or None,
-                         unknown_globals=unknown_globals)
+                         unknown_globals=unknown_globals, storage_options=storage_options, download=download)
     if as_json:
         click.echo(_json(result))
     else:

@@ -7,11 +7,12 @@ import sys
 import click
 
 import weightio
+from weightio.remote import is_url, redact
 from weightio.stats import CheckpointDiff, TensorDiff, diff_checkpoints
 from weightio.text import printable
 
 from ._format import number, plural, shape_text, table
-from ._options import common_options, echo, limit_options, style, unknown_globals_option
+from ._options import common_options, echo, limit_options, open_options, remote_options, style, unknown_globals_option
 
 
 def _shown(d: TensorDiff) -> str:
@@ -62,27 +63,32 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
 @click.option("--ignore-dtype", is_flag=True, help="Tensors of different dtypes are equal when their values are "
                                                    "(within the tolerances).")
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
+@remote_options
 @unknown_globals_option
 @limit_options
 @common_options
 def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, patterns: tuple[str, ...],
-                 unknown_globals: str) -> None:
+                 unknown_globals: str, storage_options: dict | None, download: bool) -> None:
     """Compare two checkpoints tensor by tensor, in any formats; exit 0 when equal, 1 when not.
 
     Lists names only in A or only in B, dtype or shape changes, and for tensors whose values
     differ the largest absolute and relative difference and how many elements differ. Names
     recorded as aliases of tied weights (as convert writes them) are compared with the tensor
-    they alias, so a .bin and its converted .safetensors are equal. NaN equals NaN.
+    they alias, so a .bin and its converted .safetensors are equal. NaN equals NaN. A and B may
+    be URLs (hf://, https://, s3:// …); --storage-option goes to the URLs that are not hf://,
+    --download to the hf:// ones.
 
     \b
     Examples:
       weightio diff pytorch_model.bin model.safetensors
       weightio diff model.safetensors model-bf16.safetensors --ignore-dtype --rtol 1e-2
       weightio diff a.npz b.npz --filter 'encoder.*' -q && echo same
+      weightio diff model.safetensors https://example.com/org/model/model.safetensors
     """
-    with (weightio.open(a, unknown_globals=unknown_globals) as ca,
-          weightio.open(b, unknown_globals=unknown_globals) as cb):
+    options_a, options_b = open_options((a, b), storage_options, download)
+    with (weightio.open(a, unknown_globals=unknown_globals, **options_a) as ca,
+          weightio.open(b, unknown_globals=unknown_globals, **options_b) as cb):
         result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
-        _report(a, b, ca, cb, result)
+        _report(*(redact(p) if is_url(p) else p for p in (a, b)), ca, cb, result)
     echo("result: ", style("equal", fg="green") if result.equal else style("different", fg="red"))
     sys.exit(0 if result.equal else 1)

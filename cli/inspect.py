@@ -11,11 +11,12 @@ import click
 import weightio
 from weightio import Checkpoint
 from weightio.formats import PLACEHOLDERS_KEY
+from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
 
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
-from ._options import common_options, echo, limit_options, unknown_globals_option
+from ._options import common_options, echo, limit_options, remote_options, unknown_globals_option
 
 SCHEMA = "weightio.inspect/1"
 
@@ -36,6 +37,9 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
     lines = [path, f"  format      {ckpt.format}"]
     if len(ckpt.files) > 1:
         lines.append(f"  files       {len(ckpt.files)}")
+    requests, nbytes = traffic(ckpt)
+    if requests:  # a URL read by range (not one mapped from the Hugging Face cache)
+        lines.append(f"  fetched     {plural(requests, 'request')}, {human_bytes(nbytes)}")
     if patterns:
         lines.append(f"  filter      {printable(' '.join(patterns))}  ({len(names):,} of {len(ckpt):,} tensors)")
     params = sum(math.prod(ckpt[n].shape) for n in names)
@@ -89,6 +93,7 @@ def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequen
         "path": path,
         "format": ckpt.format,
         "files": ckpt.files,
+        "fetched": None,  # set last: what everything above cost
         "filter": list(patterns) or None,
         "tensor_count": len(names),
         "parameter_count": sum(math.prod(ckpt[n].shape) for n in names),
@@ -100,7 +105,14 @@ def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequen
     }
     if tree:
         doc["tree"] = _tree.to_json(_tree.build(_entries(ckpt, names)), depth)
+    doc["fetched"] = fetched_json(ckpt)
     return doc
+
+
+def fetched_json(ckpt: Checkpoint) -> dict[str, int]:
+    """``{"requests", "bytes"}`` the checkpoint's remote files fetched by range so far (0 and 0 for local files)."""
+    requests, nbytes = traffic(ckpt)
+    return {"requests": requests, "bytes": nbytes}
 
 
 def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
@@ -119,15 +131,18 @@ def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB",
               help="Only tensors whose names match GLOB (repeatable; e.g. 'encoder.*').")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.inspect/1).")
+@remote_options
 @unknown_globals_option
 @limit_options
 @common_options
 def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[str, ...], as_json: bool,
-                    unknown_globals: str) -> None:
+                    unknown_globals: str, storage_options: dict[str, Any] | None, download: bool) -> None:
     """Show format, tensor and parameter counts, bytes per dtype, metadata, and every tensor.
 
     Reads headers only, so it takes milliseconds on files of any size. PATH is a file of any
-    format weightio reads, a model directory, or an hf:// path.
+    format weightio reads, a model directory, or a URL: hf://org/model, https://…, s3://… (any
+    fsspec filesystem installed), read by byte ranges; the summary (and --json's "fetched") says
+    how many requests and bytes that took.
 
     \b
     Examples:
@@ -136,15 +151,18 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
       weightio inspect model.gguf --tree --depth 2
       weightio inspect pytorch_model.bin --filter 'encoder.layer.0.*'
       weightio inspect hf://google-bert/bert-base-uncased --json | jq .parameter_count
+      weightio inspect s3://bucket/model/ --storage-option anon=true
       weightio inspect whole_model.pt --unknown-globals placeholder   # torch.save(model)
     """
-    with weightio.open(path, unknown_globals=unknown_globals) as ckpt:
+    shown = redact(path) if is_url(path) else path
+    with weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
+                       download=download) as ckpt:
         names = ckpt.select(*patterns)
         if as_json:
-            doc = inspect_json(path, ckpt, names, patterns, tree, depth)
+            doc = inspect_json(shown, ckpt, names, patterns, tree, depth)
             echo(json_text(doc), essential=True)
             return
-        echo("\n".join(_summary_lines(path, ckpt, names, patterns)), essential=True)
+        echo("\n".join(_summary_lines(shown, ckpt, names, patterns)), essential=True)
         if names:
             echo("", essential=True)
             body = _tree_table(_tree.build(_entries(ckpt, names)), depth) if tree else _tensor_table(ckpt, names)

@@ -33,7 +33,7 @@ ALLOWED = {  # prefix -> what modules under it may import (besides themselves an
 CORE_ALLOWED = CORE  # core modules import only each other
 # What the command line may import: the package and these public modules (their __all__ only).
 CLI_PUBLIC = {"weightio", "weightio.convert", "weightio.dtypes", "weightio.formats", "weightio.hub",
-              "weightio.limits", "weightio.stats", "weightio.text"}
+              "weightio.limits", "weightio.remote", "weightio.stats", "weightio.text"}
 MAX_LINES = 600
 GENERATED = {"weightio/quant/grids.py"}  # tables written by weightio/quant/_gen_grids.py
 _LAZY = re.compile(r"^(weightio(?:\.[a-z_][a-z0-9_]*)+):[A-Za-z_]\w*$")

@@ -179,9 +179,10 @@ def test_inspect_json_schema_against_the_safetensors_library():
     result = _run("inspect", path, "--json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert list(doc) == ["schema", "path", "format", "files", "filter", "tensor_count", "parameter_count", "nbytes",
-                         "dtypes", "metadata", "placeholders", "tensors"]
+    assert list(doc) == ["schema", "path", "format", "files", "fetched", "filter", "tensor_count", "parameter_count",
+                         "nbytes", "dtypes", "metadata", "placeholders", "tensors"]
     assert doc["schema"] == "weightio.inspect/1" and doc["format"] == "safetensors" and doc["filter"] is None
+    assert doc["fetched"] == {"requests": 0, "bytes": 0}  # local files: nothing fetched
     expected = {}
     for shard in sorted(path.glob("*.safetensors")):
         with safe_open(shard, "np") as f:
@@ -413,7 +414,7 @@ def test_the_cli_uses_only_the_public_api():
     import importlib
 
     allowed_modules = {"weightio", "weightio.stats", "weightio.convert", "weightio.formats", "weightio.dtypes",
-                       "weightio.limits", "weightio.hub", "weightio.text"}
+                       "weightio.limits", "weightio.hub", "weightio.remote", "weightio.text"}
     for source in (FIXTURES.parent / "cli").glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("weightio"):

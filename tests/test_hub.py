@@ -7,6 +7,7 @@ the Hub's HTTP API does, and the client is pointed at it through HF_ENDPOINT.
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -160,12 +161,16 @@ def test_pick_weights_explains_what_it_cannot_choose(files, message):
 # ----------------------------------------------------------------------------- against the loopback Hub
 
 
-def test_resolve_single_file_repo_downloads_only_the_weights(server, tmp_path):
+def test_resolve_single_file_repo_downloads_the_weights_and_configs(server, tmp_path):
     path = hub.resolve("hf://weightio/tiny-bert")
     assert Path(path) == _snapshot(tmp_path, "weightio/tiny-bert") / "model.safetensors"
     assert Path(path).read_bytes() == (FIXTURES / "tiny-bert" / "model.safetensors").read_bytes()
-    assert server.paths("GET") == ["/api/models/weightio/tiny-bert", f"/cdn/{_sha256(path)}"]
-    assert server.paths("HEAD") == [f"/weightio/tiny-bert/resolve/{MAIN}/model.safetensors"]
+    configs = ["config.json", "tokenizer.json", "tokenizer_config.json"]  # what transformers needs besides
+    assert server.paths("GET") == ["/api/models/weightio/tiny-bert", f"/cdn/{_sha256(path)}",
+                                   *(f"/weightio/tiny-bert/resolve/{MAIN}/{c}" for c in configs)]
+    assert server.paths("HEAD") == [f"/weightio/tiny-bert/resolve/{MAIN}/{f}" for f in ["model.safetensors", *configs]]
+    for name in configs:
+        assert (Path(path).parent / name).read_bytes() == (FIXTURES / "tiny-bert" / name).read_bytes()
 
 
 def _sha256(path: str | Path) -> str:
@@ -331,3 +336,78 @@ def test_every_command_takes_hf_paths(server, tmp_path):
     assert CliRunner().invoke(main, ["diff", "hf://weightio/tiny-bert", str(out), "-q"]).exit_code == 0
     shown = CliRunner().invoke(main, ["show", "hf://weightio/tiny-bert", "pooler.dense.bias", "-n", "2"])
     assert shown.stdout.splitlines()[0] == "hf://weightio/tiny-bert: pooler.dense.bias"
+
+
+# ----------------------------------------------------------------------------- downloads transformers loads offline
+
+_LOAD_OFFLINE = """
+import sys, numpy as np, transformers
+model = transformers.AutoModel.from_pretrained(sys.argv[1])
+np.savez(sys.argv[2], **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+print(type(model).__name__)
+"""
+
+
+def _tiny_transformers_repo(tmp_path: Path) -> Repo:
+    """A BertModel of a few kB written by transformers' own save_pretrained, as a Hub repo."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(tmp_path / "saved")
+    return repo_from_folder(tmp_path / "saved", commit=MAIN, extra={"README.md": b"# tiny"})
+
+
+def _load_offline(repo_id: str, out: Path, server) -> tuple[str, dict]:  # noqa: ANN001
+    """transformers in a fresh process, HF_HUB_OFFLINE=1 and the Hub down: (model class, its state_dict)."""
+    import os
+
+    server.stop()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _LOAD_OFFLINE, repo_id, str(out)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import numpy as np
+
+    with np.load(out) as loaded:
+        return done.stdout.strip().splitlines()[-1], {k: loaded[k] for k in loaded.files}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["open", "cli"])
+def test_a_download_loads_in_transformers_offline(server, tmp_path, how):
+    server.repos[("model", "weightio/transformers")] = _tiny_transformers_repo(tmp_path)
+    if how == "open":
+        with wio.open("hf://weightio/transformers", download=True) as ckpt:
+            read = {n: ckpt[n].numpy().copy() for n in ckpt}
+            assert wio.remote.traffic(ckpt) == (0, 0)  # mapped from the cache, nothing read by range
+    else:
+        result = CliRunner().invoke(main, ["download", "-q", "weightio/transformers"])
+        assert result.exit_code == 0, result.output
+        with wio.open(result.stdout.strip()) as ckpt:
+            read = {n: ckpt[n].numpy().copy() for n in ckpt}
+    snapshot = _snapshot(tmp_path, "weightio/transformers")
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "model.safetensors"]  # never the README
+    kind, state = _load_offline("weightio/transformers", tmp_path / "state.npz", server)
+    assert kind == "BertModel" and sorted(state) == sorted(read)
+    for name, value in read.items():
+        assert state[name].dtype == value.dtype and state[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.slow
+def test_weightio_inspect_download_then_offline(server, tmp_path, monkeypatch):
+    result = CliRunner().invoke(main, ["inspect", "hf://weightio/tiny-bert", "--download", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    snapshot = _snapshot(tmp_path, "weightio/tiny-bert")
+    assert doc["files"] == [str(snapshot / "model.safetensors")] and doc["fetched"] == {"requests": 0, "bytes": 0}
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                          "tokenizer_config.json"]
+    server.stop()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = CliRunner().invoke(main, ["inspect", "hf://weightio/tiny-bert", "--download", "--json"])
+    assert offline.exit_code == 0, offline.output
+    assert json.loads(offline.stdout)["files"] == doc["files"]
+    with wio.open("hf://weightio/tiny-bert") as ckpt:  # offline, from the cache, without --download too
+        assert ckpt.files == doc["files"] and len(ckpt) == 39

@@ -165,15 +165,16 @@ def save(
     write(tensors, path, metadata, format, overwrite=overwrite, **options)
 
 
-def scan(path: str | os.PathLike[str]) -> Any:
+def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Report every global a pickle-based checkpoint references and whether it is safe.
 
     Nothing in the file is executed. Formats that cannot hold code (safetensors, GGUF, npz,
-    npy) report so. See `weightio.safety.ScanReport`.
+    npy) report so. `path` may be a URL (``hf://``, ``https://``, ``s3://`` …; `storage_options`
+    go to fsspec). See `weightio.safety.ScanReport`.
     """
     from .safety import scan as _scan
 
-    return _scan(path)
+    return _scan(path, storage_options=storage_options)
 
 
 def __getattr__(name: str) -> Any:

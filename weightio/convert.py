@@ -54,6 +54,7 @@ import numpy as np
 from . import carry, model_files
 from . import limits as _limits
 from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
+from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
@@ -91,6 +92,8 @@ class ConvertResult:
             …; see `weightio.model_files`), as destination paths.
         skipped: ``source file -> why`` for files of the source directory not copied (weights
             in another format, links to nothing), relative to the source directory.
+        fetched: ``(requests, bytes)`` the source's weight files cost, for a URL read by range
+            (headers and tensors; `weightio.remote.traffic`); ``(0, 0)`` for local files.
     """
 
     files: list[str]
@@ -102,6 +105,7 @@ class ConvertResult:
     verified: bool = False
     copied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    fetched: tuple[int, int] = (0, 0)
 
 
 def parse_size(text: str | int) -> int:
@@ -174,16 +178,29 @@ def cast_array(arr: np.ndarray, target: np.dtype) -> np.ndarray:
 
 
 class _Meter:
-    """Counts progress and releases each source tensor's pages once its writer moves on."""
+    """Counts progress and releases each source tensor's pages once its writer moves on.
 
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total, self.progress = total, progress
-        self.current: tuple[TensorView, int] | None = None  # the source being written, its output bytes
+    Progress counts output bytes; from a remote source (`remote`), the bytes fetched (the tensors'
+    stored bytes), and no pages are released: a remote tensor is fetched into memory of its own,
+    and asking for its bytes again would fetch them again.
+    """
+
+    def __init__(self, total: int, progress: Progress | None, remote: bool = False) -> None:
+        self.total, self.progress, self.remote = total, progress, remote
+        self.current: tuple[TensorView, int] | None = None  # the source being written, its counted bytes
+
+    def size(self, view: TensorView, source: TensorSource) -> int:
+        """The bytes progress counts for one tensor."""
+        return view.nbytes if self.remote else source.nbytes
+
+    def release(self, view: TensorView) -> None:
+        if not self.remote:
+            release_pages(view)
 
     def metered(self, view: TensorView, source: TensorSource) -> TensorSource:
         """`source`, its fetch first marking `view` as the tensor now being written."""
         def fetch() -> np.ndarray:
-            self.start(view, source.nbytes)
+            self.start(view, self.size(view, source))
             return source.fetch()
 
         return dataclasses.replace(source, fetch=fetch)
@@ -197,7 +214,7 @@ class _Meter:
         current, self.current = self.current, None
         if current is None:
             return
-        release_pages(current[0])
+        self.release(current[0])
         if self.progress is not None:
             self.progress(current[1], self.total)
 
@@ -272,12 +289,18 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
     for group in groups.values():
         if len(group) > 1 and math.prod(ckpt[group[0]].shape) > 0:
             ordered = sorted(group)
-            # the same place, but of the same buffer? (numpy arrays pickled inline each have their own)
-            first = ckpt[ordered[0]].raw()
-            same = [n for n in ordered[1:] if np.may_share_memory(first, ckpt[n].raw())]
+            same = [n for n in ordered[1:] if _same_buffer(ckpt, ordered[0], n)]
             if same:
                 tied[ordered[0]] = same
     return tied
+
+
+def _same_buffer(ckpt: Checkpoint, a: str, b: str) -> bool:
+    """Two tensors at the same place: of the same buffer? (numpy arrays pickled inline each have their own)"""
+    reader = next(r for r in ckpt.readers if r.path == ckpt[a].path)
+    if getattr(reader.file, "remote", False):  # raw() would fetch the bytes: compare the buffers themselves
+        return reader.buffer(a) is reader.buffer(b)
+    return bool(np.may_share_memory(ckpt[a].raw(), ckpt[b].raw()))
 
 
 # ----------------------------------------------------------------------------- where to write
@@ -285,13 +308,13 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
 
 def into_directory(src: str, dst: str) -> bool:
     """Whether `dst` names a directory to write into: an existing one, one spelled with a trailing
-    separator, or a new name without a suffix when `src` is a model directory (a local one, or an
-    ``hf://`` repo or folder: no weight-file or index suffix)."""
+    separator, or a new name without a suffix when `src` is a model directory (a local one, or a
+    URL, ``hf://`` repo or other, with no weight-file or index suffix)."""
     if os.path.isdir(dst) or dst.endswith(("/", os.sep)):
         return True
     if os.path.splitext(os.path.basename(dst))[1]:
         return False
-    if src.startswith("hf://"):
+    if is_url(src):
         return not src.rstrip("/").endswith((*WEIGHT_SUFFIXES, *SUFFIXES, ".json"))
     return os.path.isdir(src)
 
@@ -322,6 +345,8 @@ def convert(
     copy_files: bool = True,
     ggml_options: Mapping[str, Any] | None = None,
     unknown_globals: str = "refuse",
+    storage_options: Mapping[str, Any] | None = None,
+    download: bool = False,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -346,6 +371,9 @@ def convert(
             file does not say: ``context_length``, ``eps``, ``gqa``, ``name``, ``description``.
         unknown_globals: ``"placeholder"`` reads a pickle whose globals are off the allowlist (a
             whole ``torch.save(model)``) through inert placeholders; see `weightio.open`.
+        storage_options, download: for a URL `src`, as `weightio.open` takes them. A remote source
+            streams too: each tensor's byte range is fetched when its writer reaches it (`progress`
+            then counts the bytes fetched); ``verify`` fetches each tensor a second time.
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
@@ -362,8 +390,9 @@ def convert(
         >>> convert("pytorch_model.bin", "model.safetensors", dtype="bf16", verify=True)  # doctest: +SKIP
     """
     src, dst = os.fspath(src), os.fspath(dst)
-    if dst.startswith("hf://"):
-        raise UsageError("writing to the Hub is not supported; convert to a local path and upload it", path=dst)
+    if is_url(dst):
+        raise UsageError("writing to the Hub is not supported (nor to any URL); convert to a local path and upload it",
+                         path=redact(dst))
     into_dir = into_directory(src, dst)
     layout = _layout(dst, format, into_dir)
     copies_to = os.path.dirname(layout.base) if into_dir and copy_files else None
@@ -373,11 +402,21 @@ def convert(
     cast = target_dtype(dtype)
     llama = LlamaOptions.from_mapping(ggml_options)
     stale = remove_stale_temporaries(dst)  # only files a killed writer provably left (their lock is free)
-    with open_checkpoint(src, unknown_globals=unknown_globals) as ckpt:
-        extra = None if copies_to is None else model_files.of_source(src, ckpt.files, copies_to)
+    with open_checkpoint(src, unknown_globals=unknown_globals, storage_options=storage_options,
+                         download=download) as ckpt:
         if ggml_options and not (ckpt.format == "ggml" and layout.fmt == "gguf"):
             raise UsageError("ggml options apply to a legacy ggml file converted to .gguf", path=ckpt.path)
-        result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra, llama)
+        extra = None if copies_to is None else model_files.of_source(src, ckpt.files, copies_to, storage_options)
+        try:
+            result = _convert(ckpt, layout, cast, dequantize, limit, select, verify, overwrite, progress, extra,
+                              llama)
+        finally:
+            if extra is not None:
+                extra.cleanup()
+        if is_url(src):
+            from .remote import traffic  # imports nothing more than opening the URL did
+
+            result.fetched = traffic(ckpt)
     if stale:
         result.notes.insert(0, f"removed {len(stale)} temporary file(s) an interrupted write left: "
                                + ", ".join(os.path.basename(p) for p in stale))
@@ -408,11 +447,12 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
     if layout.fmt == "npy" and len(sources) != 1:
         raise UsageError(f".npy holds one tensor and {len(sources)} are selected; select one (--filter NAME) "
                          "or write .npz / .safetensors", path=layout.base)
-    total = sum(sizes.values()) * (2 if verify else 1)
+    meter = _Meter(0, progress, remote=any(getattr(r.file, "remote", False) for r in ckpt.readers))
+    meter.total = sum(meter.size(views[n], source) for n, source in sources.items()) * (2 if verify else 1)
     copies = [] if extra is None else [(os.path.join(extra.root, *rel.split("/")),
                                         os.path.join(os.path.dirname(layout.base), *rel.split("/")))
                                        for rel in extra.files]
-    writer = _Writer(ckpt, layout, views, sources, _Meter(total, progress), overwrite, copies, types)
+    writer = _Writer(ckpt, layout, views, sources, meter, overwrite, copies, types)
     files = writer.run(shards, metadata, aliases, verify)
     copied = [final for _, final in copies]
     return ConvertResult([f for f in files if f not in copied], layout.fmt, len(sources), sum(sizes.values()),
@@ -528,13 +568,13 @@ class _Writer:
                                    path=out.path, tensor=src.name)
         written, wanted = out.raw(), src.little_endian_bytes().reshape(-1).view(np.uint8)
         equal = bytes_equal(written, wanted)
-        release_pages(view)
+        self.meter.release(view)
         drop_array_pages(written)
         if not equal:
             raise CorruptFileError("verification failed: the written bytes differ from the source's",
                                    path=out.path, tensor=src.name)
         if self.meter.progress is not None:
-            self.meter.progress(src.nbytes, self.meter.total)
+            self.meter.progress(self.meter.size(view, src), self.meter.total)
 
     def _remove_stale(self, done: list[str]) -> None:
         """After an overwrite: shards or an index of an earlier save that the new files did not replace."""

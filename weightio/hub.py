@@ -381,7 +381,9 @@ def _local_folder(local_file: str, repo_file: str, folder: str) -> str:
 
 
 def resolve(uri: str) -> str:
-    """The local path of an ``hf://`` path's weights, downloading what the cache lacks.
+    """The local path of an ``hf://`` path's weights, downloading what the cache lacks; for a repo
+    or folder, its config and tokenizer files come too (as with `download`: transformers then loads
+    the model offline).
 
     Returns:
         A file (a single weight file, or the first part of a split GGUF set) or a directory
@@ -396,7 +398,8 @@ def resolve(uri: str) -> str:
     """
     repo = _Repo(parse(uri), uri)
     plan = _plan(repo)
-    local = {f: repo.fetch(f) for f in plan.files}
+    configs = [] if plan.named else _configs(repo.files, plan.folder, plan.files)
+    local = {f: repo.fetch(f) for f in [*plan.files, *configs]}
     repo.remember_revision()
     if plan.file is not None:
         return local[plan.file]

@@ -25,6 +25,9 @@ conversion from a directory (or an ``hf://`` repo or folder) into a directory co
   (links that loop are not followed twice). A link to nothing, and anything that is not a
   regular file (a FIFO, a device), is skipped and listed; a file that became one after the scan
   is refused when copied, never opened in a way that could block.
+* **A folder at a URL** (``https://``, ``s3://`` …, read through fsspec): its files are listed
+  (sub-folders included, hidden ones not) and the non-weight ones fetched into a temporary
+  directory, copied from there as from a local one and removed after the conversion.
 * The destination rules are convert's: an existing file is refused unless ``overwrite``; copies
   are staged, fsynced and renamed into place with the weights, before the index (the commit point).
 """
@@ -32,13 +35,17 @@ conversion from a directory (or an ``hf://`` repo or folder) into a directory co
 from __future__ import annotations
 
 import os
+import posixpath
+import shutil
 import stat
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import layout
 from ._io import atomic_write, write_all
+from ._remote import describe_failure, is_url, redact
 from ._staging import Staging
 from .errors import InputError, WeightioError
 from .layout import is_weights
@@ -55,11 +62,13 @@ class ModelFiles:
         files: files to copy, as ``/``-separated paths relative to `root`, sorted.
         skipped: ``relative path -> why`` for entries not copied (other weight files, links to
             nothing, special files).
+        cleanup: removes what was fetched to make `root` (a remote folder's files); call it when done.
     """
 
     root: str
     files: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    cleanup: Callable[[], None] = lambda: None
 
 
 def scan(root: str, *, exclude: Sequence[str] = (), avoid: str | None = None) -> ModelFiles:
@@ -127,12 +136,16 @@ def _walk(directory: str, prefix: str, found: ModelFiles, excluded: set[str], se
             found.files.append(rel)
 
 
-def of_source(src: str, checkpoint_files: list[str], out_dir: str) -> ModelFiles | None:
+def of_source(src: str, checkpoint_files: list[str], out_dir: str,
+              storage_options: Mapping[str, Any] | None = None) -> ModelFiles | None:
     """The files to copy beside a conversion of `src` written into directory `out_dir`.
 
+    Args:
+        storage_options: for a URL `src` that is not ``hf://``: its fsspec filesystem's options.
+
     Returns:
-        None when `src` is not a directory (a file, an ``hf://`` path naming a file), or when
-        `out_dir` is `src` itself (its files are already there).
+        None when `src` is not a directory (a file, a URL naming a file), or when `out_dir` is
+        `src` itself (its files are already there).
     """
     if src.startswith("hf://"):
         from .hub import model_files  # imports huggingface_hub: only for hf:// paths
@@ -142,9 +155,51 @@ def of_source(src: str, checkpoint_files: list[str], out_dir: str) -> ModelFiles
             return None
         root, files, weights = found
         return ModelFiles(root, sorted(files), {w: "weights" for w in sorted(weights)})
+    if is_url(src):
+        return _remote_folder(src, checkpoint_files, storage_options)
     if not os.path.isdir(src) or (os.path.isdir(out_dir) and os.path.samefile(src, out_dir)):
         return None
     return scan(src, exclude=[*checkpoint_files, *_index_of(src)], avoid=out_dir)
+
+
+def _remote_folder(url: str, checkpoint_files: list[str], storage_options: Mapping[str, Any] | None
+                   ) -> ModelFiles | None:
+    """A folder at a URL: its non-weight files fetched into a temporary directory (see the module docstring)."""
+    from .remote import filesystem
+
+    fs, root = filesystem(url, storage_options=storage_options)
+    prefix = root.rstrip("/") + "/"
+    try:
+        if fs.info(root).get("type") != "directory":
+            return None
+        found = sorted(n[len(prefix):] for n in fs.find(root) if n.startswith(prefix))
+    except Exception as e:  # noqa: BLE001 - every transport's errors are sorted by describe_failure
+        raise describe_failure(e).error(redact(url)) from None
+    own = {posixpath.basename(f) for f in checkpoint_files}  # the checkpoint's files: at the top, with its index
+    try:
+        own.add(layout.choose(f for f in found if "/" not in f) or "")
+    except layout.Ambiguous:
+        pass
+    listed = [f for f in found if f not in own and not any(p.startswith(".") for p in f.split("/"))]
+    result = ModelFiles(tempfile.mkdtemp(prefix="weightio-model-files-"))
+    result.cleanup = lambda: shutil.rmtree(result.root, ignore_errors=True)
+    result.skipped = {f: "weights" for f in listed if is_weights(posixpath.basename(f))}
+    try:
+        for rel in (f for f in listed if f not in result.skipped):
+            _fetch(fs, prefix + rel, os.path.join(result.root, *rel.split("/")), f"{url.rstrip('/')}/{rel}")
+            result.files.append(rel)
+    except BaseException:
+        result.cleanup()
+        raise
+    return result
+
+
+def _fetch(fs: Any, path: str, local: str, url: str) -> None:
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    try:
+        fs.get_file(path, local)
+    except Exception as e:  # noqa: BLE001
+        raise describe_failure(e).error(redact(url)) from None
 
 
 def _index_of(directory: str) -> list[str]:

@@ -32,7 +32,7 @@ from ._remote import RemoteFile, is_url, redact, retrying
 from .errors import FormatError, InputError, MissingDependencyError, UsageError, WeightioError
 from .formats import Reader, open_file
 
-__all__ = ["Opened", "fetched_bytes", "is_url", "open_url", "traffic"]
+__all__ = ["Opened", "fetched_bytes", "filesystem", "is_url", "open_url", "redact", "remote_file", "traffic"]
 
 _OPENERS = 16  # files opened (their headers fetched) at once
 
@@ -97,6 +97,17 @@ def traffic(checkpoint: Any) -> tuple[int, int]:
 def fetched_bytes(checkpoint: Any) -> int:
     """Bytes the checkpoint's remote files have fetched so far (0 for local files)."""
     return traffic(checkpoint)[1]
+
+
+def filesystem(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of a URL that is not ``hf://``, and the path in it (errors as `open_url`'s)."""
+    return _filesystem(url, dict(storage_options or {}))
+
+
+def remote_file(url: str, *, storage_options: Mapping[str, Any] | None = None) -> RemoteFile:
+    """One file at a URL that is not ``hf://``, read by range and not parsed (what `weightio.scan` reads)."""
+    fs, path = _filesystem(url, dict(storage_options or {}))
+    return _fsspec_file(fs, path, url)
 
 
 # ----------------------------------------------------------------------------- the Hub

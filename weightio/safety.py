@@ -49,15 +49,18 @@ import io
 import os
 import pickle
 import pickletools
-from collections.abc import Iterator
+import posixpath
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._io import MappedFile
-from .errors import CorruptFileError, FormatError, InputError, WeightioError
+from ._remote import describe_failure, is_url
+from .errors import CorruptFileError, FormatError, InputError, UsageError, WeightioError
 from .formats import _zip, open_file
 from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler
 from .formats.sniff import sniff
+from .limits import current as current_limits
 from .text import printable
 
 __all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION",
@@ -223,9 +226,15 @@ def _file_lines(f: FileScan) -> list[str]:
 # ----------------------------------------------------------------------------- scanning
 
 
-def scan(path: str | os.PathLike[str]) -> ScanReport:
+def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> ScanReport:
     """Report every global the pickles of a checkpoint (or of every checkpoint under a directory)
     reference, weightio's verdict, and fickling's analysis. Nothing in the files is run.
+
+    `path` may be an ``hf://`` path (its weights and configs are downloaded into the Hub cache
+    first) or another URL (``https://``, ``s3://`` …, with fsspec's `storage_options`): a file,
+    or a folder whose every file is scanned; only the bytes the scan reads are fetched, by range
+    (a zip's directory and its pickle members, not its tensor data; a file of pickles back to back,
+    as legacy torch files are, from its start up to the header limit, `weightio.limits`).
 
     Example:
         >>> report = weightio.scan("pytorch_model.bin")        # doctest: +SKIP
@@ -237,6 +246,10 @@ def scan(path: str | os.PathLike[str]) -> ScanReport:
         from .hub import resolve
 
         path = resolve(path)
+    elif is_url(path):
+        return _scan_url(path, storage_options)
+    if storage_options:
+        raise UsageError("storage_options apply to URLs only (https://, s3:// …)", path=path)
     if not os.path.exists(path):  # nothing to judge: an error, as for open(), not an "unsafe" verdict
         raise InputError("no such file or directory", path=path, errno=errno.ENOENT)
     if not os.path.isdir(path):
@@ -262,19 +275,60 @@ def _walk(directory: str) -> Iterator[str]:
             yield os.path.join(root, name)
 
 
-def scan_file(path: str) -> FileScan:
-    """Scan one file (see `scan`)."""
+def _scan_url(url: str, storage_options: Mapping[str, Any] | None) -> ScanReport:
+    """A file or a folder (every file under it) at a URL that is not ``hf://``, read by range."""
+    from .remote import filesystem, redact, remote_file
+
+    fs, root = filesystem(url, storage_options=storage_options)
     try:
-        file = MappedFile(path)
+        folder = fs.info(root).get("type") == "directory"
+        found = sorted(fs.find(root))[:MAX_FILES] if folder else []
+    except Exception as e:  # noqa: BLE001 - every transport's errors are sorted by describe_failure
+        raise describe_failure(e).error(redact(url)) from None
+
+    def one(file_url: str) -> FileScan:
+        try:
+            file = remote_file(file_url, storage_options=storage_options)
+        except WeightioError as e:
+            return FileScan(redact(file_url), None, _error_text(e), False)
+        return scan_file(file.path, file)
+
+    if not folder:
+        return ScanReport(redact(url), (one(url),))
+    prefix = root.rstrip("/") + "/"
+    scans, skipped = [], []
+    for name in found:
+        rel = name[len(prefix):] if name.startswith(prefix) else posixpath.basename(name)
+        result = one(f"{url.rstrip('/')}/{rel}")
+        if result.format is None and not result.pickles:
+            skipped.append(rel)
+        else:
+            scans.append(result)
+    return ScanReport(redact(url), tuple(scans), tuple(skipped))
+
+
+def scan_file(path: str, file: Any = None) -> FileScan:
+    """Scan one file (see `scan`): `file` when given (a remote file, open), else `path`, mapped."""
+    try:
+        file = MappedFile(path) if file is None else file
     except WeightioError as e:
         return FileScan(path, None, _error_text(e), False)
+    remote = getattr(file, "remote", False)
     try:
+        if remote and not _is_zip(file):  # pickles back to back from the start: walked in the file's image
+            file.ensure(0, min(file.size, current_limits().header_bytes), "the pickles")
         fmt, kind_note = _format(file)
         pickles = tuple(_scan_pickle(label, data, path) for label, data in _pickles(file, fmt))
         collisions = _collisions(file)
+    except BaseException:
+        file.close()
+        raise
+    if not remote:  # a local file is mapped again by its reader; a remote one keeps its fetched blocks
+        file.close()
+    try:
+        verdict, readable = _verdict(file if remote else path) if fmt is not None else (kind_note, False)
     finally:
         file.close()
-    verdict, readable = _verdict(path) if fmt is not None else (kind_note, False)
     note = _NO_CODE if fmt in _NO_CODE_FORMATS else kind_note
     if fmt in ("npy", "npz") and verdict.startswith("UnsafePickleError"):
         note = _OBJECT_ARRAYS
@@ -284,12 +338,16 @@ def scan_file(path: str) -> FileScan:
 
 def _collisions(file: MappedFile) -> tuple[tuple[str, str], ...]:
     """Zip member names equal when case is ignored (empty for files that are no zip archive)."""
-    if file.read(0, min(file.size, 4), "the first bytes") not in (b"PK\x03\x04", b"PK\x05\x06"):
+    if not _is_zip(file):
         return ()
     try:
         return tuple(_zip.case_collisions(_zip.read_members(file)))
     except WeightioError:
         return ()
+
+
+def _is_zip(file: MappedFile) -> bool:
+    return file.read(0, min(file.size, 4), "the first bytes") in (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def _error_text(error: WeightioError) -> str:
@@ -310,7 +368,7 @@ def _format(file: MappedFile) -> tuple[str | None, str]:
 _OBJECT_ARRAYS = "an object array's data is a pickle (weightio never loads it; numpy runs it with allow_pickle)"
 
 
-def _verdict(path: str) -> tuple[str, bool]:
+def _verdict(path: Any) -> tuple[str, bool]:
     try:
         reader = open_file(path)
     except WeightioError as e:
