@@ -231,7 +231,7 @@ def test_scan_a_remote_folder_finds_the_unsafe_file(remote_files):
 
 
 @pytest.fixture
-def recording(remote_files, monkeypatch):
+def recording(monkeypatch):
     """A filesystem (``wiorecord://``, the memory filesystem's files) that records its options."""
     fsspec = pytest.importorskip("fsspec")
     from fsspec.implementations.memory import MemoryFileSystem
@@ -249,8 +249,10 @@ def recording(remote_files, monkeypatch):
             return MemoryFileSystem._strip_protocol(path.replace("wiorecord://", "memory://", 1))
 
     fsspec.register_implementation("wiorecord", Recording, clobber=True)
-    remote_files.put("opts/model.safetensors", MODEL.read_bytes())
-    yield remote_files.url("opts/model.safetensors").replace("memory://", "wiorecord://"), Recording.seen
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/wiorecord-opts/model.safetensors", MODEL.read_bytes())
+    yield "wiorecord://wiorecord-opts/model.safetensors", Recording.seen
+    memory.rm("/wiorecord-opts", recursive=True)
 
 
 def test_storage_options_are_parsed_as_json_or_kept_as_text(recording):

@@ -165,13 +165,13 @@ def of_source(src: str, checkpoint_files: list[str], out_dir: str,
 def _remote_folder(url: str, checkpoint_files: list[str], storage_options: Mapping[str, Any] | None
                    ) -> ModelFiles | None:
     """A folder at a URL: its non-weight files fetched into a temporary directory (see the module docstring)."""
-    from .remote import filesystem
+    from .remote import filesystem, is_folder
 
     fs, root = filesystem(url, storage_options=storage_options)
     prefix = root.rstrip("/") + "/"
+    if not is_folder(fs, root, url):
+        return None
     try:
-        if fs.info(root).get("type") != "directory":
-            return None
         found = sorted(n[len(prefix):] for n in fs.find(root) if n.startswith(prefix))
     except Exception as e:  # noqa: BLE001 - every transport's errors are sorted by describe_failure
         raise describe_failure(e).error(redact(url)) from None

@@ -32,7 +32,7 @@ from ._remote import RemoteFile, is_url, redact, retrying
 from .errors import FormatError, InputError, MissingDependencyError, UsageError, WeightioError
 from .formats import Reader, open_file
 
-__all__ = ["Opened", "fetched_bytes", "filesystem", "is_url", "open_url", "redact", "remote_file", "traffic"]
+__all__ = ["Opened", "is_folder", "fetched_bytes", "filesystem", "is_url", "open_url", "redact", "remote_file", "traffic"]
 
 _OPENERS = 16  # files opened (their headers fetched) at once
 
@@ -71,10 +71,8 @@ def open_url(url: str, *, storage_options: Mapping[str, Any] | None = None, down
                          "other URLs by range, or copy them with `weightio convert URL model.safetensors`",
                          path=redact(url))
     fs, path = _filesystem(url, options)
-    if url.endswith("/"):  # a folder (HTTP cannot tell one apart otherwise: its index page is a file)
-        return _open_folder(fs, path, url)
-    info = _info(fs, path, url)
-    if info.get("type") == "directory":
+    info = None if url.endswith("/") else _info(fs, path, url)
+    if info is None or _names_folder(info):
         return _open_folder(fs, path, url)
     if path.endswith(".index.json"):
         return _open_index(fs, path, url)
@@ -182,6 +180,16 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
         raise UsageError(f"cannot read this URL: {e}", path=redact(url)) from None
     except TypeError as e:
         raise UsageError(f"storage_options rejected by the filesystem: {e}", path=redact(url)) from None
+
+
+def is_folder(fs: Any, path: str, url: str) -> bool:
+    """Whether `url` (`path` in `fs`) names a folder: it ends in "/", its filesystem says it is a
+    directory, or (HTTP, which has no directories) the server answers an HTML index page."""
+    return url.endswith("/") or _names_folder(_info(fs, path, url))
+
+
+def _names_folder(info: dict[str, Any]) -> bool:
+    return info.get("type") == "directory" or info.get("mimetype") == "text/html"
 
 
 def _info(fs: Any, path: str, url: str) -> dict[str, Any]:

@@ -277,11 +277,11 @@ def _walk(directory: str) -> Iterator[str]:
 
 def _scan_url(url: str, storage_options: Mapping[str, Any] | None) -> ScanReport:
     """A file or a folder (every file under it) at a URL that is not ``hf://``, read by range."""
-    from .remote import filesystem, redact, remote_file
+    from .remote import filesystem, is_folder, redact, remote_file
 
     fs, root = filesystem(url, storage_options=storage_options)
+    folder = is_folder(fs, root, url)
     try:
-        folder = fs.info(root).get("type") == "directory"
         found = sorted(fs.find(root))[:MAX_FILES] if folder else []
     except Exception as e:  # noqa: BLE001 - every transport's errors are sorted by describe_failure
         raise describe_failure(e).error(redact(url)) from None
