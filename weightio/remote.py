@@ -32,7 +32,8 @@ from ._remote import RemoteFile, is_url, redact, retrying
 from .errors import FormatError, InputError, MissingDependencyError, UsageError, WeightioError
 from .formats import Reader, open_file
 
-__all__ = ["Opened", "is_folder", "fetched_bytes", "filesystem", "is_url", "open_url", "redact", "remote_file", "traffic"]
+__all__ = ["Opened", "fetched_bytes", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
+           "traffic"]
 
 _OPENERS = 16  # files opened (their headers fetched) at once
 
