@@ -35,7 +35,7 @@ from .formats import Reader, open_file
 __all__ = ["Opened", "fetched_bytes", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
 
-_OPENERS = 16  # files opened (their headers fetched) at once
+_OPENERS = 64  # files opened (their headers fetched) at once
 
 
 @dataclass
