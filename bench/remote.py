@@ -648,8 +648,9 @@ class Report:
             self.checks.append((f"inspect {fmt}: bytes moved (less the Hub's API answers) <= header bytes + 64 KiB "
                                 "on http, s3 and hf", fits))
             if fmt in ("safetensors", "gguf", "pytorch-zip", "npz"):
+                shown = f"wall / delay up to {worst:.1f}" if trips else "see the table"
                 self.checks.append((f"inspect {fmt}: <= 4 round trips on http, s3 and hf (sequential requests; "
-                                    f"wall / delay up to {worst:.1f})", trips))
+                                    f"{shown})", trips))
         for peer, note in (("HfFileSystem", "`HfFileSystem().open(...)`: read 8 bytes, then the JSON header"),
                            ("get_safetensors_metadata", "`HfApi().get_safetensors_metadata(repo)`")):
             r = self.r[f"peer/{peer}"]
