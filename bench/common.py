@@ -128,12 +128,12 @@ def write_section(suite: str, markdown: str) -> None:
     RESULTS.write_text(text)
 
 
-def arguments(doc: str | None, reps: int, extra: Callable[[argparse.ArgumentParser], None] | None = None
-              ) -> argparse.Namespace:
+def arguments(doc: str | None, reps: int, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+              gib: float = 1.0) -> argparse.Namespace:
     """The options every suite takes (--reps, --gib, --no-write), plus the suite's own."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=reps, help="repetitions (fresh processes) per case")
-    parser.add_argument("--gib", type=float, default=1.0, help="size of the generated files")
+    parser.add_argument("--gib", type=float, default=gib, help="size of the generated files")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     if extra is not None:
         extra(parser)

@@ -26,13 +26,14 @@ SUITES = {  # suite -> its own options, kept small
     "varbuilder": [],
     "cli": [],
     "gguf": ["--elements", "4096", "--types", "Q4_0,IQ2_XXS,Q8_K"],
+    "remote": ["--shards", "8", "--delay", "0.005"],
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """suite -> (exit status, output): every suite started at once, then awaited."""
-    for module in ("torch", "safetensors", "gguf"):
+    for module in ("torch", "safetensors", "gguf", "fsspec", "aiohttp", "s3fs", "moto.server", "huggingface_hub"):
         pytest.importorskip(module)
     root = tmp_path_factory.mktemp("bench")
     started = {}
@@ -46,7 +47,7 @@ def runs(tmp_path_factory):
     for suite, (process, log) in started.items():
         process.wait(timeout=600)
         log.close()
-        results[suite] = (process.returncode, (root / f"{suite}.log").read_text(errors="replace"))
+        results[suite] = (process.returncode, (root / f"{suite}.log").read_text(errors="replace"), root / suite)
     return results
 
 
@@ -59,10 +60,44 @@ def published():
 @pytest.mark.bench
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_the_suite_runs_and_reports_side_by_side(published, runs, suite):
-    status, output = runs[suite]
+    status, output, _ = runs[suite]
     assert status == 0, output[-6000:]
     table = [line for line in output.splitlines() if line.startswith("| ")]
     assert any("weightio" in line for line in table) and len(table) >= 5, output[-3000:]
     checks = output.split("Targets (from the issue):", 1)
     assert len(checks) == 2 and "- [" in checks[1], output[-3000:]
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == published  # --no-write: the docs are left alone
+
+
+@pytest.mark.bench
+def test_remote_bench_moves_only_the_bytes_asked_for(runs):
+    """bench/remote.py's byte targets that hold, from the server-side counts it saved (remote-results.json).
+
+    The loopback servers counted every body byte: opening a safetensors or .npy file moves at most its
+    header + 64 KiB of the file over every scheme (besides the Hub's small API answers for hf://), in
+    at most 4 requests one after another; reading one tensor moves at most its bytes + 64 KiB for
+    safetensors, PyTorch zip, npz and .npy; a 8-shard open fetches every shard's header; a
+    tensor-parallel rank of 4 moves well under the whole model; the streaming load moves the model's
+    bytes once.
+    """
+    import json
+
+    status, output, folder = runs["remote"]
+    assert status == 0, output[-6000:]
+    saved = json.loads((folder / "remote-results.json").read_text())
+    summary = saved["summary"]
+    for scheme in ("http", "s3", "hf"):
+        for fmt in ("safetensors", "npy"):
+            got = summary[f"inspect/{fmt}/{scheme}"]
+            assert 0 < got["moved"] - got["api"] <= got["header"] + (64 << 10), (fmt, scheme, got)  # API: hf listing
+            assert got["sequential"] <= 4, (fmt, scheme, got)
+        for fmt in ("safetensors", "pytorch-zip", "npz", "npy"):
+            got = summary[f"tensor/{fmt}/{scheme}"]
+            assert got["nbytes"] <= got["moved"] <= got["nbytes"] + (64 << 10), (fmt, scheme, got)
+    for scheme in ("http", "s3", "hf"):
+        assert summary[f"shards/{scheme}"]["requests"] >= 8, summary[f"shards/{scheme}"]  # every shard's header
+    assert 0 < summary["tp"]["ratio"] < 0.5, summary["tp"]
+    stream = saved["results"]["stream/weightio"]
+    model = stream["bytes"]
+    assert model <= stream["moved"]["load"] <= 1.1 * model, stream  # the model once (+ headers, index, listing)
+    assert "- [x] inspect safetensors: bytes moved (less the Hub's API answers) <= header bytes + 64 KiB" in output
