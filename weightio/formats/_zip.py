@@ -282,8 +282,9 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
     """
-    if getattr(file, "remote", False):  # exact, with SLACK bytes before it (torch's last small records)
-        _zr.fetch(file, [(max(0, cd_offset - _zr.SLACK), cd_size + min(cd_offset, _zr.SLACK))], "the central directory")
+    if getattr(file, "remote", False):  # exact; for torch with SLACK bytes before it (its last small records)
+        slack = min(cd_offset, _zr.SLACK if _zr.torch_padded(_zr.first_extra(file)[1]) else 0)
+        _zr.fetch(file, [(cd_offset - slack, cd_size + slack)], "the central directory")
     cd = _zr.read(file, cd_offset, cd_size, "the central directory")
     members, names, pos = [], set(), 0
     unpack = _CENTRAL.unpack_from
@@ -389,10 +390,13 @@ def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: i
 
 def _walk_remote(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> list[ZipMember]:
     """A remote archive's members: data offsets predicted for torch's layout (checked when read), else
-    every local header fetched now, in one batch, with `_zr.PREFIX` bytes after it."""
+    every local header fetched now, in one batch, with the start of its data (`_zr.prefixes`)."""
     alignment = _torch_alignment(file, members, cd_offset)
     if alignment is None:
-        _zr.fetch(file, [(m.header_offset, min(_LOCAL.size + len(raw) + _zr.PREFIX, file.size - m.header_offset))
+        prefix = _zr.prefixes(file)
+        _zr.fetch(file, [(m.header_offset, min(_LOCAL.size + len(raw) + prefix(m.header_offset, len(raw), m.size,
+                                                                               m.method != METHOD_STORED),
+                                               file.size - m.header_offset))
                          for m, raw, _ in members if m.header_offset < file.size], "the local headers")
         located = [_locate(file, m, raw_name, flags, cd_offset, _local_bytes(file, m.header_offset, raw_name))
                    for m, raw_name, flags in members]
@@ -564,15 +568,20 @@ def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = 
 def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
     """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
     verify(file, [member], exact=False)
+    remote = getattr(file, "remote", False)  # then these bytes alone, most often fetched with the local header
     if member.method == METHOD_STORED:
+        if remote:
+            _zr.fetch(file, [(member.data_offset, min(length, member.size))], f"member {member.name!r}")
         return _zr.read(file, member.data_offset, min(length, member.size), f"member {member.name!r}")
     _check_ratio(file, member)
     want = min(member.compressed_size, length + 1024)
-    if getattr(file, "remote", False):  # the compressed bytes fetched with the local header may be enough
-        out = _inflate_start(file, member, _zr.held(file).prefix(member.data_offset, want), length)
-        if len(out) == min(length, member.size):
-            return out
-    return _inflate_start(file, member, file.region(member.data_offset, want, f"member {member.name!r}"), length)
+    if not remote:
+        return _inflate_start(file, member, file.data[member.data_offset: member.data_offset + want], length)
+    out = _inflate_start(file, member, _zr.held(file).prefix(member.data_offset, want), length)
+    if len(out) < min(length, member.size):
+        _zr.fetch(file, [(member.data_offset, want)], f"member {member.name!r}")
+        out = _inflate_start(file, member, _zr.read(file, member.data_offset, want, f"member {member.name!r}"), length)
+    return out
 
 
 def _inflate_start(file: MappedFile, member: ZipMember, src: bytes | np.ndarray, length: int) -> bytes:

@@ -15,8 +15,9 @@ one request per member (a torch checkpoint has one member per storage), so the w
   fetched and checked (name, flags, method, data offset) before any of its bytes are served
   (`weightio.formats._zip.verify`), and a disagreement is a `CorruptFileError`;
 * **any other writer** (numpy's ``savez``, weightio's ``write_npz``, Python's ``zipfile``): all
-  local headers are fetched at open, with `PREFIX` bytes after each name (the extra field and an
-  ``.npy`` header), concurrently, and checked exactly as a local archive's.
+  local headers are fetched at open, concurrently, each with the bytes after its name that its
+  extra field and ``.npy`` header take, judged from the first member (`prefixes`), and checked
+  exactly as a local archive's.
 
 The archive rules of `_zip` hold either way: for a pending member they are checked on the
 predicted offsets at open, and the prediction is confirmed before its bytes are read.
@@ -32,12 +33,13 @@ from typing import Any
 
 from .._remote import BLOCK
 
-__all__ = ["AHEAD", "BLOCK", "Held", "PREFIX", "SLACK", "TAIL", "Pending", "fetch", "held", "read", "tail",
+__all__ = ["AHEAD", "BLOCK", "DEFLATED", "Held", "SLACK", "TAIL", "Pending", "fetch", "first_extra", "held",
+           "prefixes", "read", "tail",
            "torch_data_offset", "torch_padded"]
 
-TAIL = 4096  # bytes of a remote archive's end fetched first: the end records, a small central directory
-SLACK = 1024  # bytes before the central directory fetched with it: torch's version and serialization_id
-PREFIX = 192  # bytes after a member's name fetched with its local header (extra field, an .npy header)
+TAIL = 22 + 20 + 56  # bytes of a remote archive's end fetched first: its end records (ZIP64 ones included)
+SLACK = 1024  # bytes before a torch archive's central directory fetched with it: its version, serialization_id
+DEFLATED = 1024  # compressed bytes fetched after a deflated member's name (its .npy header's deflate blocks)
 AHEAD = 15  # pending local headers fetched with the one a read needs (one batch: WORKERS in flight)
 TORCH_ALIGNMENT = 64  # torch's storage alignment before it wrote a .storage_alignment record
 _U32 = 0xFFFFFFFF
@@ -159,15 +161,57 @@ def tail(file: Any, start: int) -> tuple[int, bytes]:
     return first, tail
 
 
-def torch_padded(extra: bytes) -> bool:
-    """Whether a local header's extra field is torch's: an ``FB`` padding record last, after at most
-    a ZIP64 record."""
+def first_extra(file: Any) -> tuple[int, bytes]:
+    """(where its data starts, its extra field) of the local header at offset 0, from the first
+    block (which sniffing fetched); (0, b"") when there is none."""
+    if file.size < 30 or read(file, 0, 4, "the first local header") != b"PK\x03\x04":
+        return 0, b""
+    name_length, extra_length = struct.unpack("<HH", read(file, 26, 4, "the first local header"))
+    start = 30 + name_length
+    extra = read(file, start, max(0, min(extra_length, file.size - start)), "the first local header")
+    return start + len(extra), extra
+
+
+def prefixes(file: Any) -> Any:
+    """How many bytes to fetch after a member's name, with its local header: the extra field and
+    ``.npy`` header an .npz writer writes alike for every member, judged from the first member
+    (``prefix(header_offset, name_length, size, deflated)``). weightio's writer pads the extra
+    field (an ``0xD935`` record) so the data starts on a multiple of 64: computed per member."""
+    start, extra = first_extra(file)
+    npy = 0
+    if start and start + 12 <= min(file.size, BLOCK) and read(file, start, 6, "an .npy header") == b"\x93NUMPY":
+        wide = read(file, start + 6, 1, "an .npy header")[0] > 1  # versions 2.0, 3.0: a 4-byte length
+        length = read(file, start + 8, 4 if wide else 2, "an .npy header")
+        npy = min(8 + len(length) + int.from_bytes(length, "little"), 4096)
+    aligned = _tags(extra)[-1:] == [0xD935]
+
+    def prefix(header_offset: int, name_length: int, size: int, deflated: bool) -> int:
+        if deflated:
+            return len(extra) + DEFLATED
+        if not aligned:
+            return len(extra) + npy
+        zip64 = 20 if size >= _U32 else 0
+        pad = -(header_offset + 30 + name_length + zip64) % 64
+        return zip64 + (pad + 64 if 0 < pad < 4 else pad) + npy
+
+    return prefix
+
+
+def _tags(extra: bytes) -> list[int]:
+    """The tags of the records of an extra field ([] when it does not parse)."""
     pos, tags = 0, []
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
         tags.append(tag)
         pos += 4 + length
-    return pos == len(extra) and bool(tags) and tags[-1] == 0x4246 and not set(tags[:-1]) - {0x0001}
+    return tags if pos == len(extra) else []
+
+
+def torch_padded(extra: bytes) -> bool:
+    """Whether a local header's extra field is torch's: an ``FB`` padding record last, after at most
+    a ZIP64 record."""
+    tags = _tags(extra)
+    return bool(tags) and tags[-1] == 0x4246 and not set(tags[:-1]) - {0x0001}
 
 
 def torch_data_offset(header_offset: int, name_length: int, size: int, alignment: int) -> int:

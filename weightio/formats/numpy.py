@@ -256,7 +256,7 @@ class NpzReader(Reader):
     def _npy_prefix(self, member: _zip.ZipMember) -> bytes:
         """The member's first bytes, as many as its .npy header can take. A remote file's: its
         preamble's header length first, then that many (both most often fetched with the local
-        header, `weightio.formats._zip_remote.PREFIX`), rather than a 64 KiB block per member."""
+        header, `weightio.formats._zip_remote.prefixes`), rather than a 64 KiB block per member."""
         most = 12 + self.limits.npy_header
         if not getattr(self.file, "remote", False):
             return _zip.inflate_prefix(self.file, member, most)

@@ -48,6 +48,8 @@ def lex_pickle(file: MappedFile, start: int, stop: int, *, what: str, limits: Li
     buf = b""
     while True:
         end = min(limit, start + window)
+        if not exact and end < limit:  # to a cache block's end: the next block may be storage data
+            end = max(start + len(buf) + 1, end // BLOCK * BLOCK)
         if end > start + len(buf):
             buf += read(file, start + len(buf), end - start - len(buf), what, exact=exact)
         final = end >= limit
