@@ -243,3 +243,53 @@ def test_legacy_checkpoint_fetches_storage_counts_not_data(remote_files, tmp_pat
         assert moved <= pickles + 12 * 8 + 64 * KIB  # the pickles' cache block, then each count alone
         assert requests <= 1 + 12
         _same(local, remote)
+
+
+def _legacy_tar(path, arrays: dict) -> None:
+    """torch 0.1.x's tar layout (fixtures/gen_pytorch.py's make_legacy_tar), 1-D float32 tensors."""
+    import io
+    import pickle
+    import tarfile
+
+    torch = pytest.importorskip("torch")
+    main, tensors, blob = io.BytesIO(), io.BytesIO(), io.BytesIO()
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):  # noqa: ANN001, ANN202
+            return str(1000 + list(arrays).index(obj.name)) if isinstance(obj, _Named) else None
+
+    Pickler(main, protocol=2).dump({name: _Named(name) for name in arrays})
+    pickle.dump(len(arrays), tensors, protocol=2)
+    pickle.dump(len(arrays), blob, protocol=2)
+    for k, values in enumerate(arrays.values()):
+        pickle.dump((1000 + k, 2000 + k, torch.FloatTensor), tensors, protocol=2)
+        tensors.write(struct.pack("<ii", 1, 0) + struct.pack("<3q", len(values), 1, 0))
+        pickle.dump((2000 + k, "cpu", torch.FloatStorage), blob, protocol=2)
+        blob.write(struct.pack("<q", len(values)) + values.astype("<f4").tobytes())
+    pickle.dump([], blob, protocol=2)
+    sys_info = pickle.dumps({"protocol_version": 1000, "little_endian": True,
+                             "type_sizes": {"short": 2, "int": 4, "long": 8}}, protocol=2)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("sys_info", sys_info), ("pickle", main.getvalue()), ("tensors", tensors.getvalue()),
+                           ("storages", blob.getvalue())):
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_legacy_tar_walks_its_storages_without_their_data(remote_files, tmp_path):
+    arrays = {f"w{k}": np.arange(65536, dtype=np.float32) + k for k in range(6)}  # 256 KiB each
+    path = tmp_path / "old.pt"
+    _legacy_tar(path, arrays)
+    data = path.read_bytes()
+    with wio.open(path) as local, wio.open(remote_files.put("old.pt", data)) as remote:
+        requests, moved = traffic(remote)
+        assert moved <= 64 * KIB + 16 * KIB  # the first block, then headers, entry pickles and counts alone
+        assert moved < len(data) // 8
+        _same(local, remote)
+        assert remote["w3"].numpy().tobytes() == arrays["w3"].tobytes()
