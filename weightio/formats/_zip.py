@@ -58,9 +58,10 @@ from .._io import MappedFile
 from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
+from . import _zip_remote as _zr
 
 __all__ = ["ZipMember", "read_members", "case_collisions", "crc_omitted", "inflate", "inflate_prefix",
-           "METHOD_STORED", "METHOD_DEFLATED", "largest_inflated"]
+           "METHOD_STORED", "METHOD_DEFLATED", "largest_inflated", "verify", "verify_range"]
 
 METHOD_STORED, METHOD_DEFLATED = 0, 8
 _METHODS = (METHOD_STORED, METHOD_DEFLATED)
@@ -135,6 +136,8 @@ def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
     if cd_size > limits.header_bytes:
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
     members = _read_central_directory(file, cd_offset, cd_size, count)
+    if getattr(file, "remote", False):
+        return _walk_remote(file, members, cd_offset)
     located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
     return located
@@ -182,7 +185,10 @@ def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
     if size < _EOCD.size:
         raise _fail(file, f"file is {size} bytes, shorter than an end-of-central-directory record")
     start = max(0, size - _EOCD.size - 0xFFFF)
-    tail = file.read(start, size - start, "the end of the archive")
+    if getattr(file, "remote", False):  # the last TAIL bytes first: the whole window only if they hold no EOCD
+        start, tail = _zr.tail(file, start)
+    else:
+        tail = file.read(start, size - start, "the end of the archive")
     pos = _find_eocd(tail)
     if pos < 0:
         raise _fail(file, "no end-of-central-directory record ends the file (truncated, or bytes appended)"
@@ -227,8 +233,14 @@ def _find_eocd(tail: bytes) -> int:
     return pos
 
 
+def _unpack(file: MappedFile, fmt: struct.Struct, offset: int, what: str) -> tuple:
+    if offset < 0 or offset + fmt.size > file.size:
+        return file.unpack(fmt, offset, what)  # raises, naming what
+    return fmt.unpack(_zr.read(file, offset, fmt.size, what))
+
+
 def _has_zip64_locator(file: MappedFile, eocd: int) -> bool:
-    return eocd >= _LOCATOR.size and file.read(eocd - _LOCATOR.size, 4, "the ZIP64 locator") == b"PK\x06\x07"
+    return eocd >= _LOCATOR.size and _zr.read(file, eocd - _LOCATOR.size, 4, "the ZIP64 locator") == b"PK\x06\x07"
 
 
 def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[int, int, int, int]:
@@ -241,13 +253,13 @@ def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[in
     locator = eocd - _LOCATOR.size
     if locator < 0:
         raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
-    sig, _, record, disks = file.unpack(_LOCATOR, locator, "the ZIP64 locator")
+    sig, _, record, disks = _unpack(file, _LOCATOR, locator, "the ZIP64 locator")
     if sig != _SIG_LOCATOR:
         raise _fail(file, "ZIP64 fields are set but there is no ZIP64 locator")
     if record + _EOCD64.size != locator:
         raise _fail(file, f"ZIP64 end record offset {record} is not the {_EOCD64.size} bytes right before its "
                           f"locator at {locator}")
-    fields = file.unpack(_EOCD64, record, "the ZIP64 end record")
+    fields = _unpack(file, _EOCD64, record, "the ZIP64 end record")
     if fields[0] != _SIG_EOCD64:
         raise _fail(file, f"no ZIP64 end record at offset {record}")
     if disks > 1 or fields[4] or fields[5]:
@@ -270,7 +282,10 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
     """
-    cd = file.read(cd_offset, cd_size, "the central directory")
+    if getattr(file, "remote", False):  # exact; for torch with SLACK bytes before it (its last small records)
+        slack = min(cd_offset, _zr.SLACK if _zr.torch_padded(_zr.first_extra(file)[1]) else 0)
+        _zr.fetch(file, [(cd_offset - slack, cd_size + slack)], "the central directory")
+    cd = _zr.read(file, cd_offset, cd_size, "the central directory")
     members, names, pos = [], set(), 0
     unpack = _CENTRAL.unpack_from
     for _ in range(count):
@@ -332,10 +347,14 @@ def _decode_name(file: MappedFile, raw: bytes, flags: int) -> str:
         raise _fail(file, f"member name {raw!r} is flagged UTF-8 but is not") from None
 
 
-def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int) -> ZipMember:
-    """Find the member's data from its local header (one read: the header and its name)."""
+def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int,
+            raw: bytes | None = None) -> ZipMember:
+    """Find the member's data from its local header (one read: the header and its name; `raw`
+    when the caller has those bytes already)."""
     at = member.header_offset
-    raw = file.read(at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") if at < file.size else b""
+    if raw is None:
+        raw = file.read(at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") if at < file.size \
+            else b""
     if len(raw) < _LOCAL.size:
         raise CorruptFileError(f"file ends inside the local header of {member.name!r} (needs {_LOCAL.size} bytes "
                                f"at offset {at}, file has {file.size})", path=file.path)
@@ -361,9 +380,115 @@ def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd
 
 def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: int) -> None:
     """The local header's name as bytes differs from the central entry's: it must still decode equal."""
-    local = file.read(member.header_offset + _LOCAL.size, nlen, "a local member name")
+    local = _zr.read(file, member.header_offset + _LOCAL.size, nlen, "a local member name")
     if _decode_name(file, local, flags) != member.name:
         raise _fail(file, f"local header name {local!r} differs from the central directory's {member.name!r}")
+
+
+# ----------------------------------------------------------------------------- remote archives (see _zip_remote)
+
+
+def _walk_remote(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> list[ZipMember]:
+    """A remote archive's members: data offsets predicted for torch's layout (checked when read), else
+    every local header fetched now, in one batch, with the start of its data (`_zr.prefixes`)."""
+    alignment = _torch_alignment(file, members, cd_offset)
+    if alignment is None:
+        prefix = _zr.prefixes(file)
+        _zr.fetch(file, [(m.header_offset, min(_LOCAL.size + len(raw) + prefix(m.header_offset, len(raw), m.size,
+                                                                               m.method != METHOD_STORED),
+                                               file.size - m.header_offset))
+                         for m, raw, _ in members if m.header_offset < file.size], "the local headers")
+        located = [_locate(file, m, raw_name, flags, cd_offset, _local_bytes(file, m.header_offset, raw_name))
+                   for m, raw_name, flags in members]
+        _check_layout(file, sorted(located, key=lambda m: m.header_offset))
+        return located
+    predicted = []
+    for m, raw_name, flags in members:
+        data = _zr.torch_data_offset(m.header_offset, len(raw_name), m.size, alignment)
+        if data + m.compressed_size > cd_offset:
+            raise _fail(file, f"member {m.name!r} ({m.compressed_size} bytes at {data}) runs into the central "
+                              f"directory at {cd_offset}")
+        if m.method == METHOD_STORED and m.compressed_size != m.size:
+            raise _fail(file, f"stored member {m.name!r} has size {m.size} but {m.compressed_size} bytes of data")
+        predicted.append((m._replace(data_offset=data), flags))
+    _check_layout(file, sorted((m for m, _ in predicted), key=lambda m: m.header_offset))
+    _PENDING[file] = _zr.Pending(cd_offset, predicted)
+    held = _zr.held(file)  # the first member, and those whose local headers came with the end records: free
+    verify(file, [m for m, _ in predicted if m.header_offset == 0
+                  or held.get(m.header_offset, _LOCAL.size + len(m.raw_name))], exact=False)
+    return [m for m, _ in predicted]
+
+
+def _local_bytes(file: MappedFile, at: int, raw_name: bytes) -> bytes:
+    return _zr.read(file, at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") \
+        if at < file.size else b""
+
+
+def _torch_alignment(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> int | None:
+    """The storage alignment when the archive has torch's layout (its first member's local header
+    pads the data with an ``FB`` extra record to that alignment), else None."""
+    first = next(((m, raw, flags) for m, raw, flags in members if m.header_offset == 0), None)
+    if first is None or not members or b"/" not in members[0][1]:
+        return None
+    alignment = _zr.TORCH_ALIGNMENT
+    record = members[0][1][: members[0][1].index(b"/") + 1] + b".storage_alignment"
+    for m, raw_name, flags in members:
+        if raw_name.lower() == record.lower() and m.method == METHOD_STORED and 0 < m.size <= 16:
+            if m.header_offset < first[0].compressed_size + 8192:  # after data.pkl: fetch both in one request
+                file.ensure(0, m.header_offset + _LOCAL.size + len(raw_name), "the first records")
+            text = read_member(file, _locate(file, m, raw_name, flags, cd_offset, _local_bytes(
+                file, m.header_offset, raw_name)), 16, check_crc=False).strip()
+            alignment = int(text) if text.isdigit() and len(text) <= 7 else 0
+    m, raw_name, flags = first
+    try:
+        local = _locate(file, m, raw_name, flags, cd_offset, _local_bytes(file, 0, raw_name))
+        extra = _zr.read(file, _LOCAL.size + len(raw_name), local.data_offset - _LOCAL.size - len(raw_name), "extra")
+    except CorruptFileError:
+        return None  # the eager walk says what is wrong
+    if (alignment <= 0 or not _zr.torch_padded(extra)
+            or local.data_offset != _zr.torch_data_offset(0, len(raw_name), m.size, alignment)):
+        return None
+    return alignment
+
+
+def verify(file: MappedFile, members: list[ZipMember], *, exact: bool = True) -> None:
+    """Check the local headers of those of `members` whose data offsets were predicted (a remote
+    torch archive, see `_zip_remote`) before their bytes are read: fetched exactly in one batch
+    (`exact`) or through the file's block cache. A no-op for every other archive."""
+    pending = _PENDING.get(file) if getattr(file, "remote", False) else None
+    if not pending:
+        return
+    todo = [entry for entry in map(pending.of, members) if entry is not None]
+    if exact:
+        _zr.fetch(file, [(m.header_offset, _LOCAL.size + len(m.raw_name)) for m, _ in todo], "the local headers")
+    for member, flags in todo:
+        located = _locate(file, member._replace(data_offset=-1), member.raw_name, flags, pending.cd_offset,
+                          _local_bytes(file, member.header_offset, member.raw_name))
+        if located.data_offset != member.data_offset:
+            raise _fail(file, f"the local header of {member.name!r} puts its data at offset {located.data_offset}, "
+                              f"not at {member.data_offset} where torch's layout and the central directory place "
+                              "it (the archive was altered, or torch did not write it)")
+        pending.done(member)
+
+
+def verify_range(file: MappedFile, start: int, stop: int) -> None:
+    """`verify` the members holding bytes `start`..`stop` of a remote archive (before a tensor's read).
+
+    A small read whose member's local header lies in the cache block it starts in reads the header
+    from that block (no request of its own); otherwise the header is fetched exactly, with those of
+    the next `_zr.AHEAD` pending members (a model read tensor by tensor needs them next), in flight together.
+    """
+    pending = _PENDING.get(file) if getattr(file, "remote", False) else None
+    if not pending:
+        return
+    members = [m for m, _ in pending.overlapping(start, stop)]
+    if stop - start <= _zr.BLOCK and all(m.header_offset // _zr.BLOCK == start // _zr.BLOCK for m in members):
+        verify(file, members, exact=False)
+    elif members:
+        verify(file, members + pending.after(stop, _zr.AHEAD))
+
+
+_PENDING: weakref.WeakKeyDictionary[MappedFile, _zr.Pending] = weakref.WeakKeyDictionary()
 
 
 def _check_layout(file: MappedFile, ordered: list[ZipMember]) -> None:
@@ -386,7 +511,8 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_
     `check_crc` is false: an archive written without CRCs, see `crc_omitted`).
     """
     _check_ratio(file, member)
-    src = file.data[member.data_offset : member.data_offset + member.compressed_size]
+    verify(file, [member])
+    src = file.region(member.data_offset, member.compressed_size, f"member {member.name!r}")
     out = np.empty(member.size, dtype=np.uint8)
     d, filled, pos, crc = zlib.decompressobj(-zlib.MAX_WBITS), 0, 0, 0
     try:
@@ -432,7 +558,8 @@ def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = 
         raise exceeded(f"{what} {member.name!r} size", member.size, "header_bytes", limit, path=file.path)
     if member.method != METHOD_STORED:
         return inflate(file, member, check_crc=check_crc).tobytes()
-    data = file.read(member.data_offset, member.size, f"{what} {member.name!r}")
+    verify(file, [member], exact=False)
+    data = _zr.read(file, member.data_offset, member.size, f"{what} {member.name!r}")
     if check_crc and zlib.crc32(data) != member.crc32:
         raise _fail(file, f"{what} {member.name!r} fails its CRC-32 check")
     return data
@@ -440,10 +567,24 @@ def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = 
 
 def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
     """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
+    verify(file, [member], exact=False)
+    remote = getattr(file, "remote", False)  # then these bytes alone, most often fetched with the local header
     if member.method == METHOD_STORED:
-        return file.read(member.data_offset, min(length, member.size), f"member {member.name!r}")
+        if remote:
+            _zr.fetch(file, [(member.data_offset, min(length, member.size))], f"member {member.name!r}")
+        return _zr.read(file, member.data_offset, min(length, member.size), f"member {member.name!r}")
     _check_ratio(file, member)
-    src = file.data[member.data_offset : member.data_offset + min(member.compressed_size, length + 1024)]
+    want = min(member.compressed_size, length + 1024)
+    if not remote:
+        return _inflate_start(file, member, file.data[member.data_offset: member.data_offset + want], length)
+    out = _inflate_start(file, member, _zr.held(file).prefix(member.data_offset, want), length)
+    if len(out) < min(length, member.size):
+        _zr.fetch(file, [(member.data_offset, want)], f"member {member.name!r}")
+        out = _inflate_start(file, member, _zr.read(file, member.data_offset, want, f"member {member.name!r}"), length)
+    return out
+
+
+def _inflate_start(file: MappedFile, member: ZipMember, src: bytes | np.ndarray, length: int) -> bytes:
     try:
         return zlib.decompressobj(-zlib.MAX_WBITS).decompress(src, min(length, member.size))
     except zlib.error as e:

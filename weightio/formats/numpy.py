@@ -243,7 +243,7 @@ class NpzReader(Reader):
         if len(name.encode("utf-8")) > self.limits.name_bytes:
             raise exceeded(f"the length of member name {name[:20]!r}…:", len(name.encode("utf-8")), "name_bytes",
                            self.limits.name_bytes, path=self.path)
-        prefix = _zip.inflate_prefix(self.file, member, 12 + self.limits.npy_header)
+        prefix = self._npy_prefix(member)
         header = parse_header(prefix, member.size, path=self.path, tensor=name, limits=self.limits)
         if header.dtype.hasobject:
             self._objects[name] = header.descr
@@ -253,6 +253,20 @@ class NpzReader(Reader):
             self.tensors[name] = header.info(0)
             self._deflated[name] = member
 
+    def _npy_prefix(self, member: _zip.ZipMember) -> bytes:
+        """The member's first bytes, as many as its .npy header can take. A remote file's: its
+        preamble's header length first, then that many (both most often fetched with the local
+        header, `weightio.formats._zip_remote.prefixes`), rather than a 64 KiB block per member."""
+        most = 12 + self.limits.npy_header
+        if not getattr(self.file, "remote", False):
+            return _zip.inflate_prefix(self.file, member, most)
+        head = _zip.inflate_prefix(self.file, member, 12)
+        if head[:6] != MAGIC or len(head) < 12 or (head[6], head[7]) not in _PREAMBLE:
+            return head  # parse_header says what is wrong
+        field = _PREAMBLE[(head[6], head[7])][0]
+        (hlen,) = field.unpack_from(head, 8)
+        return _zip.inflate_prefix(self.file, member, min(most, 8 + field.size + hlen))
+
     def buffer(self, name: str) -> np.ndarray:
         """The archive mapping, or for a deflated member its inflated bytes (inflated once);
         `UnsafePickleError` for an object array (its data is a pickle, never inflated or read)."""
@@ -260,6 +274,8 @@ class NpzReader(Reader):
             raise object_error(self._objects[name], self.path, name)
         member = self._deflated.get(name)
         if member is None:
+            if getattr(self.file, "remote", False):  # (a member whose offset was predicted: checked first)
+                _zip.verify_range(self.file, *self.tensors[name].stored_range())
             return self.file.data
         limit = self.limits.inflated_bytes
         if limit is not None and member.size > limit:

@@ -9,12 +9,13 @@ import struct
 from typing import Any, NamedTuple
 
 from ..._io import MappedFile
+from ..._remote import BLOCK
 from ...errors import CorruptFileError, FormatError, UnsafePickleError
 from ...limits import Limits, exceeded
 from ...limits import current as current_limits
 from .. import _zip
 from ..base import MAX_NDIM
-from . import lexer, tar, unpickler
+from . import ranged, tar, unpickler
 from .inert import Token
 from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
@@ -29,6 +30,7 @@ MAX_FORMAT_VERSION = 10  # torch's kMaxSupportedFileFormatVersion (caffe2/serial
 _MAX_KEY = 256  # characters of a storage key or location (torch writes a few)
 _I64 = struct.Struct("<q")
 _TENSOR_HEADER = struct.Struct("<ii")  # ndim, padding (the legacy tar's int64 ndim, read as two int32)
+_TAR_WINDOW = 512  # a remote tar's entry pickles are a few dozen bytes, between storages' data
 
 
 class Span(NamedTuple):
@@ -249,24 +251,23 @@ class LegacyContainer(Container):
 
     kind = "legacy"
 
-    def __init__(self, file: MappedFile, data: memoryview, first_end: int, limits: Limits) -> None:
+    def __init__(self, file: MappedFile, first: bytes, limits: Limits) -> None:
         super().__init__(file, limits)
         self._views: dict[str, tuple[str, int, int]] = {}
-        self.pickles = [("pickle 1 (magic number)", bytes(data[:first_end]))]
-        pos = first_end
+        self.pickles = [("pickle 1 (magic number)", first)]
+        pos = len(first)
         for label, check in (("pickle 2 (protocol version)", self._check_protocol),
                              ("pickle 3 (sys_info)", self._check_sys_info)):
-            value, pos = self._next(data, pos, label)
+            value, pos = self._next(pos, label)
             check(value)
-        self.root, pos = self._next(data, pos, "pickle 4 (the checkpoint)")
-        keys, pos = self._next(data, pos, "pickle 5 (storage keys)")
+        self.root, pos = self._next(pos, "pickle 4 (the checkpoint)")
+        keys, pos = self._next(pos, "pickle 5 (storage keys)")
         self._spans = self._layout(keys, pos)
 
-    def _next(self, data: memoryview, pos: int, label: str) -> tuple[Any, int]:
-        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:lexed.pos])
+    def _next(self, pos: int, label: str) -> tuple[Any, int]:
+        end, raw, lexed = ranged.lex_pickle(self.file, pos, self.file.size, what=label, limits=self.limits)
         self.pickles.append((label, raw))
-        return self._unpickle(raw, label, checked=True, text8=lexed.text8), lexed.pos
+        return self._unpickle(raw, label, checked=True, text8=lexed.text8), end
 
     def _check_protocol(self, value: Any) -> None:
         if value != PROTOCOL_VERSION:
@@ -301,11 +302,13 @@ class LegacyContainer(Container):
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
             raise self._fail("the legacy storage key list is not a list of distinct strings")
         spans = {}
+        counts = self._prefetch_counts(keys, pos)
         for key in keys:
             storage = self.storages.get(key)
             if storage is None:
                 raise self._fail(f"storage {key!r} is listed but no tensor refers to it")
-            (count,) = self.file.unpack(_I64, pos, f"the element count of storage {key!r}")
+            (count,) = counts[pos] if pos in counts else self.file.unpack(_I64, pos,
+                                                                            f"the element count of storage {key!r}")
             nbytes = storage.numel * itemsize(storage.dtype)
             if count != storage.numel:
                 raise self._fail(f"storage {key!r} is declared with {storage.numel:,} elements but its data holds "
@@ -317,6 +320,24 @@ class LegacyContainer(Container):
         if pos != self.file.size:
             raise self._fail(f"{self.file.size - pos:,} bytes follow the last storage")
         return spans
+
+    def _prefetch_counts(self, keys: list[str], pos: int) -> dict[int, tuple[int]]:
+        """A remote file's storage element counts, where the declared sizes place them, fetched in one
+        batch (exact ranges: no storage data); `_layout` checks each. Empty for a local file."""
+        if not getattr(self.file, "remote", False):
+            return {}
+        runs = []
+        for key in keys:
+            storage = self.storages.get(key)
+            nbytes = storage.numel * itemsize(storage.dtype) if storage is not None else self.file.size
+            if pos + 8 + nbytes > self.file.size:
+                break
+            runs.append((pos, 8))
+            pos += 8 + nbytes
+        first = {at: self.file.unpack(_I64, at, "a storage's element count") for at, _ in runs if at + 8 <= BLOCK}
+        runs = [run for run in runs if run[0] not in first]  # (sniffing fetched the first block)
+        raw = self.file.gather(runs, "the storages' element counts").tobytes() if runs else b""
+        return first | {at: _I64.unpack_from(raw, 8 * k) for k, (at, _) in enumerate(runs)}
 
     def locate(self, storage: StorageRef) -> Span:
         span = self._spans.get(storage.key)
@@ -345,19 +366,18 @@ class TarContainer(Container):
         self.root = self._member_pickle(members["pickle"], self._tensor_by_id)
 
     def _stream(self, member: tar.TarMember, pos: int, label: str) -> tuple[Any, int]:
-        """The pickle at `pos` inside `member` (which interleaves pickles and raw data)."""
-        data = memoryview(self.file.data)[: member.data_offset + member.size]
-        lexed = lexer.lex(data, pos, path=self.path, what=label, limits=self.limits)
-        raw = bytes(data[pos:lexed.pos])
+        """The pickle at `pos` inside `member` (which interleaves pickles and raw data: read exactly)."""
+        end, raw, lexed = ranged.lex_pickle(self.file, pos, member.data_offset + member.size, what=label,
+                                            limits=self.limits, exact=True, window=_TAR_WINDOW)
         self.pickles.append((label, raw))
         self._count_pickle_bytes(len(raw), label)
         return unpickler.load(raw, self._no_persistent, path=self.path, what=label, checked=True,
-                              limits=self.limits, text8=lexed.text8), lexed.pos
+                              limits=self.limits, text8=lexed.text8), end
 
     def _member_pickle(self, member: tar.TarMember, persistent: Any = None) -> Any:
         label = f"member {member.name!r}"
         self._count_pickle_bytes(member.size, label)
-        raw = self.file.read(member.data_offset, member.size, label)
+        raw = ranged.read(self.file, member.data_offset, member.size, label, exact=True)
         self.pickles.append((label, raw))
         return unpickler.load(raw, persistent or self._no_persistent, path=self.path, what=label, limits=self.limits)
 
@@ -377,7 +397,8 @@ class TarContainer(Container):
             if not isinstance(entry, tuple) or len(entry) != 3:
                 raise self._fail(f"tar storage entry {short_repr(entry)} is not (key, location, class)")
             key, location, storage_class = self._key(entry[0], "tar storage key"), entry[1], entry[2]
-            (numel,) = self.file.unpack(_I64, pos, "a storage's element count") if pos + 8 <= end else (-1,)
+            (numel,) = _I64.unpack(ranged.read(self.file, pos, 8, "a storage's element count", exact=True)) \
+                if pos + 8 <= end else (-1,)
             storage = self._storage(key, storage_class, numel, location)
             nbytes = numel * itemsize(storage.dtype)
             if pos + 8 + nbytes > end:
@@ -425,10 +446,11 @@ class TarContainer(Container):
         key, storage_key, _ = entry
         if pos + 8 > end:
             raise self._fail(f"tar tensor {key}: its header runs past the end of member 'tensors'")
-        ndim, _ = self.file.unpack(_TENSOR_HEADER, pos, "a tensor header")
+        ndim, _ = _TENSOR_HEADER.unpack(ranged.read(self.file, pos, 8, "a tensor header", exact=True))
         if not 0 <= ndim <= MAX_NDIM or pos + 8 + 16 * ndim + 8 > end:
             raise self._fail(f"tar tensor {key}: ndim {ndim} is out of range or runs past member 'tensors'")
-        fields = struct.unpack(f"<{2 * ndim + 1}q", self.file.read(pos + 8, 16 * ndim + 8, "a tensor header"))
+        fields = struct.unpack(f"<{2 * ndim + 1}q", ranged.read(self.file, pos + 8, 16 * ndim + 8, "a tensor header",
+                                                               exact=True))
         storage = self.storages.get(self._key(storage_key, f"tar tensor {key}: storage key"))
         ref = TensorRef(storage if storage is not None else f"<missing storage {storage_key}>",
                                 fields[-1], fields[:ndim], fields[ndim:2 * ndim])
@@ -465,18 +487,16 @@ def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
         return ZipContainer(file, _zip.read_members(file, limits), limits)
     if kind == "tar":
         return TarContainer(file, limits)
-    data = memoryview(file.data)
-    lexed = lexer.lex(data, 0, path=file.path, what="pickle 1", limits=limits)
-    end = lexed.pos
+    end, raw, lexed = ranged.lex_pickle(file, 0, file.size, what="pickle 1", limits=limits)
     container = Container(file, limits)
-    first = container._unpickle(bytes(data[:end]), "pickle 1", checked=True, text8=lexed.text8)
+    first = container._unpickle(raw, "pickle 1", checked=True, text8=lexed.text8)
     if type(first) is int and first == MAGIC_NUMBER:
-        return LegacyContainer(file, data, end, limits)
+        return LegacyContainer(file, raw, limits)
     if end != file.size:
         raise CorruptFileError(f"{file.size - end:,} bytes follow the pickle's STOP opcode (stacked pickles or a "
                                "polyglot file; a plain pickle holds one object)", path=file.path)
     container.root = first
-    container.pickles = [("pickle 1", bytes(data[:end]))]
+    container.pickles = [("pickle 1", raw)]
     return container
 
 

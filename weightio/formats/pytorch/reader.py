@@ -127,6 +127,8 @@ class PyTorchReader(Reader):
             container = open_container(self.file, limits)
         self.container = container.kind
         self._check_crc = container.check_crc
+        # a remote zip's storage records are checked against their local headers when first read
+        self._verify = container.kind == "zip" and getattr(self.file, "remote", False)
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
         try:
@@ -206,6 +208,10 @@ class PyTorchReader(Reader):
         if shape[0] > most or (not flat and shape[1] > MAX_NDIM):
             raise exceeded(f"nested tensor components ({what} {_dims(shape)})", shape[0], "tensors", most,
                            path=self.path, tensor=name, unit="")
+        if record is None and self._verify:  # a remote file: its image holds only the bytes ensured
+            start, stop = info.stored_range()
+            _zip.verify_range(self.file, start, stop)
+            self.file.ensure(start, stop - start, f"nested tensor {what}")
         data = self._record_bytes(record) if record is not None else self.file.data
         return np.ndarray(shape, info.dtype, data, info.offset, info.strides).tolist()
 
@@ -234,9 +240,11 @@ class PyTorchReader(Reader):
         if own is not None:
             return own
         record = self._deflated.get(name)
-        if record is None:
-            return self.file.data
         try:
+            if record is None:
+                if self._verify:
+                    _zip.verify_range(self.file, *self.tensors[name].stored_range())
+                return self.file.data
             return self._record_bytes(record)
         except WeightioError as e:
             raise type(e)(e.message, path=self.path, tensor=name) from None

@@ -10,7 +10,7 @@ from ..._io import MappedFile
 from ...errors import CorruptFileError, WeightioError
 from ...limits import current as current_limits
 from .. import _zip
-from . import lexer, tar, unpickler
+from . import lexer, ranged, tar, unpickler
 from .containers import MAGIC_NUMBER, MAX_STACKED, TarContainer, container_kind
 from .opcodes import OPCODE_NAMES, PROTO
 
@@ -92,28 +92,28 @@ def _first_pickle(file: MappedFile, offset: int, size: int, label: str) -> bytes
     lex; None when the member does not start with a pickle."""
     if size == 0:
         return None
-    data = memoryview(file.data)[: offset + size]
     try:
-        end = lexer.lex(data, offset, path=file.path, what=label, collect=True).pos
+        return ranged.lex_pickle(file, offset, offset + size, what=label, limits=current_limits(), exact=True,
+                                 window=512, collect=True)[1]
     except WeightioError:
-        return bytes(data[offset: offset + min(size, 1 << 16)]) if data[offset] == PROTO else None
-    return bytes(data[offset:end])
+        head = ranged.read(file, offset, min(size, 1 << 16), label, exact=True)
+        return head if head[0] == PROTO else None
 
 
 def _stacked_pickles(file: MappedFile) -> list[tuple[str, bytes]]:
     """Pickles back to back from offset 0 (a legacy torch file has five, then raw storages)."""
-    data = memoryview(file.data)
     found: list[tuple[str, bytes]] = []
-    pos = 0
+    pos, limits = 0, current_limits()
     while pos < file.size and len(found) < MAX_STACKED:
         label = f"pickle {len(found) + 1} (bytes {pos:,}..)"
         try:
-            end = lexer.lex(data, pos, path=file.path, what=label, collect=True).pos
+            end, raw, _ = ranged.lex_pickle(file, pos, file.size, what=label, limits=limits, collect=True)
         except WeightioError as e:
-            if data[pos] == PROTO:  # it starts like a pickle but is broken: report it
-                found.append((f"{label}: {e.message}", bytes(data[pos: pos + min(file.size - pos, 1 << 16)])))
+            head = file.read(pos, min(file.size - pos, 1 << 16), label)
+            if head[0] == PROTO:  # it starts like a pickle but is broken: report it
+                found.append((f"{label}: {e.message}", head))
             break
-        found.append((label.replace("..)", f"..{end:,})"), bytes(data[pos:end])))
+        found.append((label.replace("..)", f"..{end:,})"), raw))
         pos = end
         if len(found) == 5 and _is_legacy(found[0][1]):
             break  # the storages' raw bytes follow

@@ -6,7 +6,8 @@ depends on the first 512-byte header alone: a checksum that matches and number f
 (no ``ustar`` magic needed: old v7 headers count), or a block of zeros (an empty archive).
 `weightio.formats.sniff.opens_as_tar` is that rule, decided by ``tarfile.TarInfo.frombuf`` itself on the first block
 (bounded work), so weightio and torch agree on which files are tar archives; such a file is read
-here or refused, never as a raw pickle.
+here or refused, never as a raw pickle. A remote file's headers are fetched alone (`.ranged.read`),
+never with the storage data around them.
 
 Walking the archive, each header is parsed by ``tarfile.TarInfo.frombuf`` too (the member name
 and size are the ones ``tarfile`` reads), and everything on which readers could differ is refused:
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from ..._io import MappedFile
 from ...errors import CorruptFileError
 from ..sniff import opens_as_tar, tarfile_module
+from . import ranged
 
 __all__ = ["TarMember", "opens_as_tar", "read_members"]
 
@@ -77,7 +79,7 @@ def _walk(file: MappedFile, members: list[TarMember], partial: bool) -> list[Tar
     names: set[str] = set()
     pos, pax = 0, None
     while True:
-        header = file.read(pos, BLOCK, "a tar header") if pos + BLOCK <= file.size else b""
+        header = ranged.read(file, pos, BLOCK, "a tar header", exact=True) if pos + BLOCK <= file.size else b""
         if len(header) < BLOCK:
             raise _fail(file, f"the archive ends at offset {pos} without its end-of-archive blocks")
         if header == bytes(BLOCK):
@@ -138,7 +140,7 @@ def _parse_pax(file: MappedFile, data: int, size: int) -> dict:
     """The ``path`` and ``size`` of a PAX extended header, from all the blocks tarfile reads."""
     if size > _MAX_PAX:
         raise _fail(file, f"a PAX header of {size:,} bytes (more than {_MAX_PAX:,})")
-    raw = file.read(data, min(-(-size // BLOCK) * BLOCK, file.size - data), "a PAX header")
+    raw = ranged.read(file, data, min(-(-size // BLOCK) * BLOCK, file.size - data), "a PAX header", exact=True)
     if b"hdrcharset=" in raw:  # tarfile looks for it anywhere, even inside another record
         raise _fail(file, "a PAX header sets hdrcharset (the encoding of names), which is not supported")
     found: dict = {}
@@ -181,5 +183,5 @@ def _check_tail(file: MappedFile, pos: int) -> None:
     rest = file.size - pos
     if rest > _MAX_TAIL:
         raise _fail(file, f"{rest:,} bytes follow the end of the archive")
-    if file.read(pos, rest, "the end of the archive").strip(b"\0"):
+    if ranged.read(file, pos, rest, "the end of the archive", exact=True).strip(b"\0"):
         raise _fail(file, "non-zero bytes follow the end of the archive (a polyglot file?)")

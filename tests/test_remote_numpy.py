@@ -1,0 +1,147 @@
+"""numpy ``.npz`` and ``.npy`` opened by URL (issue 14): the same arrays as the local open, for the
+archive's headers and each member's ``.npy`` header only; deflated members inflated from their
+own bytes; hostile archives refused as locally.
+
+Served by the `remote_files` fixture (tests/remote_fixtures.py); the traffic is what the client
+counted (`weightio.remote.traffic`), whatever serves the files.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+import weightio as wio
+from tests.conftest import FIXTURES
+from tests.remote_fixtures import traffic
+from weightio.errors import CorruptFileError, WeightioError
+
+KIB = 1 << 10
+_FIXTURES = sorted(p for d in ("numpy", "numpy_dtypes") for p in (FIXTURES / d).iterdir() if p.is_file())
+_ARRAYS = {f"layer{i}": np.arange(i, i + 128 * 1024, dtype=np.float32).reshape(256, 512) for i in range(8)}
+
+
+def _same(local, remote) -> None:
+    assert list(remote.keys()) == list(local.keys())
+    assert remote.metadata == local.metadata
+    for name in local.keys():
+        a, b = local[name], remote[name]
+        assert (b.shape, b.dtype, b.nbytes) == (a.shape, a.dtype, a.nbytes), name
+        try:
+            expected = a.numpy()
+        except WeightioError as e:
+            with pytest.raises(type(e)):
+                b.numpy()
+            continue
+        got = b.numpy()
+        assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
+        if expected.ndim and expected.shape[0] > 1:
+            assert b[1:].tobytes() == expected[1:].tobytes(), name
+
+
+@pytest.mark.parametrize("path", _FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fixture_reads_the_same_by_url(remote_files, path):
+    data = path.read_bytes()
+    url = remote_files.put(path.name, data)
+    try:
+        local = wio.open(path)
+    except WeightioError as e:
+        with pytest.raises(type(e)) as caught:
+            wio.open(url)
+        assert url in str(caught.value)
+        return
+    with local, wio.open(url) as remote:
+        assert traffic(remote)[1] <= len(data)
+        _same(local, remote)
+
+
+def _header_bytes(data: bytes) -> int:
+    """The end record, central directory, and each member's local header and .npy header."""
+    eocd = data.rfind(b"PK\x05\x06")
+    _, _, _, _, count, cd_size, cd_offset, _ = struct.unpack_from("<IHHHHIIH", data, eocd)
+    total, pos = len(data) - cd_offset, cd_offset
+    for _ in range(count):
+        f = struct.unpack_from("<IHHHHHHIIIHHHHHII", data, pos)
+        at = f[16]
+        name_length, extra = struct.unpack_from("<HH", data, at + 26)
+        start = at + 30 + name_length + extra
+        npy = 10 + struct.unpack_from("<H", data, start + 8)[0] if f[4] == 0 else 256  # deflated: a guess
+        total += 30 + name_length + extra + npy
+        pos += 46 + f[10] + f[11] + f[12]
+    return total
+
+
+@pytest.fixture(params=["savez", "weightio"])
+def npz(request, tmp_path):
+    path = tmp_path / "arrays.npz"
+    if request.param == "savez":
+        np.savez(path, **_ARRAYS)
+    else:
+        wio.save(dict(_ARRAYS), str(path))
+    return path
+
+
+def test_npz_opens_from_its_headers(remote_files, npz):
+    data = npz.read_bytes()
+    with wio.open(npz) as local, wio.open(remote_files.put("arrays.npz", data)) as remote:
+        requests, moved = traffic(remote)
+        assert moved <= _header_bytes(data) + 64 * KIB
+        assert requests <= len(_ARRAYS) + 2  # the end, then every member's headers in flight together
+        before = traffic(remote)[1]
+        assert remote["layer3"].numpy().tobytes() == _ARRAYS["layer3"].tobytes()
+        assert traffic(remote)[1] - before <= _ARRAYS["layer3"].nbytes + 64 * KIB
+        before = traffic(remote)[1]
+        assert remote["layer5"][10:12].tobytes() == _ARRAYS["layer5"][10:12].tobytes()
+        assert traffic(remote)[1] - before <= 2 * 512 * 4 + 64 * KIB
+        _same(local, remote)
+
+
+def test_compressed_npz_inflates_members_from_their_own_bytes(remote_files, tmp_path):
+    path = tmp_path / "compressed.npz"
+    np.savez_compressed(path, **_ARRAYS)
+    data = path.read_bytes()
+    with wio.open(path) as local, wio.open(remote_files.put("compressed.npz", data)) as remote:
+        requests, moved = traffic(remote)
+        assert moved <= _header_bytes(data) + 64 * KIB + len(_ARRAYS) * 1024
+        before = traffic(remote)[1]
+        assert remote["layer2"].numpy().tobytes() == _ARRAYS["layer2"].tobytes()
+        assert traffic(remote)[1] - before <= len(data) // len(_ARRAYS) + 64 * KIB  # its compressed bytes
+        _same(local, remote)
+
+
+def test_npy_opens_from_its_prefix(remote_files, tmp_path):
+    path = tmp_path / "big.npy"
+    array = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024)
+    np.save(path, array)
+    with wio.open(remote_files.put("big.npy", path.read_bytes())) as remote:
+        assert traffic(remote) == (1, 64 * KIB)
+        name = next(iter(remote.keys()))
+        before = traffic(remote)[1]
+        assert remote[name][100:102].tobytes() == array[100:102].tobytes()
+        assert traffic(remote)[1] - before <= 2 * 1024 * 8 + 64 * KIB
+
+
+def test_member_whose_local_header_disagrees_is_refused(remote_files, tmp_path):
+    path = tmp_path / "renamed.npz"
+    np.savez(path, **_ARRAYS)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"layer4.npy")  # the local header's copy of the name (before the central directory's)
+    data[at: at + 6] = b"LAYER4"
+    url = remote_files.put("renamed.npz", bytes(data))
+    with pytest.raises(CorruptFileError, match="local header name") as caught:
+        wio.open(url)
+    assert url in str(caught.value)
+
+
+def test_central_directory_past_the_remote_size_is_refused(remote_files, tmp_path):
+    path = tmp_path / "past.npz"
+    np.savez(path, **_ARRAYS)
+    data = bytearray(path.read_bytes())
+    eocd = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<I", data, eocd + 16, len(data) * 2)
+    url = remote_files.put("past.npz", bytes(data))
+    with pytest.raises(CorruptFileError, match="central directory") as caught:
+        wio.open(url)
+    assert url in str(caught.value)
