@@ -21,6 +21,8 @@ until the mark is removed.
 from __future__ import annotations
 
 import ast
+import encodings.utf_16_be  # noqa: F401 - the codecs sniff describes BOM'd text with, before the snapshots
+import encodings.utf_16_le  # noqa: F401
 import functools
 import re
 import struct
