@@ -44,6 +44,28 @@ def traffic(checkpoint) -> tuple[int, int]:  # noqa: ANN001
     return count(checkpoint)
 
 
+def same_as_local(local, remote) -> None:  # noqa: ANN001
+    """Names, shapes, dtypes, metadata, values and a slice of every tensor agree between a local
+    checkpoint and the same file opened by URL (a tensor refused locally is refused remotely, the same way)."""
+    from weightio.errors import WeightioError
+
+    assert list(remote.keys()) == list(local.keys())
+    assert remote.metadata == local.metadata
+    for name in local.keys():
+        a, b = local[name], remote[name]
+        assert (b.shape, b.dtype, b.nbytes) == (a.shape, a.dtype, a.nbytes), name
+        try:
+            expected = a.numpy()
+        except WeightioError as e:
+            with pytest.raises(type(e)):
+                b.numpy()
+            continue
+        got = b.numpy()
+        assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
+        if expected.ndim and expected.shape[0] > 1:
+            assert b[1:].tobytes() == expected[1:].tobytes(), name
+
+
 @pytest.fixture
 def remote_files(http_server) -> Iterator[Served]:  # noqa: ANN001
     yield Served(http_server)

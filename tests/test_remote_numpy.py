@@ -15,30 +15,12 @@ import pytest
 
 import weightio as wio
 from tests.conftest import FIXTURES
-from tests.remote_fixtures import traffic
+from tests.remote_fixtures import same_as_local, traffic
 from weightio.errors import CorruptFileError, WeightioError
 
 KIB = 1 << 10
 _FIXTURES = sorted(p for d in ("numpy", "numpy_dtypes") for p in (FIXTURES / d).iterdir() if p.is_file())
 _ARRAYS = {f"layer{i}": np.arange(i, i + 128 * 1024, dtype=np.float32).reshape(256, 512) for i in range(8)}
-
-
-def _same(local, remote) -> None:
-    assert list(remote.keys()) == list(local.keys())
-    assert remote.metadata == local.metadata
-    for name in local.keys():
-        a, b = local[name], remote[name]
-        assert (b.shape, b.dtype, b.nbytes) == (a.shape, a.dtype, a.nbytes), name
-        try:
-            expected = a.numpy()
-        except WeightioError as e:
-            with pytest.raises(type(e)):
-                b.numpy()
-            continue
-        got = b.numpy()
-        assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
-        if expected.ndim and expected.shape[0] > 1:
-            assert b[1:].tobytes() == expected[1:].tobytes(), name
 
 
 @pytest.mark.parametrize("path", _FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -54,7 +36,7 @@ def test_fixture_reads_the_same_by_url(remote_files, path):
         return
     with local, wio.open(url) as remote:
         assert traffic(remote)[1] <= len(data)
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 def _header_bytes(data: bytes) -> int:
@@ -95,7 +77,7 @@ def test_npz_opens_from_its_headers(remote_files, npz):
         before = traffic(remote)[1]
         assert remote["layer5"][10:12].tobytes() == _ARRAYS["layer5"][10:12].tobytes()
         assert traffic(remote)[1] - before <= 2 * 512 * 4 + 64 * KIB
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 def test_compressed_npz_inflates_members_from_their_own_bytes(remote_files, tmp_path):
@@ -108,7 +90,7 @@ def test_compressed_npz_inflates_members_from_their_own_bytes(remote_files, tmp_
         before = traffic(remote)[1]
         assert remote["layer2"].numpy().tobytes() == _ARRAYS["layer2"].tobytes()
         assert traffic(remote)[1] - before <= len(data) // len(_ARRAYS) + 64 * KIB  # its compressed bytes
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 def test_npy_opens_from_its_prefix(remote_files, tmp_path):

@@ -14,32 +14,13 @@ import pytest
 
 import weightio as wio
 from tests.conftest import FIXTURES
-from tests.remote_fixtures import traffic
+from tests.remote_fixtures import same_as_local, traffic
 from weightio.errors import CorruptFileError, WeightioError
 from weightio.formats.pytorch.containers import open_container
 
 KIB = 1 << 10
 _FIXTURES = sorted(p for d in ("pytorch", "training") for p in (FIXTURES / d).iterdir()
                    if p.is_file() and p.suffix != ".json")
-
-
-def _same(local, remote) -> None:
-    """Names, shapes, dtypes, metadata, values and a slice of every tensor agree."""
-    assert list(remote.keys()) == list(local.keys())
-    assert remote.metadata == local.metadata
-    for name in local.keys():
-        a, b = local[name], remote[name]
-        assert (b.shape, b.dtype, b.nbytes) == (a.shape, a.dtype, a.nbytes), name
-        try:
-            expected = a.numpy()
-        except WeightioError as e:
-            with pytest.raises(type(e)):
-                b.numpy()
-            continue
-        got = b.numpy()
-        assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
-        if expected.ndim and expected.shape[0] > 1:
-            assert b[1:].tobytes() == expected[1:].tobytes(), name
 
 
 @pytest.mark.parametrize("path", _FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -55,7 +36,7 @@ def test_fixture_reads_the_same_by_url(remote_files, path):
         return
     with local, wio.open(url) as remote:
         assert traffic(remote)[1] <= len(data)  # opening never fetches a byte twice
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 # ----------------------------------------------------------------------------- a torch zip of many storages
@@ -116,7 +97,7 @@ def test_torch_zip_whole_read_matches_local(remote_files, many_storages, tmp_pat
         requests, moved = traffic(remote)
         assert moved <= len(many_storages) + 64 * KIB
         assert requests <= 300 + 300 // 16 + 4  # a storage's local header comes with 15 others' in one batch
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 def test_torch_zip_with_a_pickle_larger_than_a_block(remote_files, tmp_path):
@@ -129,7 +110,7 @@ def test_torch_zip_with_a_pickle_larger_than_a_block(remote_files, tmp_path):
         requests, moved = traffic(remote)
         assert requests <= 4
         assert moved <= parts["cd_size"] + _pickle_size(parts) + 64 * KIB
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 @pytest.mark.parametrize("alignment", [256, 4096])
@@ -145,7 +126,7 @@ def test_torch_zip_with_another_storage_alignment(remote_files, tmp_path, alignm
         config.storage_alignment = old
     with wio.open(path) as local, wio.open(remote_files.put("aligned.pt", path.read_bytes())) as remote:
         assert traffic(remote)[0] <= 4
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 # ----------------------------------------------------------------------------- hostile archives
@@ -242,7 +223,7 @@ def test_legacy_checkpoint_fetches_storage_counts_not_data(remote_files, tmp_pat
         pickles = sum(len(raw) for _, raw in open_container(local.readers[0].file).pickles)
         assert moved <= pickles + 12 * 8 + 64 * KIB  # the pickles' cache block, then each count alone
         assert requests <= 1 + 12
-        _same(local, remote)
+        same_as_local(local, remote)
 
 
 def _legacy_tar(path, arrays: dict) -> None:
@@ -291,5 +272,5 @@ def test_legacy_tar_walks_its_storages_without_their_data(remote_files, tmp_path
         requests, moved = traffic(remote)
         assert moved <= 64 * KIB + 16 * KIB  # the first block, then headers, entry pickles and counts alone
         assert moved < len(data) // 8
-        _same(local, remote)
+        same_as_local(local, remote)
         assert remote["w3"].numpy().tobytes() == arrays["w3"].tobytes()

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool", "redact",
-           "retrying"]
+           "retrying", "scrub"]
 
 BLOCK = 64 << 10  # header cache granularity: a header read moves at most one block more than it needs
 PART = 8 << 20  # a large range is fetched as parts of this size, several in flight
@@ -403,7 +403,7 @@ _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 def describe_failure(error: BaseException) -> Failure:
     """Sort an exception of any transport (aiohttp, httpx, botocore, fsspec, OSError) into a `Failure`."""
     status = _status_of(error)
-    detail = _scrub(_first_line(error))
+    detail = scrub(_first_line(error))
     if status == 412 or type(error).__name__ == "FileExpired":  # s3fs's word for a failed If-Match
         return Failure(status or 412, detail, transient=False, changed=True)
     if isinstance(error, ValueError) and "support range requests" in str(error):
@@ -461,7 +461,7 @@ def _first_line(error: BaseException) -> str:
 _SECRETS = re.compile(r"(hf_[A-Za-z0-9]{6,}|(?i:signature|token|x-amz-[a-z-]+|sig|key)=[^&\s]+|//[^/@\s]+@)")
 
 
-def _scrub(text: str) -> str:
+def scrub(text: str) -> str:
     """Remove tokens, signatures and URL credentials from a message."""
     return _SECRETS.sub(lambda m: "//***@" if m.group(0).startswith("//") else
                         (m.group(0).split("=")[0] + "=***" if "=" in m.group(0) else "hf_***"), text)

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import layout
+from ._remote import scrub
 from .errors import FormatError, InputError, WeightioError
 
 __all__ = ["HubFile", "HubPath", "parse", "remote_sources", "resolve", "download", "model_files", "pick_weights",
@@ -54,7 +55,6 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # Besides the weights, `download` fetches what loading a model needs: configs and tokenizers.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.yaml", "*.yml")
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment variable
-_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9]{8,}")
 
 
 @dataclass(frozen=True)
@@ -587,4 +587,4 @@ def _scrub(message: str) -> str:
         token = None
     if token:
         message = message.replace(token, "***")
-    return _TOKEN_LIKE.sub("hf_***", message)
+    return scrub(message)  # tokens, signatures and URL credentials of any shape

@@ -29,10 +29,10 @@ from typing import Any
 from . import layout
 from ._json import parse_json_object
 from ._remote import RemoteFile, is_url, redact, retrying
-from .errors import FormatError, InputError, MissingDependencyError, UsageError, WeightioError
+from .errors import FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
 
-__all__ = ["Opened", "fetched_bytes", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
+__all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
 
 _OPENERS = 64  # files opened (their headers fetched) at once
@@ -91,11 +91,6 @@ def traffic(checkpoint: Any) -> tuple[int, int]:
             requests += file.traffic.requests
             nbytes += file.traffic.bytes
     return requests, nbytes
-
-
-def fetched_bytes(checkpoint: Any) -> int:
-    """Bytes the checkpoint's remote files have fetched so far (0 for local files)."""
-    return traffic(checkpoint)[1]
 
 
 def filesystem(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -286,16 +281,12 @@ def _siblings(first: Reader, make: Callable[[str], RemoteFile]) -> list[Reader]:
 
 def _open_all(makers: list[Callable[[], Any]], close_on_error: list[Reader] | None = None) -> list[Reader]:
     """Open every file (a path, or a maker of a remote file) concurrently, in order; on any error, close all."""
-    def one(make: Callable[[], Any]) -> Reader:
-        return open_file(make())
-
     if len(makers) <= 1:
-        contexts: list[Any] = []
-        results = [_attempt(one, m) for m in makers]
+        results = [_attempt(m) for m in makers]
     else:
         contexts = [contextvars.copy_context() for _ in makers]  # limits and unknown_globals of the caller
         with ThreadPoolExecutor(min(_OPENERS, len(makers)), thread_name_prefix="weightio-open") as workers:
-            results = list(workers.map(lambda c, m: c.run(_attempt, one, m), contexts, makers))
+            results = list(workers.map(lambda c, m: c.run(_attempt, m), contexts, makers))
     readers = [r for r in results if isinstance(r, Reader)]
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -305,8 +296,9 @@ def _open_all(makers: list[Callable[[], Any]], close_on_error: list[Reader] | No
     return readers
 
 
-def _attempt(job: Callable[[Any], Reader], item: Any) -> Reader | BaseException:
+def _attempt(make: Callable[[], Any]) -> Reader | BaseException:
+    """The reader of the file `make()` gives, or the error opening it raised (the caller raises it, in order)."""
     try:
-        return job(item)
-    except (WeightioError, Exception) as e:  # noqa: BLE001 - raised by the caller, in order
+        return open_file(make())
+    except Exception as e:  # noqa: BLE001 - raised by the caller
         return e
