@@ -48,6 +48,7 @@ keeps it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -65,15 +66,23 @@ LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".npz", ".npy", ".pt", ".pth", 
 COMMIT_DATE = "2026-01-01T00:00:00.000Z"
 
 
+@functools.lru_cache(maxsize=4096)
 def git_blob_id(data: bytes) -> str:
-    """The id git gives a file's content (what the Hub sends as the ETag of non-LFS files)."""
+    """The id git gives a file's content (what the Hub sends as the ETag of non-LFS files).
+
+    Digests are remembered per content, as the Hub stores them: a request never hashes a file."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def sha256_of(data: bytes) -> str:
+    """The sha256 of an LFS file's content (remembered, as `git_blob_id`)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def lfs_pointer(data: bytes) -> bytes:
     """The git-lfs pointer file git stores in place of `data`."""
-    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
-            f"size {len(data)}\n").encode()
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256_of(data)}\nsize {len(data)}\n".encode()
 
 
 @dataclass
@@ -179,7 +188,7 @@ class _Handler(LoopbackHandler):
         sibling: dict = {"rfilename": name, "size": len(data), "blobId": git_blob_id(data)}
         if name.endswith(LFS_SUFFIXES):
             pointer = lfs_pointer(data)
-            sibling.update(blobId=git_blob_id(pointer), lfs={"sha256": hashlib.sha256(data).hexdigest(),
+            sibling.update(blobId=git_blob_id(pointer), lfs={"sha256": sha256_of(data),
                                                              "size": len(data), "pointerSize": len(pointer)})
         return sibling
 
@@ -193,7 +202,7 @@ class _Handler(LoopbackHandler):
             entry: dict = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
             if path.endswith(LFS_SUFFIXES):
                 pointer = lfs_pointer(data)
-                entry.update(oid=git_blob_id(pointer), lfs={"oid": hashlib.sha256(data).hexdigest(),
+                entry.update(oid=git_blob_id(pointer), lfs={"oid": sha256_of(data),
                                                             "size": len(data), "pointerSize": len(pointer)})
             if expand:
                 entry.update(last_commit, securityFileStatus={
@@ -245,7 +254,7 @@ class _Handler(LoopbackHandler):
                                {"X-Repo-Commit": commit})
         headers = {"X-Repo-Commit": commit}
         if filename.endswith(LFS_SUFFIXES):
-            sha256 = hashlib.sha256(data).hexdigest()
+            sha256 = sha256_of(data)
             with self.hub.lock:
                 self.hub.blobs[sha256] = data
             port = self.server.server_address[1]  # type: ignore[attr-defined]
@@ -322,7 +331,7 @@ class HubServer(LoopbackServer):
             old = files.get(path)
             files[path] = bytes(data)
             if old is not None and not keep_old_blob:
-                self.blobs.pop(hashlib.sha256(old).hexdigest(), None)
+                self.blobs.pop(sha256_of(old), None)
 
     def file_url(self, repo_id: str, path: str, *, repo_type: str = "model", revision: str = "main") -> str:
         """The ``/resolve`` URL of a file (what ``hf_hub_url`` builds)."""

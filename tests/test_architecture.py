@@ -28,7 +28,7 @@ ALLOWED = {  # prefix -> what modules under it may import (besides themselves an
     "weightio.quant": CORE - {"weightio._io", "weightio._json", "weightio.layout"},
     "weightio.formats": CORE | {"weightio.quant"},
     "weightio.devices": CORE,
-    "weightio.hub": CORE,
+    "weightio.hub": CORE | {"weightio.hubpath"},  # hubpath: the hf:// grammar, in the hub layer
 }
 CORE_ALLOWED = CORE  # core modules import only each other
 # What the command line may import: the package and these public modules (their __all__ only).

@@ -297,12 +297,20 @@ def test_a_missing_url_is_one_line_and_exit_1(remote_files, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     remote_files.put("here.safetensors", MODEL.read_bytes())
     url = remote_files.url("nope/model.safetensors")
-    result = run(*[url if a == "URL" else a for a in argv], "--storage-option", "secret=TOPSECRET")
+    result = run(*[url if a == "URL" else a for a in argv], "--storage-option", 'headers={"X-Key": "TOPSECRET"}')
     assert result.exit_code == 1, result.output
     assert result.stdout == ""
     assert result.stderr == f"weightio: error: {url}: not found (HTTP 404)\n"
     assert "TOPSECRET" not in result.output and "Traceback" not in result.output
     assert not list(tmp_path.iterdir())  # convert left nothing behind
+
+
+def test_an_option_the_http_filesystem_does_not_take_is_a_usage_error(remote_files):
+    url = remote_files.put("here.safetensors", MODEL.read_bytes())
+    result = run("inspect", url, "--storage-option", "secret=TOPSECRET")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"weightio: error: {url}: storage_options rejected by the HTTP filesystem: ")
+    assert "'secret'" in result.stderr and "TOPSECRET" not in result.output
 
 
 @pytest.mark.parametrize("command", ["inspect", "scan"])

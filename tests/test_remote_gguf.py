@@ -13,7 +13,6 @@ import pytest
 import weightio as wio
 from tests.hostile import STRING, gguf, ginfo, gkv, gstr
 from tests.remote_fixtures import traffic
-from weightio._remote import RemoteFile
 from weightio.errors import CorruptFileError, WeightioError
 from weightio.formats.gguf_arrays import GGUFArray
 from weightio.formats.gguf_fields import GGUFValueType
@@ -184,23 +183,22 @@ def test_a_lazy_array_fetches_its_bytes_when_read(remote_files):
 @pytest.fixture
 def open_both(tmp_path, remote_files, monkeypatch):
     """``open_both(name, raw)``: the errors opening `raw` from disk and by URL raise, the URL, and
-    the ranges the URL's reader asked the server for."""
-    asked: list[tuple[int, int]] = []
-    real = RemoteFile._get
-
-    def recording(self, offset, length):
-        asked.append((offset, length))
-        return real(self, offset, length)
-
-    monkeypatch.setattr(RemoteFile, "_get", recording)
+    the ranges the URL's reader asked the server for (``(offset, length)``, from the server's log)."""
 
     def run(name: str, raw: bytes):
         (tmp_path / name).write_bytes(raw)
         with pytest.raises(WeightioError) as local:
             wio.open(tmp_path / name)
         url = remote_files.put(name, raw)
+        remote_files.reset()
         with pytest.raises(WeightioError) as remote:
             wio.open(url)
+        remote_files.server.idle()
+        asked = []
+        for request in remote_files.server.requests:
+            assert request.range is not None and request.range.startswith("bytes="), request  # ranges only
+            first, _, last = request.range[len("bytes="):].partition("-")
+            asked.append((int(first), min(int(last) + 1, len(raw)) - int(first)))
         return local.value, remote.value, url, asked
 
     return run

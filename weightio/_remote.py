@@ -36,8 +36,8 @@ import re
 import struct
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,10 +45,10 @@ import numpy as np
 from .errors import CorruptFileError, InputError, WeightioError
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool", "redact",
-           "retrying", "scrub"]
+__all__ = ["BLOCK", "PART", "READ_AHEAD", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool",
+           "reading_ahead", "redact", "retrying", "scrub"]
 
 BLOCK = 64 << 10  # header cache granularity: a header read moves at most one block more than it needs
 PART = 8 << 20  # a large range is fetched as parts of this size, several in flight
@@ -57,6 +57,7 @@ CACHE_BYTES = 32 << 20  # the header block cache of one file (LRU)
 WORKERS = 32  # ranges in flight at once (all files of the process together)
 RETRIES = 4  # tries of one range before its error is raised
 BACKOFF = 0.25  # seconds before the first retry; doubles each time
+READ_AHEAD = 256 << 20  # bytes of the next tensors a loop over many keeps in flight (weightio.view.reading_ahead)
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@?#]*@")
@@ -128,17 +129,32 @@ class RemoteFile:
         size: the file's size in bytes, as the server reported it at open.
         etag: the server's ETag at open, when it sent one.
         traffic: requests made and bytes received so far (`Traffic`).
+
+    ``fetch_into(start, stop, memoryview)``, where the transport has one, receives a range straight
+    into the caller's memory and returns the bytes it wrote (tensors are fetched with it: one copy
+    from the socket, not two). ``first``, where given, is the file's first `BLOCK` (all of it when
+    smaller), brought by the request that found the file and its size (an HTTP ranged GET: see
+    `weightio.remote`): the first header read is answered from it.
     """
 
     remote = True
 
     def __init__(self, url: str, fetcher: Callable[[int, int], bytes], size: int, *, etag: str | None = None,
-                 close: Callable[[], None] | None = None, cache_bytes: int = CACHE_BYTES) -> None:
+                 close: Callable[[], None] | None = None, cache_bytes: int = CACHE_BYTES,
+                 first: bytes | None = None, fetch_into: Callable[[int, int, memoryview], int] | None = None) -> None:
         self.path = redact(url)
+        problem = ("empty file (0 bytes)" if size <= 0 else
+                   f"changed since it was opened: its first block came back {len(first)} bytes long (the file is "
+                   f"{size} bytes); open it again" if first is not None and len(first) != min(BLOCK, size) else None)
+        if problem is not None:
+            if close is not None:
+                close()
+            raise CorruptFileError(problem, path=self.path)
         self.size = size
         self.etag = etag
         self.traffic = Traffic()
         self._fetcher = fetcher
+        self._fetch_into = fetch_into
         self._on_close = close
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._cache_blocks = max(2, cache_bytes // BLOCK)
@@ -146,8 +162,10 @@ class RemoteFile:
         self._closed = False
         self._image: RemoteImage | None = None
         self._filled: set[int] = set()
-        if size <= 0:
-            raise CorruptFileError("empty file (0 bytes)", path=self.path)
+        self._ahead: dict[tuple[int, int], tuple[np.ndarray, list[Future[None]]]] = {}  # see read_ahead
+        if first is not None:  # the first block, fetched with the size by the request that found the file
+            self.traffic.add(len(first))
+            self._blocks[0] = first
 
     # ------------------------------------------------------------------ the MappedFile interface
     @property
@@ -209,6 +227,7 @@ class RemoteFile:
                 return
             self._closed = True
             self._blocks.clear()
+            self._ahead.clear()
             self._image = None  # the mapping goes with the last view of it
         if self._on_close is not None:
             with contextlib.suppress(Exception):
@@ -225,6 +244,16 @@ class RemoteFile:
         larger ones are fetched exactly, in `PART`-sized requests in flight together.
         """
         self._bounds(offset, length, what)
+        with self._lock:
+            ahead = self._ahead.pop((offset, length), None)
+        if ahead is not None:  # fetched (or being fetched) by read_ahead
+            out, futures = ahead
+            errors = [f.exception() for f in futures]
+            for error in errors:
+                if error is not None:
+                    raise error
+            out.flags.writeable = False
+            return out
         out = np.empty(length, np.uint8)  # the caller's own memory (torch may wrap it and write)
         if length <= BLOCK:
             out[:] = np.frombuffer(self.read(offset, length, what), np.uint8)
@@ -232,6 +261,25 @@ class RemoteFile:
             self._fill(out, [(offset, length, 0)])
         out.flags.writeable = False
         return out
+
+    def read_ahead(self, offset: int, length: int, what: str = "the bytes asked for") -> int:
+        """Start fetching bytes `offset`..`offset + length` now, on the fetch pool, in `PART`s: the
+        next `fetch` of exactly this range takes them (waiting for what is still on its way) instead
+        of asking. What a loop over many tensors calls for the next ones, so that the requests of
+        several tensors are in flight while one is converted (`reading_ahead`). Returns the bytes
+        asked for: 0 when they are on their way already or in the header block cache."""
+        self._bounds(offset, length, what)
+        with self._lock:
+            if length == 0 or (offset, length) in self._ahead:
+                return 0
+            if length <= BLOCK and all(b in self._blocks for b in range(offset // BLOCK,
+                                                                         (offset + length - 1) // BLOCK + 1)):
+                return 0
+        out = np.empty(length, np.uint8)
+        futures = [pool().submit(self._part, out, part) for part in _parts([(offset, length, 0)])]
+        with self._lock:
+            self._ahead[(offset, length)] = (out, futures)
+        return length
 
     def gather(self, runs: Sequence[tuple[int, int]], what: str = "the bytes asked for") -> np.ndarray:
         """The bytes of `runs` (``(offset, length)`` pairs) one after the other, as a new ``uint8`` array.
@@ -305,14 +353,18 @@ class RemoteFile:
 
     def _fill(self, out: np.ndarray, ranges: list[tuple[int, int, int]]) -> None:
         """Fetch each ``(offset, length, position)`` into ``out[position:]``, in `PART`s, several in flight."""
-        parts = [(offset + k, min(PART, length - k), at + k)
-                 for offset, length, at in ranges for k in range(0, length, PART)]
+        self._run(lambda part: self._part(out, part), _parts(ranges))
 
-        def one(part: tuple[int, int, int]) -> None:
-            offset, length, at = part
+    def _part(self, out: np.ndarray, part: tuple[int, int, int]) -> None:
+        offset, length, at = part
+        if self._fetch_into is None:
             out[at: at + length] = np.frombuffer(self._get(offset, length), np.uint8)
-
-        self._run(one, parts)
+            return
+        self.check()
+        into = memoryview(out)[at: at + length]  # type: ignore[index]
+        got = retrying(lambda: self._fetch_into(offset, offset + length, into), self.path, offset, length)
+        self.traffic.add(got)
+        self._check_length(offset, length, got)
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         if len(ranges) == 1:
@@ -344,14 +396,40 @@ class RemoteFile:
         self.check()
         raw = retrying(lambda: self._fetcher(offset, offset + length), self.path, offset, length)
         self.traffic.add(len(raw))
-        if len(raw) != length:
-            if len(raw) > length:
-                raise InputError(f"the server ignores Range requests: it answered {len(raw):,} bytes for a range of "
-                                 f"{length:,}", path=self.path)
-            raise CorruptFileError(f"changed since it was opened: bytes {offset}..{offset + length} came back "
-                                   f"{len(raw)} bytes long (the file was {self.size} bytes); open it again",
-                                   path=self.path)
+        self._check_length(offset, length, len(raw))
         return bytes(raw) if not isinstance(raw, bytes) else raw
+
+    def _check_length(self, offset: int, length: int, got: int) -> None:
+        if got > length:
+            raise InputError(f"the server ignores Range requests: it answered {got:,} bytes for a range of "
+                             f"{length:,}", path=self.path)
+        if got < length:
+            raise CorruptFileError(f"changed since it was opened: bytes {offset}..{offset + length} came back "
+                                   f"{got} bytes long (the file was {self.size} bytes); open it again", path=self.path)
+
+
+def reading_ahead(views: Iterable[Any], budget: int | None = None) -> Iterator[Any]:
+    """`views`, in order, for a loop that reads each whole: the next ones are prefetched
+    (``view.prefetch()``, where a view has it: remote files only) while at most `budget` bytes
+    (`READ_AHEAD`) beyond the one being read are on their way, so that a model streams at the
+    link's speed instead of one tensor's round trip at a time. Local views pass through untouched."""
+    views = list(views)
+    budget = READ_AHEAD if budget is None else budget
+    asked: deque[int] = deque()  # bytes asked ahead, per view from the current one on
+    ahead = 0  # the next view to ask ahead for
+    for k, view in enumerate(views):
+        while ahead < len(views) and (ahead == k or sum(asked) < budget):
+            prefetch = getattr(views[ahead], "prefetch", None)
+            asked.append(prefetch() if prefetch is not None else 0)
+            ahead += 1
+        yield view
+        asked.popleft()
+
+
+def _parts(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``(offset, length, position)`` ranges cut into `PART`-sized pieces of the same shape."""
+    return [(offset + k, min(PART, length - k), at + k)
+            for offset, length, at in ranges for k in range(0, length, PART)]
 
 
 def retrying(call: Callable[[], Any], url: str, offset: int | None = None, length: int | None = None) -> Any:

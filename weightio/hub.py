@@ -38,99 +38,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
-from . import layout
+from . import layout, limits
+from ._json import parse_json_object
 from ._remote import scrub
 from .errors import FormatError, InputError, WeightioError
+from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse
 
-__all__ = ["HubFile", "HubPath", "parse", "remote_sources", "resolve", "download", "model_files", "pick_weights",
-           "CONFIG_PATTERNS"]
+__all__ = ["HubFile", "HubPath", "SCHEME", "is_hub_path", "parse", "remote_sources", "resolve", "download",
+           "model_files", "pick_weights", "CONFIG_PATTERNS"]
 
-SCHEME = "hf://"
-_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
-_SPECIAL_REFS = re.compile(r"refs/(?:pr/\d+|convert/[\w.-]+)")  # revisions that may hold "/"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # one part of a repo id
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 # Besides the weights, `download` fetches what loading a model needs: configs and tokenizers.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.yaml", "*.yml")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment variable
-
-
-@dataclass(frozen=True)
-class HubPath:
-    """A parsed ``hf://`` path.
-
-    Attributes:
-        repo_id: ``namespace/name``.
-        repo_type: ``"model"``, ``"dataset"`` or ``"space"``.
-        revision: branch, tag or commit; None for the default branch.
-        path: the file or folder inside the repo; ``""`` for the repo's root.
-    """
-
-    repo_id: str
-    repo_type: str = "model"
-    revision: str | None = None
-    path: str = ""
-
-    def __str__(self) -> str:
-        prefix = "" if self.repo_type == "model" else self.repo_type + "s/"
-        revision = ""
-        if self.revision is not None:
-            special = _SPECIAL_REFS.fullmatch(self.revision)
-            revision = "@" + (self.revision if special else self.revision.replace("/", "%2F"))
-        return f"{SCHEME}{prefix}{self.repo_id}{revision}" + (f"/{self.path}" if self.path else "")
-
-
-def is_hub_path(path: object) -> bool:
-    """True for strings that start with ``hf://``."""
-    return isinstance(path, str) and path.startswith(SCHEME)
-
-
-def parse(uri: str) -> HubPath:
-    """Parse ``hf://[type/]namespace/name[@revision][/path]``; `InputError` when malformed.
-
-    Example:
-        >>> parse("hf://org/model@v1/weights/model.safetensors")
-        HubPath(repo_id='org/model', repo_type='model', revision='v1', path='weights/model.safetensors')
-    """
-    if not uri.startswith(SCHEME):
-        raise InputError("is not an hf:// path", path=uri)
-    rest = uri[len(SCHEME):]
-    repo_type = "model"
-    first = rest.split("/", 1)[0]
-    if first in _REPO_TYPES and rest.count("/") >= 2:
-        repo_type, rest = _REPO_TYPES[first], rest.split("/", 1)[1]
-    namespace, _, rest = rest.partition("/")
-    name_part, _, path = rest.partition("/")
-    name, at, revision = name_part.partition("@")
-    if at:
-        revision, path = _split_revision(revision, path)
-    for part in (namespace, name):
-        if not _NAME.fullmatch(part) or ".." in part:
-            raise InputError("is not a valid hf:// path; expected hf://namespace/name[@revision][/file]", path=uri)
-    if at and not revision:
-        raise InputError("has an empty revision after '@'", path=uri)
-    path = path.strip("/")
-    if "//" in path or ".." in path.split("/"):
-        raise InputError(f"path {path!r} inside the repo is not a plain relative path", path=uri)
-    return HubPath(f"{namespace}/{name}", repo_type, _check_revision(unquote(revision), uri) if at else None, path)
-
-
-def _check_revision(revision: str, uri: str) -> str:
-    """A revision names a file under the cache's ``refs/``: no absolute path, no ``..``."""
-    if revision.startswith(("/", "\\")) or ".." in revision.replace("\\", "/").split("/"):
-        raise InputError(f"revision {revision!r} is not a branch, tag or commit name", path=uri)
-    return revision
-
-
-def _split_revision(revision: str, path: str) -> tuple[str, str]:
-    """``refs/pr/3`` holds slashes of its own: take them back from the path."""
-    joined = revision + ("/" + path if path else "")
-    special = _SPECIAL_REFS.match(joined)
-    if special and (len(joined) == special.end() or joined[special.end()] == "/"):
-        return special.group(0), joined[special.end() + 1:]
-    return revision, path
 
 
 # ----------------------------------------------------------------------------- environment
@@ -215,9 +136,12 @@ def _gguf_parts(first: str, files: Iterable[str]) -> list[str]:
 class _Repo:
     """One revision of one repo: its file list and its downloads, online or from the cache."""
 
-    def __init__(self, hub: HubPath, uri: str, local_dir: str | None = None) -> None:
+    def __init__(self, hub: HubPath, uri: str, local_dir: str | None = None, *, sizes: bool = False) -> None:
         self.hub, self.uri, self.local_dir = hub, uri, local_dir
         self.endpoint, self.cache_dir, self.offline = _endpoint(), _cache_dir(), _offline()
+        self.listed_sizes: dict[str, int] = {}  # with sizes=True, what the listing said (online only)
+        self._with_sizes = sizes  # the by-range mode (remote_sources): indexes are read, not downloaded
+        self._indexes: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
         self.commit, self.files = self._listing()
 
     def _listing(self) -> tuple[str, list[str]]:
@@ -241,8 +165,10 @@ class _Repo:
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=self.endpoint)
-        info = api.repo_info(self.hub.repo_id, repo_type=self.hub.repo_type, revision=self.hub.revision)
+        info = api.repo_info(self.hub.repo_id, repo_type=self.hub.repo_type, revision=self.hub.revision,
+                             files_metadata=self._with_sizes)
         siblings = info.siblings or []
+        self.listed_sizes = {s.rfilename: s.size for s in siblings if isinstance(getattr(s, "size", None), int)}
         return info.sha, [s.rfilename for s in siblings]
 
     def _storage(self) -> str:
@@ -275,6 +201,38 @@ class _Repo:
         except Exception as e:  # noqa: BLE001 - see _hub_error
             raise _hub_error(e, self.uri, self.endpoint, filename) from None
 
+    def index(self, filename: str) -> tuple[dict[str, str], dict[str, Any]]:
+        """A sharded index's ``weight_map`` and ``metadata`` (read once): from the cache where it is
+        there; in the by-range mode, by one GET (an index is small: it is parsed, not stored); else
+        downloaded into the cache."""
+        if filename not in self._indexes:
+            local = self.cached(filename) if self._with_sizes and not self.offline else None
+            if self._with_sizes and not self.offline and local is None:
+                label = f"{HubPath(self.hub.repo_id, self.hub.repo_type, self.hub.revision, '')}/{filename}"
+                raw = self._get(filename)
+                self._indexes[filename] = layout.check_index(parse_json_object(raw, path=label, what="index"), label)
+            else:
+                self._indexes[filename] = layout.read_index(local or self.fetch(filename))
+        return self._indexes[filename]
+
+    def _get(self, filename: str) -> bytes:
+        """A small repo file's bytes at the listed commit, by one GET through huggingface_hub's session."""
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        size = self.listed_sizes.get(filename)
+        limit = limits.current().header_bytes
+        if size is not None and size > limit:
+            raise limits.exceeded("index length", size, "header_bytes", limit, path=f"{self.uri}/{filename}")
+        url = hf_hub_url(self.hub.repo_id, filename, repo_type=self.hub.repo_type, revision=self.commit,
+                         endpoint=self.endpoint)
+        try:
+            response = get_session().get(url, headers=build_hf_headers(), follow_redirects=True)
+            hf_raise_for_status(response)
+        except Exception as e:  # noqa: BLE001 - see _hub_error
+            raise _hub_error(e, self.uri, self.endpoint, filename) from None
+        return response.content
+
     def cached(self, filename: str) -> str | None:
         """The local path of a repo file at the listed commit when the cache holds it, else None."""
         if self.local_dir is not None:
@@ -286,9 +244,12 @@ class _Repo:
         return found if isinstance(found, str) else None
 
     def sizes(self, filenames: list[str]) -> dict[str, int]:
-        """Each file's size at the listed commit (one paths-info request for them all)."""
+        """Each file's size at the listed commit: from the listing where it gave them, else one
+        paths-info request for them all."""
         from huggingface_hub import HfApi
 
+        if all(name in self.listed_sizes for name in filenames):
+            return {name: self.listed_sizes[name] for name in filenames}
         try:
             infos = HfApi(endpoint=self.endpoint).get_paths_info(self.hub.repo_id, filenames, revision=self.commit,
                                                                   repo_type=self.hub.repo_type)
@@ -362,7 +323,7 @@ def _plan(repo: _Repo) -> _Plan:
         raise InputError(f"has no {what} at commit {repo.commit[:12]}", path=repo.uri)
 
     def shards(index: str) -> list[str]:
-        weight_map, _ = layout.read_index(repo.fetch(_join(path, index)))
+        weight_map, _ = repo.index(_join(path, index))
         return layout.shards(weight_map)
 
     chosen = [_join(path, f) for f in pick_weights(_files_under(repo.files, path), where=repo.uri, read_index=shards)]
@@ -435,22 +396,21 @@ class HubFile:
                           endpoint=self.endpoint)
 
 
-def remote_sources(uri: str) -> tuple[list[str | HubFile], str | None]:
+def remote_sources(uri: str) -> tuple[list[str | HubFile], tuple[str, dict[str, str], dict[str, Any]] | None]:
     """The weights of an ``hf://`` path without downloading them: each file's local path where the
-    cache holds it, else a `HubFile` to read by range; and the local path of the sharded index
-    (fetched into the cache: it is small) or None. Offline (``HF_HUB_OFFLINE``), every file must
-    be cached.
+    cache holds it, else a `HubFile` to read by range; and for a sharded set, its index (local path
+    or ``hf://`` label, ``weight_map``, ``metadata``), else None. One listing gives the commit and
+    every file's size, the index is read by one GET: nothing is downloaded. Offline
+    (``HF_HUB_OFFLINE``), every file must be cached.
 
     Raises:
         InputError: malformed path, unknown repo/revision/file, nothing cached offline.
         FormatError: no weights, or several candidates.
     """
-    repo = _Repo(parse(uri), uri)
+    repo = _Repo(parse(uri), uri, sizes=True)
     plan = _plan(repo)
     sharded = plan.files[0].endswith(".index.json")
-    weights = plan.files[1:] if sharded else plan.files
-    index = repo.fetch(plan.files[0]) if sharded else None
-    found: dict[str, str | None] = {f: repo.cached(f) for f in weights}
+    found: dict[str, str | None] = {f: repo.cached(f) for f in plan.files[sharded:]}
     if repo.offline:
         found = {f: path or repo.fetch(f) for f, path in found.items()}
     missing = [f for f, path in found.items() if path is None]
@@ -460,9 +420,10 @@ def remote_sources(uri: str) -> tuple[list[str | HubFile], str | None]:
         path if path is not None else HubFile(repo.hub.repo_id, repo.hub.repo_type, repo.commit, f, repo.endpoint,
                                               sizes[f], f"{label}/{f}")
         for f, path in found.items()]
-    if index is not None:
-        repo.remember_revision()
-    return sources, index
+    if not sharded:
+        return sources, None
+    index = repo.cached(plan.files[0]) or f"{label}/{plan.files[0]}"
+    return sources, (index, *repo.index(plan.files[0]))
 
 
 def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | None = None) -> str:
@@ -482,7 +443,7 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
     uri = repo_or_uri if is_hub_path(repo_or_uri) else SCHEME + repo_or_uri
     hub = parse(uri)
     if revision is not None:
-        hub = HubPath(hub.repo_id, hub.repo_type, _check_revision(revision, uri), hub.path)
+        hub = HubPath(hub.repo_id, hub.repo_type, check_revision(revision, uri), hub.path)
     repo = _Repo(hub, str(hub), local_dir)
     plan = _plan(repo)
     files = plan.files if plan.named else [*plan.files, *_configs(repo.files, plan.folder, plan.files)]

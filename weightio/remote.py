@@ -28,14 +28,14 @@ from typing import Any
 
 from . import layout
 from ._json import parse_json_object
-from ._remote import RemoteFile, is_url, redact, retrying
+from ._remote import BLOCK, Failure, RemoteFile, is_url, pool, redact, retrying
 from .errors import FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
 
 __all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
 
-_OPENERS = 64  # files opened (their headers fetched) at once
+_OPENERS = 128  # files opened (their headers fetched) at once
 
 
 @dataclass
@@ -72,12 +72,12 @@ def open_url(url: str, *, storage_options: Mapping[str, Any] | None = None, down
                          "other URLs by range, or copy them with `weightio convert URL model.safetensors`",
                          path=redact(url))
     fs, path = _filesystem(url, options)
-    info = None if url.endswith("/") else _info(fs, path, url)
-    if info is None or _names_folder(info):
+    found = None if url.endswith("/") else _find(fs, path, url)
+    if found is None or _names_folder(found.info):
         return _open_folder(fs, path, url)
     if path.endswith(".index.json"):
-        return _open_index(fs, path, url)
-    first = open_file(_fsspec_file(fs, path, url, info))
+        return _open_index(fs, path, url, found)
+    first = open_file(_fsspec_file(fs, path, url, found))
     siblings = _siblings(first, lambda u: _fsspec_file(fs, _fs_path(fs, u), u))
     return Opened(redact(url), [first, *siblings])
 
@@ -120,9 +120,8 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
         (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s)) for s in sources]
     if index is None:
         return Opened(url, _open_all(files))
-    weight_map, metadata = layout.read_index(index)
     names = {(s if isinstance(s, str) else s.uri): _shard_name(s) for s in sources}
-    return Opened(url, _open_all(files), (index, weight_map, metadata, names))
+    return Opened(url, _open_all(files), (*index, names))
 
 
 def _shard_name(source: Any) -> str:
@@ -138,13 +137,14 @@ def _hub_file(file: Any) -> RemoteFile:
     headers = build_hf_headers()  # the token (HF_TOKEN, hf auth login) for the endpoint; never shown
     direct: list[str] = []  # where the Hub redirected the file (its CDN): later ranges go straight there
 
-    def fetch(start: int, stop: int) -> bytes:
+    def stream(start: int, stop: int, into: memoryview | None) -> bytes | int:
+        """Bytes `start`..`stop`: returned, or written into `into` (their count returned)."""
         target = direct[0] if direct else url
         ask = {"Range": f"bytes={start}-{stop - 1}"} | ({} if direct else headers)
         with session.stream("GET", target, headers=ask, follow_redirects=True) as response:
             if response.status_code in (401, 403) and direct:  # a signed CDN URL expired: back to the Hub
                 direct.clear()
-                return fetch(start, stop)
+                return stream(start, stop, into)
             if response.status_code == 200 and stop - start < file.size:
                 raise ValueError("The HTTP server doesn't appear to support range requests")
             if response.status_code >= 400:
@@ -152,9 +152,18 @@ def _hub_file(file: Any) -> RemoteFile:
                 hf_raise_for_status(response)
             if not direct and str(response.url) != url:
                 direct.append(str(response.url))
-            return response.read()
+            if into is None:
+                return response.read()
+            got = 0
+            for chunk in response.iter_bytes():
+                if got + len(chunk) > len(into):  # more than asked: counted, not written (the caller refuses)
+                    return got + len(chunk)
+                into[got: got + len(chunk)] = chunk
+                got += len(chunk)
+            return got
 
-    return RemoteFile(file.uri, fetch, file.size)
+    return RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
+                      fetch_into=lambda start, stop, into: stream(start, stop, into))  # type: ignore[arg-type,return-value]
 
 
 # ----------------------------------------------------------------------------- fsspec
@@ -165,6 +174,9 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
         from fsspec.core import url_to_fs
     except ImportError:
         raise MissingDependencyError("fsspec", purpose="read checkpoints by URL") from None
+    if url.split("://", 1)[0].lower() in ("s3", "s3a"):  # botocore's pool (10) would queue a sharded open
+        config = dict(options.get("config_kwargs") or {})
+        options = options | {"config_kwargs": {"max_pool_connections": _OPENERS} | config}
     try:
         return url_to_fs(url, **options)
     except ImportError as e:
@@ -185,17 +197,92 @@ def is_folder(fs: Any, path: str, url: str) -> bool:
 
 
 def _names_folder(info: dict[str, Any]) -> bool:
-    return info.get("type") == "directory" or info.get("mimetype") == "text/html"
+    return info.get("type") == "directory" or str(info.get("mimetype", "")).startswith("text/html")
 
 
 def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
     return retrying(lambda: fs.info(path), url)
 
 
-def _fsspec_file(fs: Any, path: str, url: str, info: dict[str, Any] | None = None) -> RemoteFile:
+@dataclass
+class _Found:
+    """What finding a file told: its filesystem's info (``size``, ``ETag``, ``type``, ``mimetype``)
+    and, where the request that found it brought them, its first bytes (see `_probe`)."""
+
+    info: dict[str, Any]
+    first: bytes | None = None
+
+
+def _find(fs: Any, path: str, url: str) -> _Found:
+    """Size and ETag of a file: over HTTP by its first ranged GET (`_probe`: one request instead of
+    a HEAD and a GET), elsewhere by the filesystem's ``info``."""
+    if _is_http(fs):
+        return retrying(lambda: _probe(fs, path, url), url)
+    return _Found(_info(fs, path, url))
+
+
+def _probe(fs: Any, path: str, url: str) -> _Found:
+    """GET the first `BLOCK` of an HTTP file through fsspec's own session: its ``Content-Range``
+    gives the size, so the file is found and its header block fetched in one round trip. A server
+    that answers 200 with a body larger than the block ignores ``Range``: refused, body unread."""
+    from fsspec.asyn import sync
+
+    async def get() -> _Found:
+        session = await fs.set_session()
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{BLOCK - 1}"}
+        try:
+            request = session.get(fs.encode_url(path), headers=headers, **kwargs)
+        except TypeError as e:  # an option aiohttp does not take
+            raise UsageError(f"storage_options rejected by the HTTP filesystem: {e}", path=redact(url)) from None
+        async with request as response:
+            if response.status == 416:  # nothing satisfies bytes=0-: an empty file
+                return _Found({"size": 0, "type": "file"})
+            response.raise_for_status()
+            kind = response.headers.get("Content-Type", "")
+            etag = response.headers.get("ETag")
+            if response.status != 206 and kind.startswith("text/html"):  # an index page: a folder, not read
+                return _Found({"type": "file", "mimetype": kind, "size": None})
+            length = response.headers.get("Content-Length")
+            if response.status == 206:
+                size = _total_size(response.headers.get("Content-Range", ""))
+                if size is None:
+                    raise InputError("the server answered a range without the file's size (Content-Range "
+                                     f"{response.headers.get('Content-Range')!r})", path=redact(url))
+            elif length is not None and length.isdigit() and int(length) <= BLOCK:
+                size = int(length)  # the whole file is smaller than the block: that is its size
+            else:
+                raise Failure(None, "", transient=False, ignores_range=True).error(redact(url))
+            if length is not None and length.isdigit() and int(length) > min(BLOCK, size):
+                raise InputError(f"the server answered {int(length):,} bytes to a range of {min(BLOCK, size):,}",
+                                 path=redact(url))
+            first, want = b"", min(BLOCK, size)
+            while len(first) < want:  # a short body is caught by RemoteFile (the file changed)
+                more = await response.content.read(want - len(first))
+                if not more:
+                    break
+                first += more
+            return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, first)
+
+    return sync(fs.loop, get)
+
+
+def _total_size(content_range: str) -> int | None:
+    """The size after the slash of ``Content-Range: bytes a-b/size``; None when absent or ``*``."""
+    unit, _, rest = content_range.partition(" ")
+    total = rest.rpartition("/")[2]
+    return int(total) if unit == "bytes" and total.isdigit() else None
+
+
+def _is_http(fs: Any) -> bool:
+    return "http" in _protocols(fs)
+
+
+def _fsspec_file(fs: Any, path: str, url: str, found: _Found | None = None) -> RemoteFile:
     """A file of an fsspec filesystem read by range through its own file object's range fetcher."""
-    info = info if info is not None else _info(fs, path, url)
-    if info.get("type") == "directory":
+    found = found if found is not None else _find(fs, path, url)
+    info = found.info
+    if info.get("type") == "directory" or _names_folder(info):
         raise InputError("is a folder, not a file", path=redact(url))
     size = info.get("size")
     if not isinstance(size, int):
@@ -203,16 +290,23 @@ def _fsspec_file(fs: Any, path: str, url: str, info: dict[str, Any] | None = Non
                          "remote files by range only", path=redact(url))
     etag = info.get("ETag") or info.get("etag")
     options: dict[str, Any] = {}
-    if "http" in _protocols(fs):
-        # size given: no second HEAD; If-Match: a file replaced on the server answers 412, not new bytes
+    if _is_http(fs):
+        # size given: no HEAD; If-Match: a file replaced on the server answers 412, not new bytes
         headers = dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})
         options = {"size": size, "headers": headers}
+    elif _protocols(fs)[0] in ("s3", "s3a"):
+        options = {"size": size}  # s3fs's files take the size, and (below) the info, instead of a HEAD
     handle = retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url)
+    if not _is_http(fs) and "name" in info and getattr(handle, "_details", False) is None:
+        handle.details = info  # what the file would HEAD for on its first read
+        if etag and isinstance(getattr(handle, "read_kw", None), dict) and not getattr(fs, "local_expiry_check", 1):
+            handle.read_kw = handle.read_kw | {"IfMatch": etag}  # as s3fs does when it HEADs itself
     fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
     if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
         handle.close()
-        return RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, etag=etag)
-    return RemoteFile(url, fetch, size, etag=etag, close=handle.close)
+        return RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, etag=etag,
+                          first=found.first)
+    return RemoteFile(url, fetch, size, etag=etag, close=handle.close, first=found.first)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -231,6 +325,12 @@ def _url_of(fs: Any, path: str, like: str) -> str:
     return like.split("://", 1)[0] + "://" + path
 
 
+def _sized(entry: dict[str, Any]) -> _Found | None:
+    """A listing's entry as what finding its file would tell, when it gives the size (s3, gcs…; an
+    HTTP index page does not)."""
+    return _Found(entry) if entry.get("type") == "file" and isinstance(entry.get("size"), int) else None
+
+
 def _open_folder(fs: Any, path: str, url: str) -> Opened:
     entries = retrying(lambda: fs.ls(path, detail=True), url)
     files = {posixpath.basename(e["name"].rstrip("/")): e for e in entries if e.get("type") == "file"}
@@ -244,25 +344,47 @@ def _open_folder(fs: Any, path: str, url: str) -> Opened:
     entry = files[chosen]
     child = _url_of(fs, entry["name"], url)
     if chosen.endswith(".index.json"):
-        return _open_index(fs, entry["name"], child)
-    first = open_file(_fsspec_file(fs, entry["name"], child, entry if isinstance(entry.get("size"), int) else None))
+        return _open_index(fs, entry["name"], child, _sized(entry), files)
+    first = open_file(_fsspec_file(fs, entry["name"], child, _sized(entry)))
     siblings = _siblings(first, lambda u: _fsspec_file(fs, _fs_path(fs, u), u))
     return Opened(redact(url), [first, *siblings])
 
 
-def _open_index(fs: Any, path: str, url: str) -> Opened:
-    index = _fsspec_file(fs, path, url)
+def _open_index(fs: Any, path: str, url: str, found: _Found | None = None,
+                listing: dict[str, dict[str, Any]] | None = None) -> Opened:
+    """A sharded set by its index: the index read while its folder is listed (sizes and ETags of
+    every shard in one request, where the filesystem lists them), then every shard opened at once,
+    each in one request (a listed size, or over HTTP a first ranged GET that brings it)."""
+    folder = url.rsplit("/", 1)[0]
+    listed = None
+    if listing is None and not _is_http(fs):
+        listed = pool().submit(_listing, fs, path.rsplit("/", 1)[0])
+    index = _fsspec_file(fs, path, url, found)
     try:
         raw = index.read(0, index.size, "the index")
     finally:
         index.close()
     weight_map, metadata = _parse_index(raw, redact(url))
-    folder = url.rsplit("/", 1)[0]
+    if listed is not None:
+        listing = listed.result()
     shards = layout.shards(weight_map)
     urls = {f"{folder}/{s}": s for s in shards}
-    files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u)) for u in urls]
+    known = {u: _sized((listing or {}).get(s, {})) for u, s in urls.items()}
+    files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u, known[u])) for u in urls]
     return Opened(redact(folder), _open_all(files),
                   (redact(url), weight_map, metadata, {redact(u): s for u, s in urls.items()}))
+
+
+def _listing(fs: Any, folder: str) -> dict[str, dict[str, Any]]:
+    """The files of `folder` by name, with what the filesystem lists of each; empty when it cannot be
+    listed (a bucket policy may allow reading objects but not listing them: the shards are then found
+    one by one)."""
+    try:
+        entries = fs.ls(folder, detail=True)
+    except Exception:  # noqa: BLE001 - a listing is only a shortcut
+        return {}
+    return {posixpath.basename(e["name"].rstrip("/")): e for e in entries
+            if isinstance(e, dict) and isinstance(e.get("name"), str)}
 
 
 def _parse_index(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ._remote import RemoteImage
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
-from .errors import CorruptFileError, UnsupportedDTypeError
+from .errors import CorruptFileError, UnsupportedDTypeError, WeightioError
 from .text import dims
 
 if TYPE_CHECKING:
@@ -120,6 +120,25 @@ class TensorView:
         if isinstance(buf, RemoteImage):  # a remote file: fetch exactly these bytes
             return buf.file.fetch(start, stop - start, f"tensor {self.name!r}")
         return buf[start:stop]
+
+    def prefetch(self) -> int:
+        """Start fetching the tensor's stored bytes now, when its file is remote (on the fetch
+        pool, several requests in flight); the next `numpy()` or `raw()` takes them instead of
+        asking. Returns the bytes asked for: 0 for a local file (its pages are mapped, not
+        fetched), for bytes fetched or on their way already, or for a tensor whose read refuses
+        (that read says why). Loops over many tensors call it for the next ones
+        (`weightio._remote.reading_ahead`)."""
+        info = self.info
+        if not getattr(self._reader.file, "remote", False) or info.dtype.hasobject:
+            return 0
+        try:
+            buf = self._reader.buffer(self.name)
+        except WeightioError:
+            return 0
+        if not isinstance(buf, RemoteImage):
+            return 0
+        start, stop = info.stored_range()
+        return buf.file.read_ahead(start, stop - start, f"tensor {self.name!r}")
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """``view[a:b]``, ``view[:, a:b]``: the selected part as a read-only array.

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._remote import reading_ahead
 from ..dtypes import by_torch, dtype_name, is_number, parse_dtype
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import Device, import_framework, is_floating, parse_device
@@ -259,7 +260,9 @@ def _on_device(b: Backend, tensors: Mapping[str, Any]) -> dict[str, Any]:
             found = b.adopt(value)
             if found is not NotImplemented:
                 adopted[name] = found
-    moved = b.transfer({name: _host(v) for name, v in tensors.items() if name not in adopted})
+    names = [name for name in tensors if name not in adopted]
+    hosted = reading_ahead(tensors[name] for name in names)  # remote views: the next ones are fetched meanwhile
+    moved = b.transfer({name: _host(value) for name, value in zip(names, hosted, strict=True)})
     return {name: adopted[name] if name in adopted else moved[name] for name in tensors}
 
 

@@ -1,0 +1,165 @@
+"""Sharded models opened by URL in one wave of requests, and models streamed with the next tensors in
+flight: the requests each scheme makes, counted by the real servers (HTTP, moto's S3, the fake Hub)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+import weightio as wio
+from tests.hubserver import Repo
+from tests.remote_fixtures import traffic
+from weightio import _remote
+
+SHARDS = 6
+COMMIT = "b" * 40
+
+
+def _shards(rows: int = 64) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
+    """A model of `SHARDS` shards (two tensors each: ``w`` of `rows` x 96, ``b``) and its index:
+    tensors, and files by name."""
+    rng = np.random.default_rng(7)
+    tensors, files, weight_map = {}, {}, {}
+    for k in range(SHARDS):
+        name = f"model-{k + 1:05d}-of-{SHARDS:05d}.safetensors"
+        part = {f"layers.{k}.w": rng.standard_normal((rows, 96)).astype(np.float32),
+                f"layers.{k}.b": np.arange(96, dtype=np.float32) + k}
+        tensors |= part
+        files[name] = save(part)
+        weight_map |= {t: name for t in part}
+    files["model.safetensors.index.json"] = json.dumps({"metadata": {"total_size": 1},
+                                                        "weight_map": weight_map}).encode()
+    files["config.json"] = b'{"model_type": "llama"}'
+    return tensors, files
+
+
+def _check(ckpt: wio.Checkpoint, tensors: dict[str, np.ndarray]) -> None:
+    assert sorted(ckpt) == sorted(tensors)
+    assert {n: (v.shape, v.dtype) for n, v in ckpt.items()} == {n: (a.shape, a.dtype) for n, a in tensors.items()}
+    assert len(ckpt.files) == SHARDS
+
+
+def test_http_shards_open_with_one_ranged_get_each_and_no_head(remote_files):
+    tensors, files = _shards()
+    for name, data in files.items():
+        remote_files.put(f"m/{name}", data)
+    remote_files.reset()
+    with wio.open(remote_files.url("m/model.safetensors.index.json")) as ckpt:
+        _check(ckpt, tensors)
+        remote_files.server.idle()
+        asked = remote_files.server.requests
+        # the index, then every shard: one GET each, whose Content-Range told the size
+        assert [r.method for r in asked] == ["GET"] * (1 + SHARDS)
+        assert all(r.range == f"bytes=0-{_remote.BLOCK - 1}" and r.status == 206 for r in asked)
+        assert sorted(r.path.rsplit("/", 1)[1] for r in asked[1:]) == sorted(f for f in files if f.startswith("model-"))
+        assert traffic(ckpt) == (SHARDS, sum(len(d) for f, d in files.items() if f.startswith("model-")))
+
+
+def test_http_shards_are_opened_at_once(remote_files):
+    tensors, files = _shards()
+    for name, data in files.items():
+        remote_files.put(f"m/{name}", data)
+    remote_files.reset()
+    remote_files.server.delay = 0.1
+    with wio.open(remote_files.url("m/model.safetensors.index.json")) as ckpt:
+        _check(ckpt, tensors)
+    assert remote_files.server.peak_in_flight == SHARDS  # one wave: every shard asked before any answered
+
+
+def test_s3_shards_are_sized_by_one_listing_not_one_head_each(s3_server):
+    tensors, files = _shards()
+    for name, data in files.items():
+        s3_server.put("models", f"m/{name}", data)
+    s3_server.reset()
+    with wio.open("s3://models/m/model.safetensors.index.json") as ckpt:
+        _check(ckpt, tensors)
+        assert np.array_equal(ckpt["layers.3.w"].numpy(), tensors["layers.3.w"])
+    s3_server.idle()
+    heads = [r for r in s3_server.requests if r.method == "HEAD"]
+    listings = [r for r in s3_server.requests if r.method == "GET" and "list-type=2" in r.path]
+    assert len(heads) == 1 and heads[0].path.endswith("/m/model.safetensors.index.json")  # the URL itself only
+    assert len(listings) == 1
+    shard_gets = [r for r in s3_server.requests if r.method == "GET" and "/m/model-" in r.path]
+    assert len(shard_gets) == SHARDS  # each shard's first block (here the whole shard: the tensor read asks nothing)
+    assert all(r.headers.get("if-match") for r in shard_gets)  # the listed ETag guards every read
+
+
+def test_s3_shards_open_where_listing_is_denied(s3_server):
+    tensors, files = _shards()
+    for name, data in files.items():
+        s3_server.put("models", f"m/{name}", data)
+    s3_server.failures["list-type=2"] = 403  # a policy that lets objects be read but not listed
+    with wio.open("s3://models/m/model.safetensors.index.json") as ckpt:
+        _check(ckpt, tensors)
+        assert np.array_equal(ckpt["layers.5.b"].numpy(), tensors["layers.5.b"])
+    assert s3_server.count(method="HEAD", contains="/m/model-") == SHARDS  # found one by one instead
+
+
+def test_hf_sharded_open_lists_once_and_downloads_nothing(serve_hub, tmp_path):
+    tensors, files = _shards()
+    hub = serve_hub({("model", "org/sharded"): Repo({COMMIT: files}, {"main": COMMIT})})
+    with wio.open("hf://org/sharded") as ckpt:
+        _check(ckpt, tensors)
+        hub.idle()
+        api = [r.path for r in hub.matching(contains="/api/")]
+        assert len(api) == 1 and api[0].startswith("/api/models/org/sharded?") and "blobs=true" in api[0]
+        assert hub.count(method="HEAD") == 0  # one listing gave the commit and every size: no paths-info
+        assert hub.count(contains="model.safetensors.index.json") == 1  # read by range, once
+    snapshot = tmp_path / "hf-cache" / "models--org--sharded" / "snapshots"
+    assert not snapshot.exists() or not any(p.is_file() for p in snapshot.rglob("*"))  # not even the index
+
+
+@pytest.mark.parametrize("scheme", ["http", "hf"])
+def test_a_streamed_load_keeps_the_next_tensors_in_flight(remote_files, serve_hub, scheme):
+    tensors, files = _shards(rows=512)  # each w 192 KiB: past its shard's first block
+    if scheme == "http":
+        for name, data in files.items():
+            remote_files.put(f"m/{name}", data)
+        server, url = remote_files.server, remote_files.url("m/")
+    else:
+        server = serve_hub({("model", "org/sharded"): Repo({COMMIT: files}, {"main": COMMIT})})
+        url = "hf://org/sharded"
+    with wio.open(url) as ckpt:
+        server.idle()
+        server.reset()
+        server.delay = 0.1
+        loaded = {name: view.numpy() for name, view in zip(ckpt, _remote.reading_ahead(ckpt.values()), strict=True)}
+        server.idle()
+        assert server.peak_in_flight > 2  # the next tensors' requests were out while one was read
+        fetched = sum(r.bytes for r in server.requests)
+        assert fetched == sum(a.nbytes for n, a in tensors.items() if n.endswith(".w"))  # each once; b was in block 0
+    assert loaded.keys() == tensors.keys()
+    for name, array in tensors.items():
+        assert np.array_equal(loaded[name], array) and not loaded[name].flags.writeable
+
+
+def test_wio_load_of_a_url_reads_ahead(remote_files):
+    tensors, files = _shards(rows=512)
+    for name, data in files.items():
+        remote_files.put(f"m/{name}", data)
+    remote_files.server.delay = 0.05
+    loaded = wio.load(remote_files.url("m/model.safetensors.index.json"))
+    assert remote_files.server.peak_in_flight >= SHARDS  # the open's wave, then tensors several at once
+    assert all(np.array_equal(loaded[n], a) for n, a in tensors.items()) and loaded.keys() == tensors.keys()
+
+
+def test_prefetch_is_taken_by_the_next_read_and_local_views_ask_nothing(remote_files, tmp_path):
+    big = np.random.default_rng(3).standard_normal((256, 512)).astype(np.float32)  # 512 KiB: past the first block
+    tensors = {"big": big, "small": np.arange(10, dtype=np.int64)}
+    (tmp_path / "one.safetensors").write_bytes(save(tensors))
+    with wio.open(tmp_path / "one.safetensors") as local:
+        assert local["big"].prefetch() == 0
+    url = remote_files.put("m/one.safetensors", save(tensors))
+    with wio.open(url) as ckpt:
+        before = traffic(ckpt)
+        assert ckpt["small"].prefetch() == 0  # in the header block already
+        view = ckpt["big"]
+        assert view.prefetch() == view.info.nbytes == big.nbytes
+        assert view.prefetch() == 0  # on its way already
+        assert np.array_equal(view.numpy(), big)
+        assert traffic(ckpt) == (before[0] + 1, before[1] + big.nbytes)  # fetched once; numpy() took it
+        assert np.array_equal(view.numpy(), big)  # taken once: a later read asks again
+        assert traffic(ckpt) == (before[0] + 2, before[1] + 2 * big.nbytes)
