@@ -19,6 +19,7 @@ repo's config and tokenizer files, and maps them: what transformers then finds o
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import posixpath
 from collections.abc import Callable, Mapping
@@ -116,8 +117,10 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
     if download:
         return Opened(url, [], local=hub.download(url))
     sources, index = hub.remote_sources(url)
+    remote = [s for s in sources if not isinstance(s, str)]
+    found = dict(zip(map(id, remote), _hub_probe_all(remote), strict=True)) if len(remote) > 1 else {}
     files: list[Callable[[], Any]] = [
-        (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s)) for s in sources]
+        (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(id(s)))) for s in sources]
     if index is None:
         return Opened(url, _open_all(files))
     names = {(s if isinstance(s, str) else s.uri): _shard_name(s) for s in sources}
@@ -128,14 +131,40 @@ def _shard_name(source: Any) -> str:
     return posixpath.basename(source if isinstance(source, str) else source.filename)
 
 
-def _hub_file(file: Any) -> RemoteFile:
-    """A `weightio.hub.HubFile` read by range through huggingface_hub's HTTP session."""
+def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str] | None]:
+    """The first `BLOCK` of every `weightio.hub.HubFile`, and where the Hub redirected each (its
+    CDN), all asked at once on one event loop (huggingface_hub's async client: one wave of requests,
+    sent before any answer is parsed). None where one failed: that file is read alone, with retries."""
+    from huggingface_hub.utils import build_hf_headers, get_async_session
+
+    headers = build_hf_headers()
+
+    async def one(client: Any, file: Any) -> tuple[bytes, str] | None:
+        ask = headers | {"Range": f"bytes=0-{min(BLOCK, file.size) - 1}"}
+        async with client.stream("GET", file.url(), headers=ask, follow_redirects=True) as response:
+            if response.status_code != 206:
+                return None
+            return await response.aread(), str(response.url)
+
+    async def every() -> list[Any]:
+        async with get_async_session() as client:
+            return await asyncio.gather(*(one(client, f) for f in files), return_exceptions=True)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="weightio-open") as loop:  # a loop of its own: the
+        results = loop.submit(asyncio.run, every()).result()  # caller may be inside one (a notebook)
+    return [r if isinstance(r, tuple) else None for r in results]
+
+
+def _hub_file(file: Any, found: tuple[bytes, str] | None = None) -> RemoteFile:
+    """A `weightio.hub.HubFile` read by range through huggingface_hub's HTTP session (`found`: its
+    first block and CDN address, where `_hub_probe_all` fetched them)."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = file.url()
     session = get_session()
     headers = build_hf_headers()  # the token (HF_TOKEN, hf auth login) for the endpoint; never shown
-    direct: list[str] = []  # where the Hub redirected the file (its CDN): later ranges go straight there
+    # where the Hub redirected the file (its CDN): later ranges go straight there
+    direct: list[str] = [found[1]] if found is not None and found[1] != url else []
 
     def stream(start: int, stop: int, into: memoryview | None) -> bytes | int:
         """Bytes `start`..`stop`: returned, or written into `into` (their count returned)."""
@@ -163,7 +192,8 @@ def _hub_file(file: Any) -> RemoteFile:
             return got
 
     return RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
-                      fetch_into=lambda start, stop, into: stream(start, stop, into))  # type: ignore[arg-type,return-value]
+                      fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
+                      first=None if found is None else found[0])
 
 
 # ----------------------------------------------------------------------------- fsspec
@@ -227,44 +257,56 @@ def _probe(fs: Any, path: str, url: str) -> _Found:
     that answers 200 with a body larger than the block ignores ``Range``: refused, body unread."""
     from fsspec.asyn import sync
 
-    async def get() -> _Found:
-        session = await fs.set_session()
-        kwargs = dict(fs.kwargs)
-        headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{BLOCK - 1}"}
-        try:
-            request = session.get(fs.encode_url(path), headers=headers, **kwargs)
-        except TypeError as e:  # an option aiohttp does not take
-            raise UsageError(f"storage_options rejected by the HTTP filesystem: {e}", path=redact(url)) from None
-        async with request as response:
-            if response.status == 416:  # nothing satisfies bytes=0-: an empty file
-                return _Found({"size": 0, "type": "file"})
-            response.raise_for_status()
-            kind = response.headers.get("Content-Type", "")
-            etag = response.headers.get("ETag")
-            if response.status != 206 and kind.startswith("text/html"):  # an index page: a folder, not read
-                return _Found({"type": "file", "mimetype": kind, "size": None})
-            length = response.headers.get("Content-Length")
-            if response.status == 206:
-                size = _total_size(response.headers.get("Content-Range", ""))
-                if size is None:
-                    raise InputError("the server answered a range without the file's size (Content-Range "
-                                     f"{response.headers.get('Content-Range')!r})", path=redact(url))
-            elif length is not None and length.isdigit() and int(length) <= BLOCK:
-                size = int(length)  # the whole file is smaller than the block: that is its size
-            else:
-                raise Failure(None, "", transient=False, ignores_range=True).error(redact(url))
-            if length is not None and length.isdigit() and int(length) > min(BLOCK, size):
-                raise InputError(f"the server answered {int(length):,} bytes to a range of {min(BLOCK, size):,}",
-                                 path=redact(url))
-            first, want = b"", min(BLOCK, size)
-            while len(first) < want:  # a short body is caught by RemoteFile (the file changed)
-                more = await response.content.read(want - len(first))
-                if not more:
-                    break
-                first += more
-            return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, first)
+    return sync(fs.loop, _probe_async, fs, path, url)
 
-    return sync(fs.loop, get)
+
+def _probe_all(fs: Any, items: list[tuple[str, str]]) -> list[_Found | None]:
+    """`_probe` of every ``(path, url)`` at once, on fsspec's event loop: one wave of requests, sent
+    before any answer is parsed. None where one failed (it is found again alone, with retries)."""
+    from fsspec.asyn import sync
+
+    async def every() -> list[Any]:
+        return await asyncio.gather(*(_probe_async(fs, p, u) for p, u in items), return_exceptions=True)
+
+    return [r if isinstance(r, _Found) else None for r in sync(fs.loop, every)]
+
+
+async def _probe_async(fs: Any, path: str, url: str) -> _Found:
+    session = await fs.set_session()
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{BLOCK - 1}"}
+    try:
+        request = session.get(fs.encode_url(path), headers=headers, **kwargs)
+    except TypeError as e:  # an option aiohttp does not take
+        raise UsageError(f"storage_options rejected by the HTTP filesystem: {e}", path=redact(url)) from None
+    async with request as response:
+        if response.status == 416:  # nothing satisfies bytes=0-: an empty file
+            return _Found({"size": 0, "type": "file"})
+        response.raise_for_status()
+        kind = response.headers.get("Content-Type", "")
+        etag = response.headers.get("ETag")
+        if response.status != 206 and kind.startswith("text/html"):  # an index page: a folder, not read
+            return _Found({"type": "file", "mimetype": kind, "size": None})
+        length = response.headers.get("Content-Length")
+        if response.status == 206:
+            size = _total_size(response.headers.get("Content-Range", ""))
+            if size is None:
+                raise InputError("the server answered a range without the file's size (Content-Range "
+                                 f"{response.headers.get('Content-Range')!r})", path=redact(url))
+        elif length is not None and length.isdigit() and int(length) <= BLOCK:
+            size = int(length)  # the whole file is smaller than the block: that is its size
+        else:
+            raise Failure(None, "", transient=False, ignores_range=True).error(redact(url))
+        if length is not None and length.isdigit() and int(length) > min(BLOCK, size):
+            raise InputError(f"the server answered {int(length):,} bytes to a range of {min(BLOCK, size):,}",
+                             path=redact(url))
+        first, want = b"", min(BLOCK, size)
+        while len(first) < want:  # a short body is caught by RemoteFile (the file changed)
+            more = await response.content.read(want - len(first))
+            if not more:
+                break
+            first += more
+        return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, first)
 
 
 def _total_size(content_range: str) -> int | None:
@@ -370,6 +412,8 @@ def _open_index(fs: Any, path: str, url: str, found: _Found | None = None,
     shards = layout.shards(weight_map)
     urls = {f"{folder}/{s}": s for s in shards}
     known = {u: _sized((listing or {}).get(s, {})) for u, s in urls.items()}
+    if _is_http(fs) and len(urls) > 1:  # every shard's first GET out at once, then parsed
+        known = dict(zip(urls, _probe_all(fs, [(_fs_path(fs, u), u) for u in urls]), strict=True))
     files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u, known[u])) for u in urls]
     return Opened(redact(folder), _open_all(files),
                   (redact(url), weight_map, metadata, {redact(u): s for u, s in urls.items()}))
