@@ -108,7 +108,8 @@ def _report(error: BaseException, code: int) -> None:
     if isinstance(error, KeyboardInterrupt):
         click.echo("\nweightio: interrupted", err=True)  # convert leaves no partial output behind
         sys.exit(code)
-    _fail(str(error) or type(error).__name__, code)
+    text = error.render(cli=True) if isinstance(error, WeightioError) else str(error)  # the advice in CLI words
+    _fail(text or type(error).__name__, code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -356,7 +356,7 @@ def test_cast_refuses_non_float_targets(tmp_path):
 
 
 def test_quantized_tensors_need_dequantize_for_other_formats(tmp_path):
-    with pytest.raises(UnsupportedDTypeError, match="'w.q8_0': is Q8_0 block-quantized; pass --dequantize"):
+    with pytest.raises(UnsupportedDTypeError, match=r"'w.q8_0': is Q8_0 block-quantized \(pass dequantize=True"):
         convert(FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors", select=["w.q8_0"])
     assert not list(tmp_path.iterdir())
 
@@ -502,7 +502,7 @@ def _resident_pages(arr: np.ndarray) -> int:
 def test_existing_destination_is_refused_then_replaced_with_overwrite(tmp_path):
     dst = tmp_path / "x.safetensors"
     dst.write_bytes(b"keep me")
-    with pytest.raises(WriteError, match="already exists; pass overwrite=True"):
+    with pytest.raises(WriteError, match=r"already exists \(pass overwrite=True to replace it\)"):
         convert(FIXTURES / "numpy.safetensors", dst)
     assert dst.read_bytes() == b"keep me"
     convert(FIXTURES / "numpy.safetensors", dst, overwrite=True)

@@ -51,7 +51,7 @@ from typing import IO, BinaryIO
 
 import numpy as np
 
-from .errors import CorruptFileError, InputError, WeightioError, WriteError
+from .errors import OVERWRITE_ADVICE, CorruptFileError, InputError, WeightioError, WriteError
 
 __all__ = ["MappedFile", "PRIVATE_WINDOW", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
            "fsync_directory", "lock_temporary", "remove_stale_temporaries", "writable_twin", "write_all"]
@@ -340,8 +340,7 @@ def check_destination(path: str, overwrite: bool) -> None:
     if os.path.isdir(path):
         raise WriteError("is a directory; give a file name", path=path, errno=errno.EISDIR)
     if os.path.lexists(path) and not overwrite:
-        raise WriteError("already exists; pass overwrite=True (CLI: --force) to replace it", path=path,
-                         errno=errno.EEXIST)
+        raise WriteError("already exists", path=path, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,15 @@ from typing import Any
 
 from . import layout
 from ._remote import is_url
-from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError, UsageError
+from .errors import (
+    DOWNLOAD_ADVICE,
+    STORAGE_OPTIONS_ADVICE,
+    CorruptFileError,
+    FormatError,
+    InputError,
+    TensorNotFoundError,
+    UsageError,
+)
 from .formats import open_file
 from .formats.base import Reader, TensorInfo, using_unknown_globals
 from .limits import Limits, using
@@ -165,9 +173,11 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
             return open_sharded_set(opened.path, *opened.sharded[:3], opened.readers, opened.sharded[3])
         return open_readers(opened.path, opened.readers)
     if storage_options:
-        raise UsageError("storage_options apply to URLs only (hf://, https://, s3:// …)", path=path)
+        raise UsageError("storage options apply to URLs only, such as https:// and s3://", path=path,
+                         advice=STORAGE_OPTIONS_ADVICE)
     if download:
-        raise UsageError("download=True applies to hf:// paths only", path=path)
+        raise UsageError("downloading into the Hugging Face cache applies to hf:// paths only", path=path,
+                         advice=DOWNLOAD_ADVICE)
     if os.path.isdir(path):
         return _open_directory(path)
     if path.endswith(".index.json") and os.path.isfile(path):  # a sharded set, named by its index

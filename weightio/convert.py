@@ -58,7 +58,15 @@ from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
-from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
+from .errors import (
+    OVERWRITE_ADVICE,
+    Advice,
+    CorruptFileError,
+    UnsupportedDTypeError,
+    UsageError,
+    WeightioError,
+    WriteError,
+)
 from .formats import SUFFIXES, format_for_path, open_file
 from .formats.ggml_to_gguf import LlamaOptions
 from .layout import WEIGHT_SUFFIXES
@@ -253,9 +261,10 @@ def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: 
     info = view.info
     if info.ggml_type is not None and not dequantize:
         if fmt != "gguf":
-            raise UnsupportedDTypeError(f"is {info.ggml_type} block-quantized; pass --dequantize (dequantize=True) "
-                                        f"to write it as {dtype_name(cast or np.dtype(np.float32))}, or write .gguf",
-                                        path=view.path, tensor=view.name)
+            to = f"to write it as {dtype_name(cast or np.dtype(np.float32))}, or write .gguf"
+            advice = Advice(python=f"pass dequantize=True {to}", cli=f"pass --dequantize {to}")
+            raise UnsupportedDTypeError(f"is {info.ggml_type} block-quantized", path=view.path, tensor=view.name,
+                                        advice=advice)
         blocks = block_type(view)
         if blocks is not None:
             return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, True),
@@ -496,9 +505,8 @@ class _Writer:
     def _check(self, outputs: list[str]) -> None:
         check_outputs(outputs, self.ckpt.files, self.staging.overwrite)
         if self.layout.fmt == "safetensors" and not self.staging.overwrite and os.path.lexists(self.layout.index):
-            raise WriteError("already exists and would shadow the new file when the directory is opened; "
-                             "pass overwrite=True (CLI: --force) to replace it", path=self.layout.index,
-                             errno=errno.EEXIST)
+            raise WriteError("already exists and would shadow the new file when the directory is opened",
+                             path=self.layout.index, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
         check_outputs([final for _, final in self.copies], self.ckpt.files, self.staging.overwrite)
 
     def _write(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any],

@@ -1,0 +1,144 @@
+"""The frictions a new user hit (issue 17), each pinned by the exact words weightio now says."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from weightio.cli import main
+
+import weightio as wio
+from weightio.convert import convert
+from weightio.errors import Advice, UnsupportedDTypeError, UsageError, WriteError, WriteFileExistsError
+
+from .conftest import FIXTURES
+
+PT = FIXTURES / "pytorch"
+BERT_BIN = FIXTURES / "models" / "bert" / "pytorch_model.bin"
+
+
+def _run(*args: object, **kwargs):
+    return CliRunner().invoke(main, [str(a) for a in args], **kwargs)
+
+
+def _os_system_pickle(path: Path, marker: Path) -> Path:
+    """A pickle that runs ``touch <marker>`` when pickle.load reads it."""
+    command = f"touch {marker}".encode()
+    path.write_bytes(b"\x80\x02cos\nsystem\nX" + struct.pack("<I", len(command)) + command + b"\x85R.")
+    return path
+
+
+# ----------------------------------------------------------------------------- scan: one verdict
+
+
+def test_scan_of_a_safe_torch_file_explains_fickling_in_the_terms_of_its_verdict():
+    pytest.importorskip("fickling")
+    result = _run("scan", BERT_BIN)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"{BERT_BIN}: safe (pytorch)",
+        "  weightio: weightio reads it",
+        "  pytorch_model/data.pkl (4,093 bytes)",
+        "    globals: torch._utils._rebuild_tensor_v2, torch.FloatStorage, collections.OrderedDict",
+        "    fickling: 42 findings (LIKELY_UNSAFE by its default analyses, LIKELY_SAFE by its ML allowlist), "
+        "benign here:",
+        "      each is about one of these, which weightio accepts without importing or calling anything:",
+        "      - torch._utils._rebuild_tensor_v2: a torch tensor rebuild function: weightio records its arguments "
+        "instead of calling it",
+        "      - torch.FloatStorage: a torch storage class: read as the dtype of the stored bytes, never constructed",
+        "result: safe"]
+    assert "[LIKELY_UNSAFE]" not in result.stdout
+
+
+def test_scan_json_is_versioned_and_its_verdict_is_weightios():
+    pytest.importorskip("fickling")
+    doc = json.loads(_run("scan", BERT_BIN, "--json").stdout)
+    assert doc["schema"] == "weightio.scan/1" and doc["safe"] is True
+    (pickle_doc,) = doc["files"][0]["pickles"]
+    assert "severity" not in pickle_doc and pickle_doc["allowed"] is True
+    assert pickle_doc["roles"]["torch.FloatStorage"] == ("a torch storage class: read as the dtype of the stored "
+                                                         "bytes, never constructed")
+    fickling = pickle_doc["fickling"]
+    assert (fickling["ran"], fickling["default_analyses"], fickling["ml_allowlist"], fickling["explained"]) == \
+        (True, "LIKELY_UNSAFE", "LIKELY_SAFE", True)
+    assert all(f["explained"] and f["about"] for f in fickling["findings"])
+
+
+def test_scan_builds_on_torch_state_are_explained_as_build():
+    pytest.importorskip("fickling")
+    (p,) = wio.scan(PT / "resnet18_like.pth").files[0].pickles
+    builds = [f for f in p.findings if f.trigger and ".update(" in f.trigger]
+    assert builds and all(f.about == ("BUILD",) and p.explained(f) for f in builds)
+    assert not p.unexplained
+
+
+def test_scan_still_shows_fickling_on_a_malicious_pickle(tmp_path):
+    pytest.importorskip("fickling")
+    marker = tmp_path / "was-run"
+    bad = _os_system_pickle(tmp_path / "evil.bin", marker)
+    result = _run("scan", bad)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [
+        f"{bad}: UNSAFE (pytorch)",
+        "  weightio: UnsafePickleError: pickle 1: the pickle asks for global 'os.system', which is not on weightio's "
+        "allowlist; nothing was imported or run (to read its tensors without running it, pass --unknown-globals "
+        "placeholder)",
+        f"  pickle 1 (bytes 0..{bad.stat().st_size}) ({bad.stat().st_size} bytes)"]
+    assert "    fickling: LIKELY_OVERTLY_MALICIOUS (default analyses), LIKELY_UNSAFE (ML allowlist)" in lines
+    assert ("      - [LIKELY_OVERTLY_MALICIOUS] UnsafeImports: `from os import system` is suspicious and indicative "
+            "of an overtly malicious pickle file") in lines
+    assert lines[-1] == "result: UNSAFE"
+    doc = json.loads(_run("scan", bad, "--json").stdout)
+    fickling = doc["files"][0]["pickles"][0]["fickling"]
+    assert fickling["explained"] is False and not any(f["explained"] for f in fickling["findings"])
+    assert doc["files"][0]["advice"] == {
+        "python": "to read its tensors without running it, pass unknown_globals='placeholder'",
+        "cli": "to read its tensors without running it, pass --unknown-globals placeholder"}
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------- advice in the caller's words
+
+
+def test_advice_is_python_in_python_and_cli_in_the_cli(tmp_path):
+    out = tmp_path / "out.npz"
+    wio.save({"w": wio.load(FIXTURES / "numpy.safetensors")["weight"]}, out)
+    with pytest.raises(WriteFileExistsError) as info:
+        wio.save({"w": wio.load(FIXTURES / "numpy.safetensors")["weight"]}, out)
+    assert str(info.value) == f"{out}: already exists (pass overwrite=True to replace it)"
+    assert info.value.render(cli=True) == f"{out}: already exists (pass --force to replace it)"
+    result = _run("convert", FIXTURES / "numpy.safetensors", out)
+    assert result.exit_code == 1
+    assert result.stderr == f"weightio: error: {out}: already exists (pass --force to replace it)\n"
+
+
+def test_every_known_advice_has_a_cli_spelling(tmp_path):
+    whole = PT / "whole_module.pt"
+    python = _run("inspect", whole)
+    assert python.exit_code == 1
+    assert python.stderr.endswith("nothing was imported or run (to read its tensors without running it, pass "
+                                  "--unknown-globals placeholder)\n")
+    assert "unknown_globals=" not in python.stderr
+    quantized = FIXTURES / "gguf" / "quantized.gguf"
+    with pytest.raises(UnsupportedDTypeError, match=r"block-quantized \(pass dequantize=True to write it as float32, "
+                                                    r"or write \.gguf\)"):
+        convert(quantized, tmp_path / "q.safetensors")
+    header = _run("inspect", FIXTURES / "numpy.safetensors", "--max-header-bytes", "100")
+    assert header.stderr.endswith("exceeds the 100-byte limit (raise it with --max-header-bytes or "
+                                  "WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)\n")
+    with pytest.raises(UsageError) as where:
+        wio.open(FIXTURES / "numpy.safetensors", download=True)
+    assert str(where.value).endswith("applies to hf:// paths only (drop download=True)")
+    assert where.value.render(cli=True).endswith("applies to hf:// paths only (drop --download)")
+
+
+def test_advice_survives_pickling():
+    error = WriteError("already exists", path="x", advice=Advice("pass overwrite=True", "pass --force"))
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and again.render(cli=True) == "x: already exists (pass --force)"
+    assert str(again) == "x: already exists (pass overwrite=True)"
