@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import pickle
+import socket
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -142,3 +146,53 @@ def test_advice_survives_pickling():
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is type(error) and again.render(cli=True) == "x: already exists (pass --force)"
     assert str(again) == "x: already exists (pass overwrite=True)"
+
+
+# ----------------------------------------------------------------------------- open: bytes paths and file objects
+
+
+def test_open_takes_a_bytes_path():
+    with wio.open(os.fsencode(FIXTURES / "numpy.safetensors")) as ckpt:
+        assert ckpt.files == [str(FIXTURES / "numpy.safetensors")] and list(ckpt) == ["bias", "weight"]
+    report = wio.scan(os.fsencode(FIXTURES / "numpy.safetensors"))
+    assert report.safe
+
+
+def test_open_maps_a_file_object_and_leaves_it_open():
+    path = FIXTURES / "numpy.safetensors"
+    expected = wio.load(path)
+    with open(path, "rb") as f:
+        f.seek(3)
+        with wio.open(f) as ckpt:
+            assert ckpt.files == [str(path)]
+            weight = ckpt["weight"].numpy()
+            assert (weight == expected["weight"]).all() and not weight.flags.writeable
+        assert not f.closed and f.tell() == 3 and f.read(5) == path.read_bytes()[3:8]
+
+
+def test_a_file_object_without_a_str_name_is_named_by_its_descriptor():
+    with tempfile.TemporaryFile() as f:
+        f.write((FIXTURES / "gguf" / "metadata.gguf").read_bytes())
+        f.flush()
+        with wio.open(f) as ckpt:
+            assert ckpt.files == [f"<fd {f.fileno()}>"] and ckpt.format == "gguf"
+            assert ckpt["bias"].numpy().tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("thing,what", [(io.BytesIO(b"PK"), "an object of type BytesIO"), (3, "an object of type int")])
+def test_what_cannot_be_mapped_is_a_usage_error_saying_what_is_accepted(thing, what):
+    with pytest.raises(UsageError) as info:
+        wio.open(thing)
+    assert str(info.value) == (f"cannot open {what}: weightio.open takes a path (str, bytes or os.PathLike), a URL, "
+                               "or a file object with a real file descriptor (fileno()), which it maps; write "
+                               "in-memory bytes to a file first")
+
+
+def test_a_closed_file_object_and_a_socket_are_refused(tmp_path):
+    with open(FIXTURES / "numpy.safetensors", "rb") as f:
+        pass
+    with pytest.raises(UsageError, match="^cannot open a closed file: weightio.open takes"):
+        wio.open(f)
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(wio.InputError, match=r"is a socket, not a checkpoint file$"):
+        wio.open(a)

@@ -81,6 +81,20 @@ def describe_file_type(mode: int) -> str:
     return "not a regular file"
 
 
+def _dup_regular(fd: int, path: str) -> int:
+    """A duplicate of the caller's descriptor `fd` (closing ours leaves theirs open), checked to be
+    a regular file."""
+    try:
+        dup = os.dup(fd)
+    except OSError as e:
+        raise InputError(f"cannot use file descriptor {fd}: {e.strerror}", path=path, errno=e.errno) from e
+    mode = os.fstat(dup).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(dup)
+        raise InputError(f"is {describe_file_type(mode)}, not a checkpoint file", path=path)
+    return dup
+
+
 def _open_regular(path: str) -> int:
     """Open `path` read-only without blocking (a FIFO would block a plain open) and check it is a file."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -110,9 +124,11 @@ class MappedFile:
 
     remote = False
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fd: int | None = None) -> None:
+        """Map `path`; or, given `fd` (an open descriptor of the caller's), map that file, `path`
+        only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open."""
         self.path = os.fspath(path)
-        self._fd = _open_regular(self.path)
+        self._fd = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self._lock = threading.Lock()  # close() against a concurrent pread/fstat of the same descriptor
         try:
             opened = os.fstat(self._fd)

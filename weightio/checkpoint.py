@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from . import layout
+from ._io import MappedFile
 from ._remote import is_url
 from .errors import (
     DOWNLOAD_ADVICE,
@@ -162,7 +163,10 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     if limits is not None:
         with using(limits):
             return open_checkpoint(path, storage_options=storage_options, download=download)
-    path = os.fspath(path)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        _check_local("a file object", storage_options, download)
+        return _open_file_object(path)
+    path = os.fsdecode(path)  # bytes paths too
     if is_url(path):
         from .remote import open_url  # imports fsspec or huggingface_hub: only for URLs
 
@@ -172,12 +176,7 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
         if opened.sharded is not None:
             return open_sharded_set(opened.path, *opened.sharded[:3], opened.readers, opened.sharded[3])
         return open_readers(opened.path, opened.readers)
-    if storage_options:
-        raise UsageError("storage options apply to URLs only, such as https:// and s3://", path=path,
-                         advice=STORAGE_OPTIONS_ADVICE)
-    if download:
-        raise UsageError("downloading into the Hugging Face cache applies to hf:// paths only", path=path,
-                         advice=DOWNLOAD_ADVICE)
+    _check_local(path, storage_options, download)
     if os.path.isdir(path):
         return _open_directory(path)
     if path.endswith(".index.json") and os.path.isfile(path):  # a sharded set, named by its index
@@ -185,6 +184,35 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     if not os.path.exists(path):
         raise InputError("no such file or directory", path=path, errno=2)
     return _open_with_siblings(path, path)
+
+
+def _check_local(path: str, storage_options: Mapping[str, Any] | None, download: bool) -> None:
+    """Refuse the options that apply to URLs only."""
+    if storage_options:
+        raise UsageError("storage options apply to URLs only, such as https:// and s3://", path=path,
+                         advice=STORAGE_OPTIONS_ADVICE)
+    if download:
+        raise UsageError("downloading into the Hugging Face cache applies to hf:// paths only", path=path,
+                         advice=DOWNLOAD_ADVICE)
+
+
+def _open_file_object(obj: Any) -> Checkpoint:
+    """A file object with a real descriptor (``open(path, "rb")``, a temporary file): its file
+    mapped through a duplicate of the descriptor, so closing the checkpoint leaves `obj` open.
+    Named by ``obj.name`` when that is a str, else ``<fd N>``."""
+    fileno = getattr(obj, "fileno", None)
+    try:
+        fd = fileno() if callable(fileno) else None
+    except (OSError, ValueError):  # io.BytesIO: io.UnsupportedOperation, both; a closed file: ValueError
+        fd = None
+    if type(fd) is not int or fd < 0:
+        what = "a closed file" if getattr(obj, "closed", False) is True else f"an object of type {type(obj).__name__}"
+        raise UsageError(f"cannot open {what}: weightio.open takes a path (str, bytes or "
+                         "os.PathLike), a URL, or a file object with a real file descriptor (fileno()), which it "
+                         "maps; write in-memory bytes to a file first")
+    name = getattr(obj, "name", None)
+    path = name if isinstance(name, str) else f"<fd {fd}>"
+    return open_readers(path, [open_file(MappedFile(path, fd=fd))])
 
 
 def _open_directory(path: str) -> Checkpoint:

@@ -93,7 +93,7 @@ def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
         >>> report.safe, report.globals
         (True, ('collections.OrderedDict', 'torch._utils._rebuild_tensor_v2', 'torch.FloatStorage'))
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # bytes paths too
     if path.startswith("hf://"):
         from .hub import resolve
 
