@@ -216,7 +216,7 @@ def test_sharded_files_equal_huggingface_hub_save_torch_state_dict(tmp_path):
         state = {n: torch.from_numpy(ckpt[n].numpy().copy()) for n in ckpt}
     (tmp_path / "hub").mkdir()
     save_torch_state_dict(state, tmp_path / "hub", max_shard_size="20KB")
-    convert(FIXTURES / "tiny-bert", tmp_path / "ours" / "model.safetensors", max_shard_size="20KB")
+    convert(FIXTURES / "tiny-bert", tmp_path / "ours" / "model.safetensors", max_shard_size="20KB", parents=True)
     expected = sorted(p.name for p in (tmp_path / "hub").iterdir())
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == expected and len(expected) > 2
     for name in expected:
@@ -535,7 +535,7 @@ def test_interrupt_leaves_no_partial_output(tmp_path, monkeypatch):
     monkeypatch.setattr(convert_module, "make", interrupted)
     out = tmp_path / "new" / "deeper"
     with pytest.raises(KeyboardInterrupt):
-        convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="20kB")
+        convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="20kB", parents=True)
     assert list(tmp_path.iterdir()) == []  # no shard, no temporary file, no directory we created
     calls["n"] = 0
     with pytest.raises(KeyboardInterrupt):

@@ -196,3 +196,56 @@ def test_a_closed_file_object_and_a_socket_are_refused(tmp_path):
     a, b = socket.socketpair()
     with a, b, pytest.raises(wio.InputError, match=r"is a socket, not a checkpoint file$"):
         wio.open(a)
+
+
+# ----------------------------------------------------------------------------- outputs: --parents
+
+
+def test_convert_into_a_missing_directory_asks_for_parents(tmp_path):
+    out = tmp_path / "missing" / "dir" / "out.safetensors"
+    result = _run("convert", FIXTURES / "numpy.safetensors", out)
+    assert result.exit_code == 1
+    assert result.stderr == (f"weightio: error: {out}: the directory {out.parent} does not exist "
+                             "(pass --parents to create it)\n")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(WriteError) as info:
+        convert(FIXTURES / "numpy.safetensors", out)
+    assert str(info.value).endswith("does not exist (pass parents=True to create it)")
+    result = _run("convert", FIXTURES / "numpy.safetensors", out, "--parents")
+    assert result.exit_code == 0 and result.stdout == f"wrote {out}: 2 tensors, 120 B (safetensors)\n"
+    # a directory destination itself is created, as mkdir does; its parent must exist
+    assert _run("convert", FIXTURES / "tiny-bert", tmp_path / "new-model", "-q").exit_code == 0
+    deeper = _run("convert", FIXTURES / "tiny-bert", tmp_path / "a" / "b" / "model")
+    assert deeper.stderr.endswith(f": the directory {tmp_path / 'a' / 'b'} does not exist (pass --parents to "
+                                  "create it)\n")
+
+
+def test_download_into_a_missing_directory_asks_for_parents(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    local = tmp_path / "a" / "b"
+    result = _run("download", "org/model", "--local-dir", local)
+    assert result.exit_code == 1
+    assert result.stderr == (f"weightio: error: {local}: the directory {tmp_path / 'a'} does not exist "
+                             "(pass --parents to create it)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_progress_shows_two_passes_over_the_output_size():
+    from tqdm import tqdm
+    from weightio.cli.convert import progress_callback
+
+    seen = []
+    with tqdm(total=0, disable=False, file=io.StringIO()) as bar:
+        progress = progress_callback(bar, verify=True)
+        for _ in range(2):  # what convert reports for a 120-byte output: 2 tensors written, then read back
+            for advance in (40, 80):
+                progress(advance, 240)
+                seen.append((bar.desc, bar.n, bar.total))
+    assert seen == [("", 40, 120), ("verifying: ", 0, 120), ("verifying: ", 40, 120), ("verifying: ", 120, 120)]
+
+
+def test_convert_verify_reports_each_byte_twice(tmp_path):
+    calls = []
+    convert(FIXTURES / "numpy.safetensors", tmp_path / "x.safetensors", verify=True,
+            progress=lambda advance, total: calls.append((advance, total)))
+    assert [c[1] for c in calls] == [240] * 4 and sum(c[0] for c in calls) == 240  # 120 bytes, twice

@@ -51,7 +51,7 @@ from typing import IO, BinaryIO
 
 import numpy as np
 
-from .errors import OVERWRITE_ADVICE, CorruptFileError, InputError, WeightioError, WriteError
+from .errors import OVERWRITE_ADVICE, PARENTS_ADVICE, CorruptFileError, InputError, WeightioError, WriteError
 
 __all__ = ["MappedFile", "PRIVATE_WINDOW", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
            "fsync_directory", "lock_temporary", "remove_stale_temporaries", "writable_twin", "write_all"]
@@ -357,6 +357,18 @@ def check_destination(path: str, overwrite: bool) -> None:
         raise WriteError("is a directory; give a file name", path=path, errno=errno.EISDIR)
     if os.path.lexists(path) and not overwrite:
         raise WriteError("already exists", path=path, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
+
+
+def check_parent(dst: str, *, is_directory: bool = False, parents: bool = False) -> None:
+    """Unless `parents` (the caller will create missing parents: ``parents=True``, ``--parents``),
+    refuse an output whose directory does not exist, naming it; a directory `dst` itself may be new."""
+    directory = os.path.dirname(dst.rstrip("/" + os.sep) if is_directory else dst)
+    if parents or not directory or os.path.isdir(directory):
+        return
+    if os.path.exists(directory):
+        raise WriteError(f"cannot write into {directory}: not a directory", path=dst, errno=errno.ENOTDIR)
+    raise WriteError(f"the directory {directory} does not exist", path=dst, errno=errno.ENOENT,
+                     advice=PARENTS_ADVICE)
 
 
 @contextlib.contextmanager

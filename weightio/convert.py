@@ -53,7 +53,7 @@ import numpy as np
 
 from . import carry, model_files
 from . import limits as _limits
-from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
+from ._io import atomic_write, bytes_equal, check_parent, drop_array_pages, remove_stale_temporaries, write_all
 from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
@@ -356,6 +356,7 @@ def convert(
     unknown_globals: str = "refuse",
     storage_options: Mapping[str, Any] | None = None,
     download: bool = False,
+    parents: bool = False,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -371,7 +372,7 @@ def convert(
         select: glob patterns; only tensors whose names match one are written.
         verify: read every output tensor back and compare its bytes before committing.
         overwrite: replace existing outputs (atomically); by default they are refused.
-        progress: called as ``progress(bytes_done_now, total_bytes)`` after each tensor.
+        progress: called as ``progress(bytes_done_now, total_bytes)`` per tensor (`verify`: twice).
         copy_files: when `src` is a model directory (or an ``hf://`` folder) and `dst` a
             directory, copy the directory's other files (config, tokenizer …) beside the
             weights, as `weightio.model_files` says; other weight files are listed, not copied.
@@ -383,12 +384,15 @@ def convert(
         storage_options, download: for a URL `src`, as `weightio.open` takes them. A remote source
             streams too: each tensor's byte range is fetched when its writer reaches it (`progress`
             then counts the bytes fetched); ``verify`` fetches each tensor a second time.
+        parents: create `dst`'s missing parent directories; else a missing one is a `WriteError`
+            (a `dst` directory itself is created).
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
 
     Raises:
-        WriteError: an output exists (without `overwrite`), is a source file, or cannot be written.
+        WriteError: an output exists (without `overwrite`), is an input, cannot be written, or its
+            directory is missing (without `parents`).
         UnsupportedDTypeError: a tensor the output format cannot store (quantized without
             `dequantize`, a dtype the format lacks).
         UsageError: an unknown output format, an option combination that cannot be written, or
@@ -404,6 +408,7 @@ def convert(
                          path=redact(dst))
     into_dir = into_directory(src, dst)
     layout = _layout(dst, format, into_dir)
+    check_parent(dst, is_directory=into_dir, parents=parents)
     copies_to = os.path.dirname(layout.base) if into_dir and copy_files else None
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":

@@ -238,6 +238,7 @@ WriteError._by_errno = {_errno.EEXIST: WriteFileExistsError, _errno.EACCES: Writ
 
 # Advice more than one module gives
 OVERWRITE_ADVICE = Advice(python="pass overwrite=True to replace it", cli="pass --force to replace it")
+PARENTS_ADVICE = Advice(python="pass parents=True to create it", cli="pass --parents to create it")
 DOWNLOAD_ADVICE = Advice(python="drop download=True", cli="drop --download")
 STORAGE_OPTIONS_ADVICE = Advice(python="drop storage_options", cli="drop --storage-option")
 
