@@ -8,7 +8,8 @@ Each command parses its arguments, calls the library and prints. Conventions:
   by the library: `weightio.UsageError`), 130 for Ctrl-C (leaving no partial output), 141 when
   the reader of the output went away;
 * ``--debug`` shows the traceback instead; ``--quiet`` prints only the answer;
-* ``diff`` exits 0 when equal and 1 when different, ``scan`` 0 when safe and 1 when not;
+* ``diff`` exits 0 when equal, 1 when different and 3 when only dtypes differ (every value
+  equal); ``scan`` 0 when safe and 1 when not;
 * colour only on a terminal, never with ``NO_COLOR`` set;
 * `faulthandler` is on: a checkpoint truncated by another process while one of its arrays is
   in use makes the process die of SIGBUS (no mmap-based reader can prevent that), and then it

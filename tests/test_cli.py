@@ -179,8 +179,8 @@ def test_inspect_json_schema_against_the_safetensors_library():
     result = _run("inspect", path, "--json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert list(doc) == ["schema", "path", "format", "files", "fetched", "filter", "tensor_count", "parameter_count",
-                         "nbytes", "dtypes", "metadata", "placeholders", "tensors"]
+    assert list(doc) == ["schema", "path", "format", "files", "fetched", "filter", "filter_hints", "tensor_count",
+                         "parameter_count", "nbytes", "dtypes", "metadata", "placeholders", "tensors"]
     assert doc["schema"] == "weightio.inspect/1" and doc["format"] == "safetensors" and doc["filter"] is None
     assert doc["fetched"] == {"requests": 0, "bytes": 0}  # local files: nothing fetched
     expected = {}
@@ -334,9 +334,11 @@ def test_diff_names_dtypes_and_shapes(tmp_path):
     result = _run("diff", a, b)
     assert result.exit_code == 1
     assert result.stdout.splitlines()[2:] == ["only in A (1):", "  - only_a", "only in B (1):", "  + only_b",
-                                              "changed dtype or shape (2):", "  ~ s: float32 [2] -> float32 [3]",
-                                              "  ~ t: float32 [2] -> float16 [2]",
-                                              "equal: 0 of 2 tensors present in both", "result: different"]
+                                              "changed dtype or shape (2):",
+                                              "  ~ s: float32 [2] -> float32 [3]  (values not compared: shapes differ)",
+                                              "  ~ t: float32 [2] -> float16 [2]  (values equal)",
+                                              "equal: 0 of 2 tensors present in both; equal values: 1 of 2",
+                                              "result: different"]
 
 
 def test_diff_ignore_dtype_compares_values(tmp_path):

@@ -249,3 +249,106 @@ def test_convert_verify_reports_each_byte_twice(tmp_path):
     convert(FIXTURES / "numpy.safetensors", tmp_path / "x.safetensors", verify=True,
             progress=lambda advance, total: calls.append((advance, total)))
     assert [c[1] for c in calls] == [240] * 4 and sum(c[0] for c in calls) == 240  # 120 bytes, twice
+
+
+# ----------------------------------------------------------------------------- names: filters and missing tensors
+
+SEQ_BERT = FIXTURES / "models" / "bert-for-sequence-classification"
+
+
+def test_a_filter_matching_nothing_suggests_the_pattern_that_would_match():
+    result = _run("inspect", SEQ_BERT, "--filter", "encoder.layer.0.*")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[2:4] == [
+        "  filter      encoder.layer.0.*  (0 of 41 tensors)",
+        "  hint        no tensor name matches; try --filter 'bert.encoder.layer.0.*' or --filter '*encoder.layer.0.*'"]
+    doc = json.loads(_run("inspect", SEQ_BERT, "--filter", "encoder.layer.0.*", "--json").stdout)
+    assert doc["tensor_count"] == 0 and doc["filter_hints"] == ["bert.encoder.layer.0.*", "*encoder.layer.0.*"]
+    assert len(wio.open(SEQ_BERT).select("bert.encoder.layer.0.*")) == 16  # the hint is right
+    typo = _run("inspect", SEQ_BERT, "--filter", "classifer.weight")
+    assert ("  hint        no tensor name matches; try --filter classifier.weight or --filter classifier.bias"
+            in typo.stdout.splitlines())
+
+
+def test_show_of_a_missing_name_names_what_there_is():
+    npy = FIXTURES / "numpy" / "c_order.npy"
+    result = _run("show", npy, "x")
+    assert result.exit_code == 1
+    assert result.stderr == (f"weightio: error: {npy}: tensor 'x': no such tensor; its one tensor is 'c_order' "
+                             "(named after the file)\n")
+    close = _run("show", SEQ_BERT, "encoder.layer.0.output.dense.weight")
+    assert close.stderr == (f"weightio: error: {SEQ_BERT}: tensor 'encoder.layer.0.output.dense.weight': no such "
+                            "tensor; did you mean 'bert.encoder.layer.0.output.dense.weight', "
+                            "'bert.encoder.layer.1.output.dense.weight', "
+                            "'bert.encoder.layer.0.attention.output.dense.weight'?\n")
+    far = _run("show", SEQ_BERT, "zzzzzzzz")
+    assert far.stderr == (f"weightio: error: {SEQ_BERT}: tensor 'zzzzzzzz': no such tensor; none of its 41 names "
+                          "is close (weightio inspect lists them)\n")
+    with pytest.raises(KeyError) as info:
+        wio.open(SEQ_BERT)["zzzzzzzz"]
+    assert str(info.value).endswith("none of its 41 names is close (list(ckpt) lists them)")
+
+
+# ----------------------------------------------------------------------------- diff: what differs
+
+
+def test_diff_after_dequantize_says_same_values_dtypes_differ(tmp_path):
+    quantized = FIXTURES / "gguf" / "quantized.gguf"
+    out = tmp_path / "q.safetensors"
+    assert _run("convert", quantized, out, "--dequantize", "--filter", "w.q8_0", "-q").exit_code == 0
+    result = _run("diff", quantized, out, "--filter", "w.q8_0")
+    assert result.exit_code == 3
+    assert result.stdout.splitlines() == [
+        f"A: {quantized} (gguf, 9 tensors)",
+        f"B: {out} (safetensors, 1 tensor)",
+        "changed dtype or shape (1):",
+        "  ~ w.q8_0: Q8_0 [4, 256] -> float32 [4, 256]  (values equal)",
+        "equal: 0 of 1 tensors present in both; equal values: 1 of 1",
+        "result: same values, dtypes differ"]
+    assert _run("diff", quantized, out, "--filter", "w.q8_0", "--ignore-dtype", "-q").exit_code == 0
+
+
+def test_diff_of_a_lossy_cast_says_which_values_differ_and_by_how_much(tmp_path):
+    src = FIXTURES / "models" / "bert" / "model.safetensors"
+    half = tmp_path / "half.safetensors"
+    assert _run("convert", src, half, "--dtype", "fp16", "-q").exit_code == 0
+    result = _run("diff", src, half, "--filter", "pooler.*")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[2:5] == ["changed dtype or shape (2):",
+                          "  ~ pooler.dense.bias: float32 [32] -> float16 [32]  (values equal)",
+                          "  ~ pooler.dense.weight: float32 [32, 32] -> float16 [32, 32]  (values differ: see below)"]
+    assert lines[-2:] == ["equal: 0 of 2 tensors present in both; equal values: 1 of 2", "result: different"]
+
+
+# ----------------------------------------------------------------------------- GGUF display and inspect
+
+
+def test_gguf_metadata_shows_nested_arrays_and_float32_values_as_written():
+    lines = _run("inspect", FIXTURES / "gguf" / "metadata.gguf").stdout.splitlines()
+    assert "  metadata    t.f32 = 0.1" in lines
+    assert "  metadata    t.f64 = 0.1" in lines
+    assert "  metadata    t.nested = [[1, 2], [3]]" in lines
+    assert "  metadata    t.arr_float = [0.5, -1.25]" in lines
+    assert wio.open(FIXTURES / "gguf" / "metadata.gguf").metadata["t.f32"] == 0.10000000149011612  # the value kept
+
+
+def test_show_counts_one_value_in_the_singular():
+    lines = _run("show", FIXTURES / "numpy" / "scalar.npy", "scalar").stdout.splitlines()
+    assert lines[3] == "  size      2 B (1 value)"
+
+
+def test_depth_implies_tree():
+    path = FIXTURES / "tiny-bert"
+    assert _run("inspect", path, "--depth", "1").stdout == _run("inspect", path, "--tree", "--depth", "1").stdout
+    assert "encoder.layer.{0..1}  2 × 6,789" in _run("inspect", path, "--depth", "1").stdout.splitlines()
+
+
+def test_inspect_of_a_folder_of_model_folders_lists_them():
+    models = FIXTURES / "models"
+    result = _run("inspect", models)
+    assert result.exit_code == 1
+    assert result.stderr == (f"weightio: error: {models}: is a directory of model folders, not a model: bert, "
+                             f"bert-for-sequence-classification, deberta-v2 (inspect one of them, e.g. weightio "
+                             f"inspect {models / 'bert'})\n")

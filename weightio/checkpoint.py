@@ -19,6 +19,7 @@ from ._remote import is_url
 from .errors import (
     DOWNLOAD_ADVICE,
     STORAGE_OPTIONS_ADVICE,
+    Advice,
     CorruptFileError,
     FormatError,
     InputError,
@@ -186,6 +187,29 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     return _open_with_siblings(path, path)
 
 
+_MAX_FOLDERS = 1000  # entries of a directory looked into for model folders
+
+
+def _model_folders(path: str, names: list[str]) -> list[str]:
+    """The folders directly under `path` that hold a model weightio would open (one level)."""
+    found = []
+    for name in sorted(names)[:_MAX_FOLDERS]:
+        folder = os.path.join(path, name)
+        if not os.path.isdir(folder):
+            continue
+        try:
+            inside = [f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f))]
+        except OSError:
+            continue
+        try:
+            chosen = layout.choose(inside)
+        except layout.Ambiguous:  # several candidate weight files: a model folder all the same
+            chosen = name
+        if chosen is not None:
+            found.append(name)
+    return found
+
+
 def _check_local(path: str, storage_options: Mapping[str, Any] | None, download: bool) -> None:
     """Refuse the options that apply to URLs only."""
     if storage_options:
@@ -226,6 +250,13 @@ def _open_directory(path: str) -> Checkpoint:
     except layout.Ambiguous as e:
         raise FormatError(f"holds several candidate files ({e}); open one of them by path", path=path) from None
     if chosen is None:
+        models = _model_folders(path, names)
+        if models:
+            shown = ", ".join(models[:8]) + (" …" if len(models) > 8 else "")
+            first = os.path.join(path, models[0])
+            raise FormatError(f"is a directory of model folders, not a model: {shown}", path=path,
+                              advice=Advice(python=f"open one of them, e.g. {first!r}",
+                                            cli=f"inspect one of them, e.g. weightio inspect {first}"))
         shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
         raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
     if chosen.endswith(".index.json"):

@@ -277,6 +277,16 @@ def _rebuild_missing(package: str, extra: str | None, message: str) -> MissingDe
     return err
 
 
+_LISTED_NAMES = 8  # a missing tensor's message lists every name of a checkpoint holding this many or fewer
+
+
+def _few_names(names: list[str], path: str | os.PathLike[str] | None) -> str:
+    if len(names) > 1:
+        return "its tensors are " + ", ".join(repr(n) for n in names)
+    stem = os.path.splitext(os.path.basename(os.fspath(path)))[0] if path is not None else None
+    return f"its one tensor is {names[0]!r}" + (" (named after the file)" if names[0] == stem else "")
+
+
 class TensorNotFoundError(WeightioError, KeyError):
     """No tensor of that name. Also a `KeyError`, so `Mapping` semantics hold.
 
@@ -292,12 +302,19 @@ class TensorNotFoundError(WeightioError, KeyError):
         path: str | os.PathLike[str] | None = None,
         message: str | None = None,
     ) -> None:
-        self.suggestions = close_matches(name, candidates)
+        pool = candidates if isinstance(candidates, (list, tuple, dict)) else list(candidates)
+        self.suggestions = close_matches(name, pool)
+        advice = None
         if message is None:
             message = "no such tensor"
             if self.suggestions:
                 message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
-        super().__init__(message, path=path, tensor=name)
+            elif 0 < len(pool) <= _LISTED_NAMES:  # nothing close, but few: name them all (an .npy's one tensor)
+                message += "; " + _few_names(list(pool), path)
+            elif pool:
+                message += f"; none of its {len(pool):,} names is close"
+                advice = Advice(python="list(ckpt) lists them", cli="weightio inspect lists them")
+        super().__init__(message, path=path, tensor=name, advice=advice)
 
     def __reduce__(self):
         return (_rebuild_not_found, (self.tensor, self.suggestions, self.path, self.message))
