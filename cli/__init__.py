@@ -8,7 +8,8 @@ Each command parses its arguments, calls the library and prints. Conventions:
   by the library: `weightio.UsageError`), 130 for Ctrl-C (leaving no partial output), 141 when
   the reader of the output went away;
 * ``--debug`` shows the traceback instead; ``--quiet`` prints only the answer;
-* ``diff`` exits 0 when equal and 1 when different, ``scan`` 0 when safe and 1 when not;
+* ``diff`` exits 0 when equal, 1 when different and 3 when only dtypes differ (every value
+  equal); ``scan`` 0 when safe and 1 when not;
 * colour only on a terminal, never with ``NO_COLOR`` set;
 * `faulthandler` is on: a checkpoint truncated by another process while one of its arrays is
   in use makes the process die of SIGBUS (no mmap-based reader can prevent that), and then it
@@ -108,7 +109,8 @@ def _report(error: BaseException, code: int) -> None:
     if isinstance(error, KeyboardInterrupt):
         click.echo("\nweightio: interrupted", err=True)  # convert leaves no partial output behind
         sys.exit(code)
-    _fail(str(error) or type(error).__name__, code)
+    text = error.render(cli=True) if isinstance(error, WeightioError) else str(error)  # the advice in CLI words
+    _fail(text or type(error).__name__, code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

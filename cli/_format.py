@@ -78,17 +78,21 @@ def number(x: float | int) -> str:
     return f"{x:.6g}"
 
 
-def elide(value: Any, limit: int = MAX_VALUE) -> str:
+def elide(value: Any, limit: int = MAX_VALUE, *, float32: bool = False) -> str:
     """A metadata value on one line: long strings cut, long lists shortened to their first items.
 
-    Never formats a whole large container (a GGUF vocabulary has 100k+ entries).
+    Never formats a whole large container (a GGUF vocabulary has 100k+ entries). Nested lists
+    (GGUF arrays of arrays) are shown the same way, inside. Floats stored as float32 (`float32`,
+    or a GGUF array of FLOAT32) are shown by the shortest text that reads back as the same float32
+    (``0.1``, not the float64 ``0.10000000149011612`` they are held as).
     """
     if _is_list(value):
         n = len(value)
-        shown = ", ".join(_one_line(value[i], 24) for i in range(min(n, MAX_ITEMS)))
+        float32 = float32 or getattr(value, "type", None) == "FLOAT32"
+        shown = ", ".join(_one_line(value[i], 24, float32) for i in range(min(n, MAX_ITEMS)))
         text = f"[{shown}{', …' if n > MAX_ITEMS else ''}]" + (f" ({n:,} items)" if n > MAX_ITEMS else "")
         return text if len(text) <= limit else text[: limit - 1] + "…"
-    return _one_line(value, limit)
+    return _one_line(value, limit, float32)
 
 
 def _is_list(value: Any) -> bool:
@@ -96,7 +100,11 @@ def _is_list(value: Any) -> bool:
     return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes, bytearray))
 
 
-def _one_line(value: Any, limit: int) -> str:
+def _one_line(value: Any, limit: int, float32: bool = False) -> str:
+    if _is_list(value):
+        return elide(value, limit, float32=float32)
+    if float32 and isinstance(value, float):
+        return str(np.float32(value))  # numpy's shortest round-tripping float32 text
     if isinstance(value, dict):
         text = json.dumps(json_value(value), ensure_ascii=False)
     elif isinstance(value, bool) or not isinstance(value, int):

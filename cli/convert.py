@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -78,6 +79,30 @@ def _json(result: ConvertResult) -> str:
                       "fetched": {"requests": result.fetched[0], "bytes": result.fetched[1]}})
 
 
+def progress_callback(bar: Any, verify: bool) -> Callable[[int, int], None]:
+    """`convert`'s ``progress(advance, total)`` drawn on `bar` (a tqdm bar of bytes). With --verify
+    the library's total counts every byte twice (written, then read back): the bar shows two passes
+    over the output's size, "verifying" the second."""
+    done = 0
+
+    def progress(advance: int, total: int) -> None:
+        nonlocal done
+        size = total // 2 if verify else total
+        if bar.total != size:
+            bar.total = size
+            bar.refresh()
+        before, done = done, done + advance
+        if verify and before < size <= done:  # this step finished the writing
+            bar.update(size - before)
+            bar.reset(total=size)
+            bar.set_description("verifying")
+            bar.update(done - size)
+        else:
+            bar.update(advance)
+
+    return progress
+
+
 @click.command("convert")
 @click.argument("src")
 @click.argument("dst")
@@ -92,6 +117,8 @@ def _json(result: ConvertResult) -> str:
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
 @click.option("--verify", is_flag=True, help="Read every written tensor back and compare it before committing.")
 @click.option("-f", "--force", is_flag=True, help="Replace an existing DST (atomically).")
+@click.option("--parents", is_flag=True, help="Create DST's missing parent directories (without it, a missing "
+                                              "one is an error).")
 @click.option("--weights-only", is_flag=True,
               help="From a model directory into a directory: do not copy its other files (config, tokenizer …).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.convert/1).")
@@ -108,7 +135,8 @@ def _json(result: ConvertResult) -> str:
 @limit_options
 @common_options
 def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max_shard_size: str | None,
-                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, weights_only: bool,
+                    fmt: str | None, patterns: tuple[str, ...], verify: bool, force: bool, parents: bool,
+                    weights_only: bool,
                     as_json: bool, unknown_globals: str, ggml_context_length: int | None, ggml_eps: float | None,
                     ggml_gqa: int | None, ggml_name: str | None, ggml_description: str | None,
                     storage_options: dict | None, download: bool) -> None:
@@ -145,16 +173,12 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
                               "name": ggml_name, "description": ggml_description}.items() if v is not None}
     with progress_bar(0, "fetching" if is_url(src) else "converting") as bar:
-        def progress(advance: int, total: int) -> None:
-            if bar.total != total:
-                bar.total = total
-                bar.refresh()
-            bar.update(advance)
-
+        progress = progress_callback(bar, verify)
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
                          select=patterns or None, verify=verify, overwrite=force, progress=progress,
                          copy_files=not weights_only, ggml_options=ggml or None,
-                         unknown_globals=unknown_globals, storage_options=storage_options, download=download)
+                         unknown_globals=unknown_globals, storage_options=storage_options, download=download,
+                         parents=parents)
     if as_json:
         click.echo(_json(result))
     else:

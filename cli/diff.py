@@ -42,7 +42,7 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
         echo(f"changed dtype or shape ({len(changed)}):")
         for d in changed:
             echo("  ", style(f"~ {printable(d.name)}: {d.kinds[0]} {shape_text(d.shapes[0])} -> {d.kinds[1]} "
-                             f"{shape_text(d.shapes[1])}", fg="yellow"))
+                             f"{shape_text(d.shapes[1])}", fg="yellow"), f"  ({_values(d)})")
     different = [d for d in diffs if d.compared and not d.equal]
     if different:
         echo(f"different values ({len(different)}):")
@@ -51,7 +51,24 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
         echo("\n".join("  " + line for line in table(("name", "max abs", "max rel", "differing"), rows,
                                                       right=(1, 2, 3)).splitlines()))
     equal = [d for d in diffs if result.same(d)]
-    echo(f"equal: {len(equal):,} of {len(diffs):,} tensors present in both")
+    line = f"equal: {len(equal):,} of {len(diffs):,} tensors present in both"
+    same_values = sum(d.equal for d in diffs)
+    if same_values != len(equal):  # dtype changes that kept every value
+        line += f"; equal values: {same_values:,} of {len(diffs):,}"
+    echo(line)
+
+
+def _values(d: TensorDiff) -> str:
+    """What a dtype or shape change did to the values."""
+    if not d.compared:
+        return "values not compared: shapes differ"
+    if d.equal:
+        return "values equal"
+    return "values differ: see below"
+
+
+# The exit status of each verdict (docs/diff.md); errors exit 1 too, usage errors 2.
+VERDICT_STATUS = {"equal": 0, "different": 1, "same values, dtypes differ": 3}
 
 
 @click.command("diff")
@@ -69,7 +86,8 @@ def _report(a_path: str, b_path: str, a: weightio.Checkpoint, b: weightio.Checkp
 @common_options
 def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, patterns: tuple[str, ...],
                  unknown_globals: str, storage_options: dict | None, download: bool) -> None:
-    """Compare two checkpoints tensor by tensor, in any formats; exit 0 when equal, 1 when not.
+    """Compare two checkpoints tensor by tensor, in any formats; exit 0 when equal, 1 when not,
+    3 when every value is equal but some dtypes differ (unless --ignore-dtype: then 0).
 
     Lists names only in A or only in B, dtype or shape changes, and for tensors whose values
     differ the largest absolute and relative difference and how many elements differ. Names
@@ -90,5 +108,6 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
           weightio.open(b, unknown_globals=unknown_globals, **options_b) as cb):
         result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
         _report(*(redact(p) if is_url(p) else p for p in (a, b)), ca, cb, result)
-    echo("result: ", style("equal", fg="green") if result.equal else style("different", fg="red"))
-    sys.exit(0 if result.equal else 1)
+    verdict = result.verdict
+    echo("result: ", style(verdict, fg="green" if verdict == "equal" else "yellow" if result.values_equal else "red"))
+    sys.exit(VERDICT_STATUS[verdict])

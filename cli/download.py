@@ -17,8 +17,9 @@ from ._options import common_options, echo, quiet
 @click.option("--revision", metavar="REV", default=None, help="Branch, tag or commit (default: the main branch).")
 @click.option("--local-dir", type=click.Path(file_okay=False), default=None,
               help="Also put the files in this directory, laid out as in the repo.")
+@click.option("--parents", is_flag=True, help="Create --local-dir's missing parent directories.")
 @common_options
-def download_command(repo: str, revision: str | None, local_dir: str | None) -> None:
+def download_command(repo: str, revision: str | None, local_dir: str | None, parents: bool) -> None:
     """Download the weights a model needs, and its config and tokenizer files; print where they are.
 
     REPO is namespace/name or an hf:// path (hf://org/model@v1, hf://org/model/unet for one
@@ -39,7 +40,7 @@ def download_command(repo: str, revision: str | None, local_dir: str | None) -> 
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    path = hub.download(repo, revision=revision, local_dir=local_dir)
+    path = hub.download(repo, revision=revision, local_dir=local_dir, parents=parents)
     if local_dir is not None:  # say it the way it was asked for: ./model/unet, not /home/…/model/unet
         inside = os.path.relpath(path, os.path.abspath(local_dir))
         path = local_dir if inside == "." else os.path.join(local_dir, inside)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from weightio.text import printable
 from . import _tree
 from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
 from ._options import common_options, echo, limit_options, remote_options, unknown_globals_option
+from ._suggest import filter_hints
 
 SCHEMA = "weightio.inspect/1"
 
@@ -42,6 +44,10 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
         lines.append(f"  fetched     {plural(requests, 'request')}, {human_bytes(nbytes)}")
     if patterns:
         lines.append(f"  filter      {printable(' '.join(patterns))}  ({len(names):,} of {len(ckpt):,} tensors)")
+        hints = filter_hints(list(ckpt), patterns) if not names and len(ckpt) else []
+        if hints:
+            tries = " or ".join(f"--filter {shlex.quote(h)}" for h in hints)
+            lines.append(f"  hint        no tensor name matches; try {printable(tries)}")
     params = sum(math.prod(ckpt[n].shape) for n in names)
     lines += [f"  tensors     {len(names):,}", f"  parameters  {human_count(params)}",
               f"  size        {human_bytes(sum(ckpt[n].nbytes for n in names))}"]
@@ -55,10 +61,17 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
     if replaced:
         lines.append(f"  replaced    {plural(len(replaced), 'global')} by placeholders (never imported or run): "
                      f"{elide(', '.join(map(str, replaced)))}")
+    float32 = _float32_keys(ckpt)
     for key, value in ckpt.metadata.items():
         if key != PLACEHOLDERS_KEY:
-            lines.append(f"  metadata    {printable(str(key))} = {elide(value)}")
+            lines.append(f"  metadata    {printable(str(key))} = {elide(value, float32=key in float32)}")
     return lines
+
+
+def _float32_keys(ckpt: Checkpoint) -> set[str]:
+    """The metadata keys a GGUF file stores as FLOAT32 (its reader's ``value_types``)."""
+    return {key for reader in ckpt.readers for key, vtype in getattr(reader, "value_types", {}).items()
+            if vtype == "FLOAT32"}
 
 
 def _placeholders(ckpt: Checkpoint) -> list:
@@ -95,6 +108,7 @@ def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequen
         "files": ckpt.files,
         "fetched": None,  # set last: what everything above cost
         "filter": list(patterns) or None,
+        "filter_hints": filter_hints(list(ckpt), patterns) if patterns and not names else [],
         "tensor_count": len(names),
         "parameter_count": sum(math.prod(ckpt[n].shape) for n in names),
         "nbytes": sum(ckpt[n].nbytes for n in names),
@@ -127,7 +141,8 @@ def _tensor_json(ckpt: Checkpoint, name: str) -> dict[str, Any]:
 @click.argument("path")
 @click.option("--tree", is_flag=True, help="Group tensors into modules by dotted prefix, with parameter counts; "
                                            "repeated layers are collapsed (layer.{0..11}).")
-@click.option("--depth", type=click.IntRange(min=1), default=None, help="With --tree: show this many levels.")
+@click.option("--depth", type=click.IntRange(min=1), default=None,
+              help="Show the --tree this many levels deep (implies --tree).")
 @click.option("--filter", "patterns", multiple=True, metavar="GLOB",
               help="Only tensors whose names match GLOB (repeatable; e.g. 'encoder.*').")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema weightio.inspect/1).")
@@ -154,6 +169,7 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
       weightio inspect s3://bucket/model/ --storage-option anon=true
       weightio inspect whole_model.pt --unknown-globals placeholder   # torch.save(model)
     """
+    tree = tree or depth is not None  # a depth is only ever a depth of the tree: asking for one asks for it
     shown = redact(path) if is_url(path) else path
     with weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
                        download=download) as ckpt:

@@ -47,6 +47,6 @@ def scan_command(path: str, as_json: bool, storage_options: dict | None, downloa
     if as_json:
         echo(json_text(report.to_dict()), essential=True)
     else:
-        echo(str(report))
+        echo(report.text(cli=True))
         echo("result: ", style("safe", fg="green") if report.safe else style("UNSAFE", fg="red", bold=True))
     sys.exit(0 if report.safe else 1)

@@ -75,7 +75,8 @@ def _show(path: str, ckpt: weightio.Checkpoint, name: str, count: int) -> None:
     if view.ggml_type is not None:
         lines[-1] += f" (block-quantized; values dequantized to {dtype_name(view.dtype)})"
     size = math.prod(view.shape)
-    lines += [f"  shape     {shape_text(view.shape)}", f"  size      {human_bytes(view.nbytes)} ({size:,} values)"]
+    lines += [f"  shape     {shape_text(view.shape)}",
+              f"  size      {human_bytes(view.nbytes)} ({plural(size, 'value')})"]
     if is_packed(view):
         raw = view.raw()
         lines.append(f"  bytes     {raw[:16].tobytes().hex(' ')}{' …' if raw.size > 16 else ''}  "

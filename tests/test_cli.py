@@ -179,8 +179,8 @@ def test_inspect_json_schema_against_the_safetensors_library():
     result = _run("inspect", path, "--json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert list(doc) == ["schema", "path", "format", "files", "fetched", "filter", "tensor_count", "parameter_count",
-                         "nbytes", "dtypes", "metadata", "placeholders", "tensors"]
+    assert list(doc) == ["schema", "path", "format", "files", "fetched", "filter", "filter_hints", "tensor_count",
+                         "parameter_count", "nbytes", "dtypes", "metadata", "placeholders", "tensors"]
     assert doc["schema"] == "weightio.inspect/1" and doc["format"] == "safetensors" and doc["filter"] is None
     assert doc["fetched"] == {"requests": 0, "bytes": 0}  # local files: nothing fetched
     expected = {}
@@ -224,8 +224,8 @@ def test_convert_reports_and_verifies(tmp_path):
                                           "  verified: every tensor read back and compared byte for byte"]
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
     again = _run("convert", FIXTURES / "tiny-bert", out)
-    assert again.exit_code == 1 and again.stderr == (f"weightio: error: {out}: already exists; pass overwrite=True "
-                                                     "(CLI: --force) to replace it\n")
+    assert again.exit_code == 1
+    assert again.stderr == f"weightio: error: {out}: already exists (pass --force to replace it)\n"
     assert _run("convert", FIXTURES / "tiny-bert", out, "--force", "-q").stdout == ""
 
 
@@ -271,7 +271,8 @@ def test_convert_usage_errors_exit_2(tmp_path, args, message):
 def test_convert_dequantize_is_explained(tmp_path):
     result = _run("convert", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors")
     assert result.exit_code == 1
-    assert "tensor 'w.q4_0': is Q4_0 block-quantized; pass --dequantize" in result.stderr
+    assert result.stderr == (f"weightio: error: {FIXTURES / 'gguf' / 'quantized.gguf'}: tensor 'w.q4_0': is Q4_0 "
+                             "block-quantized (pass --dequantize to write it as float32, or write .gguf)\n")
     result = _run("convert", FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors", "--dequantize",
                   "--dtype", "bf16", "--filter", "w.q8_0")
     assert result.exit_code == 0, result.output
@@ -333,9 +334,11 @@ def test_diff_names_dtypes_and_shapes(tmp_path):
     result = _run("diff", a, b)
     assert result.exit_code == 1
     assert result.stdout.splitlines()[2:] == ["only in A (1):", "  - only_a", "only in B (1):", "  + only_b",
-                                              "changed dtype or shape (2):", "  ~ s: float32 [2] -> float32 [3]",
-                                              "  ~ t: float32 [2] -> float16 [2]",
-                                              "equal: 0 of 2 tensors present in both", "result: different"]
+                                              "changed dtype or shape (2):",
+                                              "  ~ s: float32 [2] -> float32 [3]  (values not compared: shapes differ)",
+                                              "  ~ t: float32 [2] -> float16 [2]  (values equal)",
+                                              "equal: 0 of 2 tensors present in both; equal values: 1 of 2",
+                                              "result: different"]
 
 
 def test_diff_ignore_dtype_compares_values(tmp_path):

@@ -280,15 +280,20 @@ def test_bad_storage_options_are_usage_errors_that_never_print_values(recording,
 
 def test_options_that_do_not_apply_are_usage_errors(bert):
     local = run("inspect", str(MODEL), "--storage-option", "anon=true")
-    assert local.exit_code == 2 and "storage_options apply to URLs only" in local.stderr
+    assert local.exit_code == 2
+    assert local.stderr.endswith(": storage options apply to URLs only, such as https:// and s3:// "
+                                 "(drop --storage-option)\n")
     download = run("inspect", f"{bert}/model.safetensors", "--download")
-    assert download.exit_code == 2 and "applies to hf:// paths only" in download.stderr
+    assert download.exit_code == 2
+    assert download.stderr.endswith(": downloading into the Hugging Face cache applies to hf:// paths only; other "
+                                    "URLs are read by range, or copied with `weightio convert URL model.safetensors` "
+                                    "(drop --download)\n")
     # diff gives the options to the arguments they apply to: here the URL only
     assert run("diff", str(MODEL), f"{bert}/model.safetensors", "--storage-option", "skip_instance_cache=true",
                "-q").exit_code == 0
     assert run("scan", f"{bert}/model.safetensors", "--download").exit_code == 2
     scan_local = run("scan", str(MODEL), "--storage-option", "anon=true")
-    assert scan_local.exit_code == 2 and "storage_options apply to URLs only" in scan_local.stderr
+    assert scan_local.exit_code == 2 and "storage options apply to URLs only" in scan_local.stderr
 
 
 @pytest.mark.parametrize("argv", [["inspect", "URL"], ["inspect", "URL", "--json"], ["show", "URL", "NAME"],

@@ -216,7 +216,7 @@ def test_sharded_files_equal_huggingface_hub_save_torch_state_dict(tmp_path):
         state = {n: torch.from_numpy(ckpt[n].numpy().copy()) for n in ckpt}
     (tmp_path / "hub").mkdir()
     save_torch_state_dict(state, tmp_path / "hub", max_shard_size="20KB")
-    convert(FIXTURES / "tiny-bert", tmp_path / "ours" / "model.safetensors", max_shard_size="20KB")
+    convert(FIXTURES / "tiny-bert", tmp_path / "ours" / "model.safetensors", max_shard_size="20KB", parents=True)
     expected = sorted(p.name for p in (tmp_path / "hub").iterdir())
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == expected and len(expected) > 2
     for name in expected:
@@ -356,7 +356,7 @@ def test_cast_refuses_non_float_targets(tmp_path):
 
 
 def test_quantized_tensors_need_dequantize_for_other_formats(tmp_path):
-    with pytest.raises(UnsupportedDTypeError, match="'w.q8_0': is Q8_0 block-quantized; pass --dequantize"):
+    with pytest.raises(UnsupportedDTypeError, match=r"'w.q8_0': is Q8_0 block-quantized \(pass dequantize=True"):
         convert(FIXTURES / "gguf" / "quantized.gguf", tmp_path / "x.safetensors", select=["w.q8_0"])
     assert not list(tmp_path.iterdir())
 
@@ -502,7 +502,7 @@ def _resident_pages(arr: np.ndarray) -> int:
 def test_existing_destination_is_refused_then_replaced_with_overwrite(tmp_path):
     dst = tmp_path / "x.safetensors"
     dst.write_bytes(b"keep me")
-    with pytest.raises(WriteError, match="already exists; pass overwrite=True"):
+    with pytest.raises(WriteError, match=r"already exists \(pass overwrite=True to replace it\)"):
         convert(FIXTURES / "numpy.safetensors", dst)
     assert dst.read_bytes() == b"keep me"
     convert(FIXTURES / "numpy.safetensors", dst, overwrite=True)
@@ -535,7 +535,7 @@ def test_interrupt_leaves_no_partial_output(tmp_path, monkeypatch):
     monkeypatch.setattr(convert_module, "make", interrupted)
     out = tmp_path / "new" / "deeper"
     with pytest.raises(KeyboardInterrupt):
-        convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="20kB")
+        convert(FIXTURES / "tiny-bert", str(out) + "/", max_shard_size="20kB", parents=True)
     assert list(tmp_path.iterdir()) == []  # no shard, no temporary file, no directory we created
     calls["n"] = 0
     with pytest.raises(KeyboardInterrupt):

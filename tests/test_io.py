@@ -79,7 +79,7 @@ def test_destination_checks(tmp_path):
             pass
     target = tmp_path / "x"
     target.write_bytes(b"keep")
-    with pytest.raises(WriteError, match="already exists; pass overwrite=True"):
+    with pytest.raises(WriteError, match=r"already exists \(pass overwrite=True to replace it\)"):
         with atomic_write(target):
             pass
     with pytest.raises(WriteError, match=r"cannot create a file in .*missing"):

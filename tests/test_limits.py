@@ -228,7 +228,7 @@ def test_header_bytes_bounds_every_reader(tmp_path, fmt):
     with pytest.raises(CorruptFileError) as info:
         wio.open(path, limits=Limits(header_bytes=header - 1))
     assert f"exceeds the {header - 1}-byte limit (limits.header_bytes; raise it with " in str(info.value)
-    assert "--max-header-bytes, or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)" in str(info.value)
+    assert "limits.using(header_bytes=...), or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)" in str(info.value)
 
 
 @pytest.mark.parametrize("archive", [False, True])

@@ -147,7 +147,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(convert_module._Writer, "_write_index", interrupted)  # after shards and copies
     with pytest.raises(KeyboardInterrupt):
-        convert(FIXTURES / "tiny-bert", str(tmp_path / "out" / "sub") + "/", max_shard_size="30kB")
+        convert(FIXTURES / "tiny-bert", str(tmp_path / "out" / "sub") + "/", max_shard_size="30kB", parents=True)
     assert os.listdir(tmp_path) == []  # no file, no temporary, no directory it created
 
 

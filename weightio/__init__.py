@@ -35,7 +35,7 @@ from .view import TensorView
 if TYPE_CHECKING:
     import os
     from collections.abc import Mapping
-    from typing import Any
+    from typing import Any, BinaryIO
 
     import numpy as np
 
@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa: A001
+def open(path: str | bytes | os.PathLike[str] | BinaryIO, *, limits: Limits | None = None,  # noqa: A001
          unknown_globals: str = "refuse", storage_options: Mapping[str, Any] | None = None,
          download: bool = False) -> Checkpoint:
     """Open a checkpoint: a file of any supported format, a model directory, or a URL.
@@ -78,7 +78,14 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa:
     name. A directory may hold a sharded index (``model.safetensors.index.json``,
     ``pytorch_model.bin.index.json``), a single weight file (``model.safetensors``,
     ``pytorch_model.bin``, one ``.gguf``) or the parts of one split GGUF model; a sharded
-    index file may also be opened by its own path.
+    index file may also be opened by its own path. A path may be ``str``, ``bytes`` (decoded
+    with `os.fsdecode`) or `os.PathLike`.
+
+    A file object with a real file descriptor (``open(path, "rb")``, a `tempfile.TemporaryFile`)
+    is mapped read-only through a duplicate of its descriptor: closing the checkpoint leaves the
+    file object open, and its position is not moved. The checkpoint is named by the object's
+    ``name`` when that is a str, else ``<fd N>``. Objects without one (`io.BytesIO`, a wrapper
+    whose ``fileno()`` fails) raise `UsageError`: write the bytes to a file first.
 
     URLs — ``hf://org/repo[@revision][/file]``, ``https://…``, ``s3://bucket/key`` and any other
     scheme with an fsspec filesystem installed — name a file, a sharded index or a folder laid
@@ -110,7 +117,12 @@ def open(path: str | os.PathLike[str], *, limits: Limits | None = None,  # noqa:
         FormatError: not a format weightio reads (the message says what it looks like).
         CorruptFileError: the file is truncated, inconsistent or malformed.
         UnsafePickleError: a pickle names a global outside the allowlist (nothing was run).
-        InputError: the path does not exist or cannot be read.
+        InputError: the path does not exist or cannot be read (or the file object is no regular file).
+        UsageError: `path` is none of the above (an `io.BytesIO`, an int), or an option does not apply.
+
+    Example:
+        >>> with open("model.safetensors", "rb") as f, wio.open(f) as ckpt:   # doctest: +SKIP
+        ...     weight = ckpt["weight"].numpy()
     """
     from .checkpoint import open_checkpoint
 

@@ -51,7 +51,7 @@ from typing import IO, BinaryIO
 
 import numpy as np
 
-from .errors import CorruptFileError, InputError, WeightioError, WriteError
+from .errors import OVERWRITE_ADVICE, PARENTS_ADVICE, CorruptFileError, InputError, WeightioError, WriteError
 
 __all__ = ["MappedFile", "PRIVATE_WINDOW", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
            "fsync_directory", "lock_temporary", "remove_stale_temporaries", "writable_twin", "write_all"]
@@ -79,6 +79,20 @@ def describe_file_type(mode: int) -> str:
         if test(mode):
             return words
     return "not a regular file"
+
+
+def _dup_regular(fd: int, path: str) -> int:
+    """A duplicate of the caller's descriptor `fd` (closing ours leaves theirs open), checked to be
+    a regular file."""
+    try:
+        dup = os.dup(fd)
+    except OSError as e:
+        raise InputError(f"cannot use file descriptor {fd}: {e.strerror}", path=path, errno=e.errno) from e
+    mode = os.fstat(dup).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(dup)
+        raise InputError(f"is {describe_file_type(mode)}, not a checkpoint file", path=path)
+    return dup
 
 
 def _open_regular(path: str) -> int:
@@ -110,9 +124,11 @@ class MappedFile:
 
     remote = False
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fd: int | None = None) -> None:
+        """Map `path`; or, given `fd` (an open descriptor of the caller's), map that file, `path`
+        only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open."""
         self.path = os.fspath(path)
-        self._fd = _open_regular(self.path)
+        self._fd = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self._lock = threading.Lock()  # close() against a concurrent pread/fstat of the same descriptor
         try:
             opened = os.fstat(self._fd)
@@ -340,8 +356,19 @@ def check_destination(path: str, overwrite: bool) -> None:
     if os.path.isdir(path):
         raise WriteError("is a directory; give a file name", path=path, errno=errno.EISDIR)
     if os.path.lexists(path) and not overwrite:
-        raise WriteError("already exists; pass overwrite=True (CLI: --force) to replace it", path=path,
-                         errno=errno.EEXIST)
+        raise WriteError("already exists", path=path, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
+
+
+def check_parent(dst: str, *, is_directory: bool = False, parents: bool = False) -> None:
+    """Unless `parents` (the caller will create missing parents: ``parents=True``, ``--parents``),
+    refuse an output whose directory does not exist, naming it; a directory `dst` itself may be new."""
+    directory = os.path.dirname(dst.rstrip("/" + os.sep) if is_directory else dst)
+    if parents or not directory or os.path.isdir(directory):
+        return
+    if os.path.exists(directory):
+        raise WriteError(f"cannot write into {directory}: not a directory", path=dst, errno=errno.ENOTDIR)
+    raise WriteError(f"the directory {directory} does not exist", path=dst, errno=errno.ENOENT,
+                     advice=PARENTS_ADVICE)
 
 
 @contextlib.contextmanager

@@ -14,8 +14,18 @@ from types import TracebackType
 from typing import Any
 
 from . import layout
+from ._io import MappedFile
 from ._remote import is_url
-from .errors import CorruptFileError, FormatError, InputError, TensorNotFoundError, UsageError
+from .errors import (
+    DOWNLOAD_ADVICE,
+    STORAGE_OPTIONS_ADVICE,
+    Advice,
+    CorruptFileError,
+    FormatError,
+    InputError,
+    TensorNotFoundError,
+    UsageError,
+)
 from .formats import open_file
 from .formats.base import Reader, TensorInfo, using_unknown_globals
 from .limits import Limits, using
@@ -154,7 +164,10 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     if limits is not None:
         with using(limits):
             return open_checkpoint(path, storage_options=storage_options, download=download)
-    path = os.fspath(path)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        _check_local("a file object", storage_options, download)
+        return _open_file_object(path)
+    path = os.fsdecode(path)  # bytes paths too
     if is_url(path):
         from .remote import open_url  # imports fsspec or huggingface_hub: only for URLs
 
@@ -164,10 +177,7 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
         if opened.sharded is not None:
             return open_sharded_set(opened.path, *opened.sharded[:3], opened.readers, opened.sharded[3])
         return open_readers(opened.path, opened.readers)
-    if storage_options:
-        raise UsageError("storage_options apply to URLs only (hf://, https://, s3:// …)", path=path)
-    if download:
-        raise UsageError("download=True applies to hf:// paths only", path=path)
+    _check_local(path, storage_options, download)
     if os.path.isdir(path):
         return _open_directory(path)
     if path.endswith(".index.json") and os.path.isfile(path):  # a sharded set, named by its index
@@ -175,6 +185,58 @@ def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, 
     if not os.path.exists(path):
         raise InputError("no such file or directory", path=path, errno=2)
     return _open_with_siblings(path, path)
+
+
+_MAX_FOLDERS = 1000  # entries of a directory looked into for model folders
+
+
+def _model_folders(path: str, names: list[str]) -> list[str]:
+    """The folders directly under `path` that hold a model weightio would open (one level)."""
+    found = []
+    for name in sorted(names)[:_MAX_FOLDERS]:
+        folder = os.path.join(path, name)
+        if not os.path.isdir(folder):
+            continue
+        try:
+            inside = [f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f))]
+        except OSError:
+            continue
+        try:
+            chosen = layout.choose(inside)
+        except layout.Ambiguous:  # several candidate weight files: a model folder all the same
+            chosen = name
+        if chosen is not None:
+            found.append(name)
+    return found
+
+
+def _check_local(path: str, storage_options: Mapping[str, Any] | None, download: bool) -> None:
+    """Refuse the options that apply to URLs only."""
+    if storage_options:
+        raise UsageError("storage options apply to URLs only, such as https:// and s3://", path=path,
+                         advice=STORAGE_OPTIONS_ADVICE)
+    if download:
+        raise UsageError("downloading into the Hugging Face cache applies to hf:// paths only", path=path,
+                         advice=DOWNLOAD_ADVICE)
+
+
+def _open_file_object(obj: Any) -> Checkpoint:
+    """A file object with a real descriptor (``open(path, "rb")``, a temporary file): its file
+    mapped through a duplicate of the descriptor, so closing the checkpoint leaves `obj` open.
+    Named by ``obj.name`` when that is a str, else ``<fd N>``."""
+    fileno = getattr(obj, "fileno", None)
+    try:
+        fd = fileno() if callable(fileno) else None
+    except (OSError, ValueError):  # io.BytesIO: io.UnsupportedOperation, both; a closed file: ValueError
+        fd = None
+    if type(fd) is not int or fd < 0:
+        what = "a closed file" if getattr(obj, "closed", False) is True else f"an object of type {type(obj).__name__}"
+        raise UsageError(f"cannot open {what}: weightio.open takes a path (str, bytes or "
+                         "os.PathLike), a URL, or a file object with a real file descriptor (fileno()), which it "
+                         "maps; write in-memory bytes to a file first")
+    name = getattr(obj, "name", None)
+    path = name if isinstance(name, str) else f"<fd {fd}>"
+    return open_readers(path, [open_file(MappedFile(path, fd=fd))])
 
 
 def _open_directory(path: str) -> Checkpoint:
@@ -188,6 +250,13 @@ def _open_directory(path: str) -> Checkpoint:
     except layout.Ambiguous as e:
         raise FormatError(f"holds several candidate files ({e}); open one of them by path", path=path) from None
     if chosen is None:
+        models = _model_folders(path, names)
+        if models:
+            shown = ", ".join(models[:8]) + (" …" if len(models) > 8 else "")
+            first = os.path.join(path, models[0])
+            raise FormatError(f"is a directory of model folders, not a model: {shown}", path=path,
+                              advice=Advice(python=f"open one of them, e.g. {first!r}",
+                                            cli=f"inspect one of them, e.g. weightio inspect {first}"))
         shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
         raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
     if chosen.endswith(".index.json"):

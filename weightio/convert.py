@@ -53,12 +53,20 @@ import numpy as np
 
 from . import carry, model_files
 from . import limits as _limits
-from ._io import atomic_write, bytes_equal, drop_array_pages, remove_stale_temporaries, write_all
+from ._io import atomic_write, bytes_equal, check_parent, drop_array_pages, remove_stale_temporaries, write_all
 from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype
-from .errors import CorruptFileError, UnsupportedDTypeError, UsageError, WeightioError, WriteError
+from .errors import (
+    OVERWRITE_ADVICE,
+    Advice,
+    CorruptFileError,
+    UnsupportedDTypeError,
+    UsageError,
+    WeightioError,
+    WriteError,
+)
 from .formats import SUFFIXES, format_for_path, open_file
 from .formats.ggml_to_gguf import LlamaOptions
 from .layout import WEIGHT_SUFFIXES
@@ -253,9 +261,10 @@ def _plan_tensor(view: TensorView, fmt: str, cast: np.dtype | None, dequantize: 
     info = view.info
     if info.ggml_type is not None and not dequantize:
         if fmt != "gguf":
-            raise UnsupportedDTypeError(f"is {info.ggml_type} block-quantized; pass --dequantize (dequantize=True) "
-                                        f"to write it as {dtype_name(cast or np.dtype(np.float32))}, or write .gguf",
-                                        path=view.path, tensor=view.name)
+            to = f"to write it as {dtype_name(cast or np.dtype(np.float32))}, or write .gguf"
+            advice = Advice(python=f"pass dequantize=True {to}", cli=f"pass --dequantize {to}")
+            raise UnsupportedDTypeError(f"is {info.ggml_type} block-quantized", path=view.path, tensor=view.name,
+                                        advice=advice)
         blocks = block_type(view)
         if blocks is not None:
             return TensorSource(view.name, view.dtype, info.shape, info.nbytes, partial(make, view, None, True),
@@ -347,6 +356,7 @@ def convert(
     unknown_globals: str = "refuse",
     storage_options: Mapping[str, Any] | None = None,
     download: bool = False,
+    parents: bool = False,
 ) -> ConvertResult:
     """Convert checkpoint `src` to `dst`, streaming one tensor at a time, atomically.
 
@@ -362,7 +372,7 @@ def convert(
         select: glob patterns; only tensors whose names match one are written.
         verify: read every output tensor back and compare its bytes before committing.
         overwrite: replace existing outputs (atomically); by default they are refused.
-        progress: called as ``progress(bytes_done_now, total_bytes)`` after each tensor.
+        progress: called as ``progress(bytes_done_now, total_bytes)`` per tensor (`verify`: twice).
         copy_files: when `src` is a model directory (or an ``hf://`` folder) and `dst` a
             directory, copy the directory's other files (config, tokenizer …) beside the
             weights, as `weightio.model_files` says; other weight files are listed, not copied.
@@ -374,12 +384,15 @@ def convert(
         storage_options, download: for a URL `src`, as `weightio.open` takes them. A remote source
             streams too: each tensor's byte range is fetched when its writer reaches it (`progress`
             then counts the bytes fetched); ``verify`` fetches each tensor a second time.
+        parents: create `dst`'s missing parent directories; else a missing one is a `WriteError`
+            (a `dst` directory itself is created).
 
     Returns:
         A `ConvertResult` listing the files written, aliases and notes.
 
     Raises:
-        WriteError: an output exists (without `overwrite`), is a source file, or cannot be written.
+        WriteError: an output exists (without `overwrite`), is an input, cannot be written, or its
+            directory is missing (without `parents`).
         UnsupportedDTypeError: a tensor the output format cannot store (quantized without
             `dequantize`, a dtype the format lacks).
         UsageError: an unknown output format, an option combination that cannot be written, or
@@ -395,6 +408,7 @@ def convert(
                          path=redact(dst))
     into_dir = into_directory(src, dst)
     layout = _layout(dst, format, into_dir)
+    check_parent(dst, is_directory=into_dir, parents=parents)
     copies_to = os.path.dirname(layout.base) if into_dir and copy_files else None
     limit = None if max_shard_size is None else parse_size(max_shard_size)
     if limit is not None and layout.fmt != "safetensors":
@@ -496,9 +510,8 @@ class _Writer:
     def _check(self, outputs: list[str]) -> None:
         check_outputs(outputs, self.ckpt.files, self.staging.overwrite)
         if self.layout.fmt == "safetensors" and not self.staging.overwrite and os.path.lexists(self.layout.index):
-            raise WriteError("already exists and would shadow the new file when the directory is opened; "
-                             "pass overwrite=True (CLI: --force) to replace it", path=self.layout.index,
-                             errno=errno.EEXIST)
+            raise WriteError("already exists and would shadow the new file when the directory is opened",
+                             path=self.layout.index, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
         check_outputs([final for _, final in self.copies], self.ckpt.files, self.staging.overwrite)
 
     def _write(self, shards: list[list[str]], outputs: list[str], metadata: dict[str, Any],

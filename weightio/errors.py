@@ -21,6 +21,11 @@ are about the call: ``except FormatError`` never catches "install torch".
 
 Every error carries the file (`path`) and the tensor (`tensor`) it is about when there is one,
 and renders them in its message: ``model.safetensors: tensor 'w': data_offsets …``.
+
+An error whose fix is an argument to pass carries it as `Advice`, spelled twice: for Python
+(``pass overwrite=True to replace it``) and for the command line (``pass --force to replace it``).
+``str(error)`` and ``error.message`` say the Python spelling; the ``weightio`` command prints
+``error.render(cli=True)``.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import errno as _errno
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 __all__ = [
+    "Advice",
     "CorruptFileError",
     "FormatError",
     "ShapeMismatchError",
@@ -53,13 +60,32 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Advice:
+    """How to fix an error by passing something, in the words of each interface.
+
+    Attributes:
+        python: for callers of the library (``pass overwrite=True to replace it``).
+        cli: for users of the ``weightio`` command (``pass --force to replace it``).
+    """
+
+    python: str
+    cli: str
+
+
 class WeightioError(Exception):
     """Base class of every error weightio raises on purpose.
 
     Args:
-        message: what is wrong, and where possible how to fix it.
+        message: what is wrong (and how to fix it, when the fix is no argument to pass).
         path: the file (or directory) the error is about.
         tensor: the tensor name the error is about.
+        advice: the argument (Python) or option (command line) that fixes it; rendered after
+            `message` in parentheses.
+
+    Attributes:
+        problem: `message` as given, without the advice.
+        message: what ``str()`` shows after the path and tensor: `problem` and the Python advice.
     """
 
     def __init__(
@@ -68,8 +94,11 @@ class WeightioError(Exception):
         *,
         path: str | os.PathLike[str] | None = None,
         tensor: str | None = None,
+        advice: Advice | None = None,
     ) -> None:
-        self.message = message
+        self.problem = message
+        self.advice = advice
+        self.message = message if advice is None else f"{message} ({advice.python})"
         self.path = None if path is None else os.fspath(path)
         self.tensor = tensor
         super().__init__(self._render())
@@ -82,15 +111,22 @@ class WeightioError(Exception):
             prefix += f"tensor {self.tensor!r}: "
         return prefix + self.message
 
+    def render(self, *, cli: bool = False) -> str:
+        """The message, with the advice spelled for the command line when `cli` (else as ``str()``)."""
+        if not cli or self.advice is None:
+            return self._render()
+        return self._render()[: -len(self.message)] + f"{self.problem} ({self.advice.cli})"
+
     def __str__(self) -> str:  # KeyError subclasses would otherwise repr() the message
         return self._render()
 
-    def __reduce__(self):  # keep path/tensor across processes (multiprocessing, pytest-xdist)
-        return (_rebuild, (type(self), self.message, self.path, self.tensor))
+    def __reduce__(self):  # keep path/tensor/advice across processes (multiprocessing, pytest-xdist)
+        return (_rebuild, (type(self), self.problem, self.path, self.tensor, self.advice))
 
 
-def _rebuild(cls: type[WeightioError], message: str, path: str | None, tensor: str | None) -> WeightioError:
-    return cls(message, path=path, tensor=tensor)
+def _rebuild(cls: type[WeightioError], message: str, path: str | None, tensor: str | None,
+             advice: Advice | None = None) -> WeightioError:
+    return cls(message, path=path, tensor=tensor, advice=advice)
 
 
 class WeightioWarning(UserWarning):
@@ -124,20 +160,22 @@ class _OSErrorByErrno(WeightioError, OSError):
 
     _by_errno: dict[int, type] = {}
 
-    def __new__(cls, message: str, *, path=None, tensor=None, errno: int | None = None):  # noqa: ANN204
+    def __new__(cls, message: str, *, path=None, tensor=None, errno: int | None = None, advice=None):  # noqa: ANN204
         made = cls._by_errno.get(errno, cls) if errno is not None else cls
         return super().__new__(made if issubclass(made, cls) else cls, message)  # a subclass asked for stays it
 
-    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None) -> None:
-        super().__init__(message, path=path, tensor=tensor)
+    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None,
+                 advice: Advice | None = None) -> None:
+        super().__init__(message, path=path, tensor=tensor, advice=advice)
         self.errno = errno
 
     def __reduce__(self):  # noqa: ANN204 - keeps errno too
-        return (_rebuild_os, (type(self), self.message, self.path, self.tensor, self.errno))
+        return (_rebuild_os, (type(self), self.problem, self.path, self.tensor, self.errno, self.advice))
 
 
-def _rebuild_os(cls: type, message: str, path: str | None, tensor: str | None, errno: int | None) -> WeightioError:
-    return cls(message, path=path, tensor=tensor, errno=errno)
+def _rebuild_os(cls: type, message: str, path: str | None, tensor: str | None, errno: int | None,
+                advice: Advice | None = None) -> WeightioError:
+    return cls(message, path=path, tensor=tensor, errno=errno, advice=advice)
 
 
 class InputError(_OSErrorByErrno):
@@ -198,6 +236,13 @@ WriteError._by_errno = {_errno.EEXIST: WriteFileExistsError, _errno.EACCES: Writ
                         _errno.ENOTDIR: WriteNotADirectoryError}
 
 
+# Advice more than one module gives
+OVERWRITE_ADVICE = Advice(python="pass overwrite=True to replace it", cli="pass --force to replace it")
+PARENTS_ADVICE = Advice(python="pass parents=True to create it", cli="pass --parents to create it")
+DOWNLOAD_ADVICE = Advice(python="drop download=True", cli="drop --download")
+STORAGE_OPTIONS_ADVICE = Advice(python="drop storage_options", cli="drop --storage-option")
+
+
 class UsageError(WeightioError, ValueError):
     """A caller's mistake: a bad argument, an unknown device or option, conflicting options.
 
@@ -227,9 +272,19 @@ class MissingDependencyError(WeightioError, ImportError):
 
 def _rebuild_missing(package: str, extra: str | None, message: str) -> MissingDependencyError:
     err = MissingDependencyError(package, extra=extra)
-    err.message = message
+    err.message = err.problem = message
     err.args = (message,)
     return err
+
+
+_LISTED_NAMES = 8  # a missing tensor's message lists every name of a checkpoint holding this many or fewer
+
+
+def _few_names(names: list[str], path: str | os.PathLike[str] | None) -> str:
+    if len(names) > 1:
+        return "its tensors are " + ", ".join(repr(n) for n in names)
+    stem = os.path.splitext(os.path.basename(os.fspath(path)))[0] if path is not None else None
+    return f"its one tensor is {names[0]!r}" + (" (named after the file)" if names[0] == stem else "")
 
 
 class TensorNotFoundError(WeightioError, KeyError):
@@ -247,12 +302,19 @@ class TensorNotFoundError(WeightioError, KeyError):
         path: str | os.PathLike[str] | None = None,
         message: str | None = None,
     ) -> None:
-        self.suggestions = close_matches(name, candidates)
+        pool = candidates if isinstance(candidates, (list, tuple, dict)) else list(candidates)
+        self.suggestions = close_matches(name, pool)
+        advice = None
         if message is None:
             message = "no such tensor"
             if self.suggestions:
                 message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
-        super().__init__(message, path=path, tensor=name)
+            elif 0 < len(pool) <= _LISTED_NAMES:  # nothing close, but few: name them all (an .npy's one tensor)
+                message += "; " + _few_names(list(pool), path)
+            elif pool:
+                message += f"; none of its {len(pool):,} names is close"
+                advice = Advice(python="list(ckpt) lists them", cli="weightio inspect lists them")
+        super().__init__(message, path=path, tensor=name, advice=advice)
 
     def __reduce__(self):
         return (_rebuild_not_found, (self.tensor, self.suggestions, self.path, self.message))

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import layout, limits
+from ._io import check_parent
 from ._json import parse_json_object
 from ._remote import scrub
 from .errors import FormatError, InputError, WeightioError
@@ -426,7 +427,8 @@ def remote_sources(uri: str) -> tuple[list[str | HubFile], tuple[str, dict[str, 
     return sources, (index, *repo.index(plan.files[0]))
 
 
-def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | None = None) -> str:
+def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | None = None,
+             parents: bool = False) -> str:
     """Fetch a model's weights (the preferred layout only) and its config/tokenizer files.
 
     Args:
@@ -434,7 +436,9 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
             that folder's weights and configs; a file, just that file).
         revision: branch, tag or commit (overrides an ``@revision`` in the path).
         local_dir: put the files in this directory (mirroring the repo's layout) instead of
-            only in the cache.
+            only in the cache. It is created if missing; its parent must exist unless `parents`.
+        parents: create `local_dir`'s missing parent directories (else `WriteError` naming the
+            missing one, before anything is fetched).
 
     Returns:
         The local folder holding the files (in the cache's snapshot, or in `local_dir`), or the
@@ -442,6 +446,8 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
     """
     uri = repo_or_uri if is_hub_path(repo_or_uri) else SCHEME + repo_or_uri
     hub = parse(uri)
+    if local_dir is not None:
+        check_parent(os.fspath(local_dir), is_directory=True, parents=parents)
     if revision is not None:
         hub = HubPath(hub.repo_id, hub.repo_type, check_revision(revision, uri), hub.path)
     repo = _Repo(hub, str(hub), local_dir)

@@ -54,7 +54,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 
-from .errors import CorruptFileError, UsageError, WeightioError
+from .errors import Advice, CorruptFileError, UsageError, WeightioError
 
 __all__ = [
     "Limits", "DEFAULTS", "ENVIRONMENT", "current", "using", "from_environment", "parse_size", "exceeded", "hint",
@@ -172,17 +172,28 @@ def using(limits: Limits | None = None, **changes: int | None) -> Iterator[Limit
 
 def exceeded(what: str, value: int, field: str, limit: int, *, path: str | None = None,
              tensor: str | None = None, unit: str = "-byte") -> CorruptFileError:
-    """The error for a file beyond a limit: says which limit, and how to raise it.
+    """The error for a file beyond a limit: says which limit, and how to raise it (`advice`).
 
     Example message: ``header length 200000000 exceeds the 100000000-byte limit (limits.header_bytes;
-    raise it with weightio.limits.using(header_bytes=...), --max-header-bytes or
+    raise it with weightio.limits.using(header_bytes=...), or WEIGHTIO_MAX_HEADER_BYTES if the file
+    is trusted)``; the command line says ``(raise it with --max-header-bytes or
     WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)``.
     """
-    return CorruptFileError(f"{what} {value} exceeds the {limit}{unit} limit {hint(field)}", path=path, tensor=tensor)
+    return CorruptFileError(f"{what} {value} exceeds the {limit}{unit} limit", path=path, tensor=tensor,
+                            advice=advice(field))
+
+
+def advice(field: str) -> Advice:
+    """How to raise limit `field`, for Python callers and for the command line."""
+    env = ENVIRONMENT[field]
+    cli = f"--max-header-bytes or {env}" if field == "header_bytes" else env
+    return Advice(python=f"limits.{field}; raise it with weightio.limits.using({field}=...), or {env} "
+                         "if the file is trusted",
+                  cli=f"raise it with {cli} if the file is trusted")
 
 
 def hint(field: str) -> str:
-    """``(limits.<field>; raise it with …)``: which limit a refusal comes from and how to raise it."""
-    cli = " --max-header-bytes," if field == "header_bytes" else ""
-    return (f"(limits.{field}; raise it with weightio.limits.using({field}=...),{cli} or {ENVIRONMENT[field]} "
-            "if the file is trusted)")
+    """``(limits.<field>; raise it with …)``: `advice` for Python, inline in a message of the
+    lexers, whose errors are made deep inside them (the library's spelling; the environment
+    variable it names works on the command line too)."""
+    return f"({advice(field).python})"

@@ -30,7 +30,7 @@ from typing import Any
 from . import layout
 from ._json import parse_json_object
 from ._remote import BLOCK, Failure, RemoteFile, is_url, pool, redact, retrying
-from .errors import FormatError, InputError, MissingDependencyError, UsageError
+from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
 
 __all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
@@ -69,9 +69,9 @@ def open_url(url: str, *, storage_options: Mapping[str, Any] | None = None, down
     if url.startswith("hf://"):
         return _open_hub(url, options, download)
     if download:
-        raise UsageError("download=True fetches into the Hugging Face cache and applies to hf:// paths only; read "
-                         "other URLs by range, or copy them with `weightio convert URL model.safetensors`",
-                         path=redact(url))
+        raise UsageError("downloading into the Hugging Face cache applies to hf:// paths only; other URLs are "
+                         "read by range, or copied with `weightio convert URL model.safetensors`",
+                         path=redact(url), advice=DOWNLOAD_ADVICE)
     fs, path = _filesystem(url, options)
     found = None if url.endswith("/") else _find(fs, path, url)
     if found is None or _names_folder(found.info):
@@ -112,8 +112,8 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
     from . import hub
 
     if options:
-        raise UsageError("storage_options do not apply to hf:// paths (huggingface_hub reads HF_TOKEN, "
-                         "HF_ENDPOINT and its own login)", path=url)
+        raise UsageError("fsspec storage options do not apply to hf:// paths: huggingface_hub reads HF_TOKEN, "
+                         "HF_ENDPOINT and its own login", path=url, advice=STORAGE_OPTIONS_ADVICE)
     if download:
         return Opened(url, [], local=hub.download(url))
     sources, index = hub.remote_sources(url)
@@ -217,7 +217,7 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     except ValueError as e:
         raise UsageError(f"cannot read this URL: {e}", path=redact(url)) from None
     except TypeError as e:
-        raise UsageError(f"storage_options rejected by the filesystem: {e}", path=redact(url)) from None
+        raise UsageError(f"storage options rejected by the filesystem: {e}", path=redact(url)) from None
 
 
 def is_folder(fs: Any, path: str, url: str) -> bool:

@@ -51,20 +51,19 @@ import pickle
 import pickletools
 import posixpath
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._io import MappedFile
 from ._remote import describe_failure, is_url
-from .errors import CorruptFileError, FormatError, InputError, UsageError, WeightioError
+from .errors import STORAGE_OPTIONS_ADVICE, Advice, CorruptFileError, FormatError, InputError, UsageError, WeightioError
 from .formats import _zip, open_file
 from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler
 from .formats.sniff import sniff
 from .limits import current as current_limits
-from .text import printable
+from .scan_report import FileScan, Finding, PickleScan, ScanReport, findings_about
 
 __all__ = ["ScanReport", "FileScan", "PickleScan", "Finding", "scan", "MAX_FICKLING_BYTES", "MAX_EXPANSION",
-           "MAX_FICKLING_WORK"]
+           "MAX_FICKLING_WORK"]  # the records live in `.scan_report`, with the report's text and JSON
 
 MAX_FICKLING_BYTES = 16 << 20  # fickling decompiles a pickle to a Python AST: ~2 s per MiB
 MAX_EXPANSION = 1_000_000  # nodes a pickle's object graph may expand to before fickling is skipped
@@ -74,153 +73,6 @@ MAX_FILES = 10_000  # files scanned under one directory
 MAX_FINDINGS = 50  # fickling findings kept per pickle (a 500-tensor state dict yields ~1000)
 _NO_CODE = "no code can be stored in this format"
 _NO_CODE_FORMATS = {"safetensors", "gguf", "ggml", "npy", "npz"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One fickling finding.
-
-    Attributes:
-        severity: fickling's severity name (``LIKELY_SAFE`` … ``OVERTLY_MALICIOUS``).
-        analysis: the fickling analysis that reported it (``UnsafeImports``, ``MLAllowlist`` …).
-        message: fickling's message.
-        trigger: the code fragment it points at, when fickling gives one.
-    """
-
-    severity: str
-    analysis: str
-    message: str
-    trigger: str | None = None
-
-
-@dataclass(frozen=True)
-class PickleScan:
-    """One pickle stream of a file.
-
-    Attributes:
-        location: where it is (``archive/data.pkl``, ``pickle 4 (the checkpoint)`` …).
-        size: its length in bytes.
-        globals: every global it references, ``module.name``, in order of first use.
-        refused: those not on weightio's allowlist.
-        problems: constructs weightio refuses or cannot read, as the loader words them.
-        severity: fickling's default analyses, overall severity (None: not analysed, see `note`).
-        ml_severity: fickling's ML-allowlist analysis, overall severity (None: not analysed).
-        findings: fickling's findings (at most `MAX_FINDINGS`, most severe first).
-        note: why fickling was skipped, or how many findings were left out.
-        fickling_stopped: fickling was not run (or not to the end) on this pickle: it was over
-            one of scan's budgets (size, expansion, work), or fickling failed; `note` says which.
-    """
-
-    location: str
-    size: int
-    globals: tuple[str, ...] = ()
-    refused: tuple[str, ...] = ()
-    problems: tuple[str, ...] = ()
-    severity: str | None = None
-    ml_severity: str | None = None
-    findings: tuple[Finding, ...] = ()
-    note: str = ""
-    fickling_stopped: bool = False
-
-    @property
-    def allowed(self) -> bool:
-        """True when weightio's allowlist accepts everything this pickle does."""
-        return not self.refused and not self.problems
-
-
-@dataclass(frozen=True)
-class FileScan:
-    """One file: its format, weightio's verdict on it, and its pickles.
-
-    Attributes:
-        path: the file.
-        format: the sniffed format (``"pytorch"``, ``"safetensors"`` …), or None when it is not a
-            checkpoint weightio knows (a pickle that is not a torch file still gets its pickles).
-        verdict: ``"weightio reads it"``, or the error `weightio.open` raises for it.
-        safe: weightio reads it and no pickle in it needs anything outside the allowlist.
-        pickles: every pickle stream found in it.
-        note: what kind of file it is (``no code can be stored in this format`` …).
-        collisions: pairs of zip member names that are equal when case is ignored (torch.load
-            could read either); such a file is never safe.
-    """
-
-    path: str
-    format: str | None
-    verdict: str
-    safe: bool
-    pickles: tuple[PickleScan, ...] = ()
-    note: str = ""
-    collisions: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class ScanReport:
-    """What `scan` found under a path. ``str(report)`` is the text `weightio scan` prints.
-
-    Attributes:
-        path: what was scanned (a file or a directory).
-        files: one `FileScan` per checkpoint file.
-        skipped: files under a directory that are no checkpoint (``config.json`` …).
-    """
-
-    path: str
-    files: tuple[FileScan, ...]
-    skipped: tuple[str, ...] = field(default=())
-
-    @property
-    def safe(self) -> bool:
-        """True when every file is safe (and there is at least one)."""
-        return bool(self.files) and all(f.safe for f in self.files)
-
-    @property
-    def globals(self) -> tuple[str, ...]:
-        """Every global referenced by any pickle, in order of first appearance."""
-        return tuple(dict.fromkeys(g for f in self.files for p in f.pickles for g in p.globals))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready dicts and lists."""
-        from dataclasses import asdict
-
-        return {"path": self.path, "safe": self.safe, "files": [asdict(f) for f in self.files],
-                "skipped": list(self.skipped)}
-
-    def __str__(self) -> str:
-        lines = []
-        for f in self.files:
-            lines += _file_lines(f)
-        if self.skipped:
-            shown = ", ".join(self.skipped[:5]) + (" …" if len(self.skipped) > 5 else "")
-            lines.append(f"skipped {len(self.skipped)} file(s) that are no checkpoint: {shown}")
-        if not self.files:
-            lines.append(f"{self.path}: no checkpoint files found")
-        return "\n".join(lines)
-
-
-def _file_lines(f: FileScan) -> list[str]:
-    """The report of one file, one line per item: every text from the file (globals, messages,
-    names) escaped by `printable`, so that a newline or a terminal control sequence in a pickle
-    cannot fake a line of the report or repaint its verdict."""
-    status = "safe" if f.safe else "UNSAFE" if any(p.refused or p.problems for p in f.pickles) else "not readable"
-    one = printable
-    lines = [f"{one(f.path)}: {status} ({f.format or 'unknown format'}{'; ' + one(f.note) if f.note else ''})",
-             f"  weightio: {one(f.verdict)}"]
-    lines += [f"  case collision: {one(repr(a))} and {one(repr(b))} (torch.load could read either)"
-              for a, b in f.collisions]
-    for p in f.pickles:
-        lines.append(f"  {one(p.location)} ({p.size:,} bytes)")
-        marked = [f"{one(g)} (refused)" if g in p.refused else one(g) for g in p.globals]
-        lines.append(f"    globals: {', '.join(marked) if marked else 'none'}")
-        lines += [f"    refused: {one(problem)}" for problem in p.problems]
-        if p.severity is not None:
-            lines.append(f"    fickling: {p.severity} (default analyses), {p.ml_severity} (ML allowlist)")
-            lines += [f"      - [{x.severity}] {one(x.analysis)}: {one(x.message)}" for x in p.findings[:8]]
-            if len(p.findings) > 8:
-                lines.append(f"      … {len(p.findings) - 8} more findings")
-        if p.fickling_stopped:
-            lines.append(f"    fickling: not run to the end — {one(p.note)}")
-        elif p.note:
-            lines.append(f"    note: {one(p.note)}")
-    return lines
 
 
 # ----------------------------------------------------------------------------- scanning
@@ -241,7 +93,7 @@ def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
         >>> report.safe, report.globals
         (True, ('collections.OrderedDict', 'torch._utils._rebuild_tensor_v2', 'torch.FloatStorage'))
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # bytes paths too
     if path.startswith("hf://"):
         from .hub import resolve
 
@@ -249,7 +101,8 @@ def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
     elif is_url(path):
         return _scan_url(path, storage_options)
     if storage_options:
-        raise UsageError("storage_options apply to URLs only (https://, s3:// …)", path=path)
+        raise UsageError("storage options apply to URLs only, such as https:// and s3://", path=path,
+                         advice=STORAGE_OPTIONS_ADVICE)
     if not os.path.exists(path):  # nothing to judge: an error, as for open(), not an "unsafe" verdict
         raise InputError("no such file or directory", path=path, errno=errno.ENOENT)
     if not os.path.isdir(path):
@@ -290,7 +143,7 @@ def _scan_url(url: str, storage_options: Mapping[str, Any] | None) -> ScanReport
         try:
             file = remote_file(file_url, storage_options=storage_options)
         except WeightioError as e:
-            return FileScan(redact(file_url), None, _error_text(e), False)
+            return FileScan(redact(file_url), None, _error_text(e), False, advice=e.advice)
         return scan_file(file.path, file)
 
     if not folder:
@@ -312,7 +165,7 @@ def scan_file(path: str, file: Any = None) -> FileScan:
     try:
         file = MappedFile(path) if file is None else file
     except WeightioError as e:
-        return FileScan(path, None, _error_text(e), False)
+        return FileScan(path, None, _error_text(e), False, advice=e.advice)
     remote = getattr(file, "remote", False)
     try:
         if remote and not _is_zip(file):  # pickles back to back from the start: walked in the file's image
@@ -326,14 +179,14 @@ def scan_file(path: str, file: Any = None) -> FileScan:
     if not remote:  # a local file is mapped again by its reader; a remote one keeps its fetched blocks
         file.close()
     try:
-        verdict, readable = _verdict(file if remote else path) if fmt is not None else (kind_note, False)
+        verdict, readable, advice = _verdict(file if remote else path) if fmt is not None else (kind_note, False, None)
     finally:
         file.close()
     note = _NO_CODE if fmt in _NO_CODE_FORMATS else kind_note
     if fmt in ("npy", "npz") and verdict.startswith("UnsafePickleError"):
         note = _OBJECT_ARRAYS
     safe = readable and not collisions and all(p.allowed for p in pickles)
-    return FileScan(path, fmt, verdict, safe, pickles, note, collisions)
+    return FileScan(path, fmt, verdict, safe, pickles, note, collisions, advice)
 
 
 def _collisions(file: MappedFile) -> tuple[tuple[str, str], ...]:
@@ -352,7 +205,7 @@ def _is_zip(file: MappedFile) -> bool:
 
 def _error_text(error: WeightioError) -> str:
     where = f"tensor {error.tensor!r}: " if error.tensor else ""
-    return f"{type(error).__name__}: {where}{error.message}"
+    return f"{type(error).__name__}: {where}{error.problem}"
 
 
 def _format(file: MappedFile) -> tuple[str | None, str]:
@@ -368,20 +221,21 @@ def _format(file: MappedFile) -> tuple[str | None, str]:
 _OBJECT_ARRAYS = "an object array's data is a pickle (weightio never loads it; numpy runs it with allow_pickle)"
 
 
-def _verdict(path: Any) -> tuple[str, bool]:
+def _verdict(path: Any) -> tuple[str, bool, Advice | None]:
+    """What `weightio.open` says of the file, whether it reads it, and the error's advice."""
     try:
         reader = open_file(path)
     except WeightioError as e:
-        return _error_text(e), False
+        return _error_text(e), False, e.advice
     try:
         for name, info in reader.tensors.items():
             if info.dtype.hasobject:  # an .npy/.npz object array: listed, its pickle refused when read
                 reader.buffer(name)
     except WeightioError as e:
-        return _error_text(e), False
+        return _error_text(e), False, e.advice
     finally:
         reader.close()
-    return "weightio reads it", True
+    return "weightio reads it", True, None
 
 
 # ----------------------------------------------------------------------------- finding the pickles
@@ -403,20 +257,20 @@ def _scan_pickle(location: str, data: bytes, path: str) -> PickleScan:
     try:
         lexed = lexer.lex(data, path=None, what=location, collect=True)
     except WeightioError as e:  # a resource or structure error: CPython never runs it
-        return PickleScan(location, len(data), problems=(e.message,),
+        return PickleScan(location, len(data), problems=(e.problem,),
                           note="not analysed further: weightio refuses it before unpickling")
     static = [f"{m}.{n}" for m, n in lexed.globals]
     recorded, objects, stopped = _record(data)
     globals_ = tuple(dict.fromkeys(recorded + static))
     refused = tuple(g for g in globals_ if _split(g) not in allowlist.ALLOWLIST)
-    problems = [e.message for e in lexed.refusals]
+    problems = [e.problem for e in lexed.refusals]
     problems += [m for m in _loader_problems(data, location) if m not in problems]
     severity, ml_severity, findings, note = _fickling(data, objects)
     fickling_stopped = severity is None
     if stopped and not note:
         note = f"recording the globals stopped early ({stopped}); opcode arguments were read instead"
-    return PickleScan(location, len(data), globals_, refused, tuple(problems), severity, ml_severity, findings, note,
-                      fickling_stopped)
+    return PickleScan(location, len(data), globals_, refused, tuple(problems), severity, ml_severity,
+                      findings_about(findings, globals_), note, fickling_stopped)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -429,7 +283,7 @@ def _loader_problems(data: bytes, location: str) -> list[str]:
     try:
         unpickler.load(data, _any_storage, what=location)
     except WeightioError as e:
-        return [e.message]
+        return [e.problem]
     return []
 
 

@@ -416,6 +416,19 @@ class CheckpointDiff:
         """True when both hold the same names and every pair counts as equal."""
         return not self.only_a and not self.only_b and all(self.same(d) for d in self.diffs)
 
+    @property
+    def values_equal(self) -> bool:
+        """True when both hold the same names and every pair's values are equal, whatever the dtypes."""
+        return not self.only_a and not self.only_b and all(d.equal for d in self.diffs)
+
+    @property
+    def verdict(self) -> str:
+        """``"equal"``; ``"same values, dtypes differ"`` (every value equal, some dtype or ggml type
+        changed: a lossless cast or a dequantization); or ``"different"``."""
+        if self.equal:
+            return "equal"
+        return "same values, dtypes differ" if self.values_equal else "different"
+
 
 def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
                      patterns: tuple[str, ...] | list[str] = (), ignore_dtype: bool = False) -> CheckpointDiff:

@@ -268,8 +268,8 @@ def test_whole_module_pickles_are_refused(name, where):
         wio.open(PT / name)
     assert str(info.value) == (f"{PT / name}: {where}: the pickle asks for global "
                                "'torch.nn.modules.container.Sequential', which is not on weightio's allowlist; "
-                               "nothing was imported or run (to read its tensors without running it: "
-                               "unknown_globals='placeholder', CLI --unknown-globals placeholder)")
+                               "nothing was imported or run (to read its tensors without running it, pass "
+                               "unknown_globals='placeholder')")
 
 
 def test_deflated_pickle_and_records_are_inflated_once(tmp_path):

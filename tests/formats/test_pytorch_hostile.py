@@ -407,7 +407,7 @@ def test_a_text_argument_never_searches_past_the_header_limit(tmp_path, opcode):
                 wio.open(path)
     assert str(info.value) == (f"{path}: pickle 1: no STOP opcode within its first 1048576 bytes "
                                "(limits.header_bytes; raise it with weightio.limits.using(header_bytes=...), "
-                               "--max-header-bytes, or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)")
+                               "or WEIGHTIO_MAX_HEADER_BYTES if the file is trusted)")
 
 
 # ----------------------------------------------------------------------------- issue 13: the widened surface

@@ -208,7 +208,7 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path):
     path = tmp_path / "x.safetensors"
     wio.save({"a": np.zeros(2, np.float32)}, path)
     before = path.read_bytes()
-    with pytest.raises(WriteError, match="already exists; pass overwrite=True"):
+    with pytest.raises(WriteError, match=r"already exists \(pass overwrite=True to replace it\)"):
         wio.save({"a": np.ones(2, np.float32)}, path)
     assert path.read_bytes() == before
     wio.save({"a": np.ones(2, np.float32)}, path, overwrite=True)

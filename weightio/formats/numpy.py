@@ -61,7 +61,7 @@ import numpy as np
 
 from .._io import atomic_write, write_all
 from ..dtypes import dtype_name, is_number
-from ..errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
+from ..errors import Advice, CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 from ..records import TensorSource
@@ -341,8 +341,9 @@ def _npy_source(src: TensorSource, path: str) -> TensorSource:
         return src
     if is_number(src.dtype) or src.dtype.kind not in _EXACT_KINDS or src.dtype.hasobject or not src.dtype.itemsize:
         raise UnsupportedDTypeError(
-            f"{dtype_name(src.dtype)} has no .npy descr that numpy can read back; cast it "
-            "(dtype='float32') or write safetensors", path=path, tensor=src.name)
+            f"{dtype_name(src.dtype)} has no .npy descr that numpy can read back", path=path, tensor=src.name,
+            advice=Advice(python="cast it with dtype='float32', or write safetensors",
+                          cli="cast it with --dtype fp32, or write .safetensors"))
     try:
         npy_header(src.dtype, src.shape)
     except ValueError as e:  # overlapping or out-of-order record fields have no descr

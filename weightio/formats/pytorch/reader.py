@@ -136,7 +136,7 @@ class PyTorchReader(Reader):
                                                        max_depth=limits.nesting_depth,
                                                        max_name_bytes=limits.name_bytes)
         except WeightioError as e:
-            raise type(e)(e.message, path=self.path) from None
+            raise type(e)(e.problem, path=self.path, advice=e.advice) from None
         if registry is not None and registry.classes:
             self.placeholders = registry.replaced
             if PLACEHOLDERS_KEY in tensors or PLACEHOLDERS_KEY in self.metadata:
@@ -247,7 +247,7 @@ class PyTorchReader(Reader):
                 return self.file.data
             return self._record_bytes(record)
         except WeightioError as e:
-            raise type(e)(e.message, path=self.path, tensor=name) from None
+            raise type(e)(e.problem, path=self.path, tensor=name, advice=e.advice) from None
 
     def close(self) -> None:
         self._inflated = {}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import limits as _limits
-from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from ...errors import Advice, CorruptFileError, UnsafePickleError, WeightioError
 from ..base import check_unknown_globals
 from .allowlist import ALLOWLIST
 from .lexer import lex
@@ -68,9 +68,8 @@ class Unpickler(pickle.Unpickler):
             return self._placeholder_mode(module, name, standin)
         if standin is None:
             raise UnsafePickleError(f"the pickle asks for global '{_printable(module)}.{_printable(name)}', which "
-                                    "is not on weightio's allowlist; nothing was imported or run (to read its tensors "
-                                    "without running it: unknown_globals='placeholder', CLI --unknown-globals "
-                                    "placeholder)")
+                                    "is not on weightio's allowlist; nothing was imported or run",
+                                    advice=PLACEHOLDER_ADVICE)
         return standin
 
     def _placeholder_mode(self, module: str, name: str, standin: Any) -> Any:
@@ -101,6 +100,9 @@ _EXPLAINED = {
     "slot state is not a dictionary": "BUILD with a slot state that is not a dict",
 }
 
+PLACEHOLDER_ADVICE = Advice(python="to read its tensors without running it, pass unknown_globals='placeholder'",
+                            cli="to read its tensors without running it, pass --unknown-globals placeholder")
+
 _MALFORMED = (pickle.UnpicklingError, ValueError, TypeError, AttributeError, KeyError, IndexError, EOFError,
               OverflowError, UnicodeError, MemoryError, RecursionError)
 
@@ -126,7 +128,7 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
     try:
         return Unpickler(rewrite(data, text8) if text8 else data, persistent_load).load()
     except WeightioError as e:
-        raise type(e)(f"{what}: {e.message}", path=path, tensor=e.tensor) from None
+        raise type(e)(f"{what}: {e.problem}", path=path, tensor=e.tensor, advice=e.advice) from None
     except _MALFORMED as e:
         lex(data, path=path, what=what, limits=limits)  # the exact lexer names what is wrong, when it can
         why = next((v for k, v in _EXPLAINED.items() if str(e).startswith(k)), None)
