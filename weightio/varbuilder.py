@@ -103,7 +103,7 @@ class VarBuilder:
                 ``*.index.json`` file, or a list of any of these (served as one checkpoint; a
                 name stored in two of them is a `CorruptFileError`).
             dtype: converts floating-point tensors on load (``"bf16"``, ``"float32"``, …);
-                integer and bool tensors keep their type. None keeps every stored dtype.
+                integer and bool tensors keep their type. None (or ``"auto"``) keeps every stored dtype.
             device: where tensors go (`weightio.devices`): ``"numpy"``, ``"torch"``, ``"torch:cuda:0"``, …
             base_model_prefix: the leading component model and checkpoint may disagree by
                 (``"bert"``); None infers it when needed.
@@ -236,6 +236,22 @@ class VarBuilder:
         return self._backend.resolve(self._full(name), False) is not None
 
     __contains__ = contains
+
+    def stored_names(self) -> list[str]:
+        """Every stored name of the checkpoint(s), in file order, whatever the cursor (do not modify it)."""
+        return self._shared.store.names
+
+    def locate(self, name: str) -> tuple[str, tuple[int, ...], np.dtype] | None:
+        """Where ``prefix.name`` is stored: ``(stored name, shape, stored dtype)``, or None.
+
+        Reads no data and is not a use (the report does not count it); like `get`, and unlike
+        `contains`, it fixes an inferred base-model prefix.
+        """
+        stored = self._backend.resolve(self._full(name))
+        if stored is None:
+            return None
+        value = self._shared.store.value(stored)
+        return stored, _shape_of(value), devices.dtype_of(value)
 
     def get(self, shape: int | Sequence[int], name: str, dtype: Any = None) -> Any:
         """The tensor ``prefix.name`` on this cursor's device, after checking its shape.
@@ -446,7 +462,8 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _dtype_arg(dtype: Any) -> np.dtype | None:
-    return None if dtype is None else parse_dtype(dtype)
+    """None for None and ``"auto"`` (every tensor keeps its stored dtype, transformers' spelling)."""
+    return None if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
 
 
 def _shape_arg(shape: Any) -> tuple[int, ...]:
