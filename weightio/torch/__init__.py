@@ -186,7 +186,8 @@ class _Load:
             if hit is not None and self.wanted(group[0], hit[3]) is None:
                 itemsize = hit[3].itemsize
             sizes[group[0]] = target.numel() * itemsize
-        return plan_device_map(self.module, max_memory, sizes=sizes)
+        plan = plan_device_map(self.module, max_memory, sizes=sizes)
+        return _with_ties(plan, self.keys)
 
     def read(self, plan: dict[str, str] | None) -> None:
         cursors: dict[str, VarBuilder] = {}
@@ -241,6 +242,10 @@ class _Load:
         ignored: dict[str, str] = {}
         transient = {t: self.vb.locate(t) for t in self.keys.transient}
         transient_stored = {w[0] for w in transient.values() if w is not None}
+        sub_mapping, wrapper = split_prefix(prefix)
+        if not wrapper and report.used:
+            wrapper = _root_wrapper(report)
+        head += wrapper if wrapper == "module." and not prefix else ""
         unexpected = []
         for stored in report.unused:
             if stored in used:
@@ -254,13 +259,21 @@ class _Load:
         ignored.update({n: "_keys_to_ignore_on_load_missing" for g in self.keys.groups for n in g
                         if g[0] not in self.found and self.keys.missing_ignored(n)})
         mismatched = [(n, stored, shape) for n, shape, stored in self.refused]
-        sub_mapping, wrapper = split_prefix(prefix)
-        if not wrapper and report.used:
-            wrapper = _root_wrapper(report)
         tied = {n: self.keys.tied[n] for g in self.keys.groups if g[0] in self.found for n in g[1:]}
         return LoadResult(self.missing, unexpected, mismatched_keys=mismatched, tied_keys=tied, ignored_keys=ignored,
                           sub_mapping=sub_mapping, wrapper_prefix=wrapper, base_model_prefix=report.base_model_prefix,
                           device_map=plan, source=source, module=type(self.module).__name__)
+
+
+def _with_ties(plan: dict[str, str], keys: ModuleKeys) -> dict[str, str]:
+    """`plan` with parts that hold only tied names (``lm_head``) on their tensor's device."""
+    for name, canonical in keys.tied.items():
+        covering = max((p for p in plan if not p or name == p or name.startswith(p + ".")), key=len, default=None)
+        if covering is None or plan[covering] == device_of(plan, canonical):
+            continue
+        if all(n in keys.tied for n in keys.targets if not covering or n == covering or n.startswith(covering + ".")):
+            plan[covering] = device_of(plan, canonical)
+    return plan
 
 
 def _torch_dtype(dtype: Any) -> Any:
