@@ -297,6 +297,8 @@ def test_dtype_auto_keeps_each_stored_dtype(tmp_path):
     assert initialised.pooler.dense.weight.dtype == torch.float16
     with wio.VarBuilder.from_path(tmp_path, dtype="auto") as vb:  # the builder's spelling (numpy, JAX, CuPy)
         assert vb.dtype is None and vb.get_unchecked("pooler.dense.weight").dtype == np.float16
+        assert vb.to_dtype("float32").get_unchecked("pooler.dense.weight", dtype="auto").dtype == np.float16
+        assert vb.load_all(dtype="auto")["pooler.dense.weight"].dtype == np.float16
 
 
 # ----------------------------------------------------------------------------- device maps

@@ -315,7 +315,7 @@ class VarBuilder:
         store, head = self._shared.store, self.prefix + "." if self._path else ""
         names = [n for n in store.names if n.startswith(head)]
         values = {n[len(head):]: store.value(n) for n in names}
-        wanted = self._dtype if dtype is None else parse_dtype(dtype)
+        wanted = self._dtype if dtype is None else _dtype_arg(dtype)
         out = devices.load_all(values, self._device if device is None else device, wanted)
         for n in names:
             self._shared.usage.hit(n, n, _nbytes(store.value(n)))
@@ -445,7 +445,9 @@ class VarBuilder:
     def _cast_to(self, value: Any, dtype: Any) -> np.dtype | None:
         stored = devices.dtype_of(value)
         if dtype is not None:
-            wanted = parse_dtype(dtype)
+            wanted = _dtype_arg(dtype)
+            if wanted is None:  # "auto": as stored
+                return None
         elif self._dtype is not None and devices.is_floating(stored):
             wanted = self._dtype
         else:
