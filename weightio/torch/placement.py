@@ -59,11 +59,28 @@ def empty_weights() -> Iterator[None]:
             param.__dict__.update(extra)
         original(module, name, param)
 
+    saved = {name: getattr(torch.Tensor, name) for name in _RANDOM_FILLS}
     torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    for name, fill in saved.items():
+        setattr(torch.Tensor, name, _skipping_meta(fill))
     try:
         yield
     finally:
         torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+        for name, fill in saved.items():
+            setattr(torch.Tensor, name, fill)
+
+
+# Random initialisation of a meta tensor does nothing, slowly (torch runs it through its Python
+# reference kernels): inside `empty_weights` these in-place fills return meta tensors untouched.
+_RANDOM_FILLS = ("normal_", "uniform_")
+
+
+def _skipping_meta(fill: Any) -> Any:
+    def skip(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor if tensor.is_meta else fill(tensor, *args, **kwargs)
+
+    return skip
 
 
 # ----------------------------------------------------------------------------- device maps
