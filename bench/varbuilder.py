@@ -14,9 +14,12 @@ page cache warm:
 2. fill an ``nn.Module`` (parameters preallocated, untimed): ``weightio.torch.load_into`` vs
    ``torch.load(mmap=True, weights_only=True)`` + ``load_state_dict`` vs
    ``safetensors.torch.load_model``;
-3. resolve only (numpy device, no data read): µs per ``get`` vs the bare ``Checkpoint`` lookup
+3. build a model and load it (timed together; ``transformers.LlamaForCausalLM``, whose names the
+   checkpoint has): ``weightio.torch.empty_weights()`` + ``load_into(assign=True)`` (zero-copy) vs
+   ``from_pretrained`` of the same model vs an initialised model + ``safetensors.torch.load_model``;
+4. resolve only (numpy device, no data read): µs per ``get`` vs the bare ``Checkpoint`` lookup
    with a shape check (the floor);
-4. torch CUDA (only where ``torch.cuda.is_available()``): GB/s of ``devices.load_all`` to
+5. torch CUDA (only where ``torch.cuda.is_available()``): GB/s of ``devices.load_all`` to
    ``torch:cuda:0`` vs ``safe_open(..., device="cuda:0")`` reading every tensor vs one pinned
    host-to-device copy of the same number of bytes (the physical limit).
 
@@ -66,6 +69,25 @@ def shapes(gib: float) -> dict[str, tuple[int, ...]]:
 def paths(gib: float) -> dict[str, Path]:
     tag = f"{gib:g}g"
     return {"st": CACHE / f"varbuilder-{tag}.safetensors", "pt": CACHE / f"varbuilder-{tag}.pt"}
+
+
+def llama_config(gib: float):
+    """The transformers config whose LlamaForCausalLM has exactly the checkpoint's names and shapes."""
+    import transformers
+
+    return transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers_for(gib),
+                                    num_attention_heads=16, num_key_value_heads=16, vocab_size=VOCAB,
+                                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def model_dir(gib: float) -> Path:
+    """A transformers model directory (config.json + the checkpoint, linked) for from_pretrained."""
+    folder = CACHE / f"varbuilder-{gib:g}g-llama"
+    if not (folder / "model.safetensors").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        llama_config(gib).save_pretrained(folder)
+        (folder / "model.safetensors").symlink_to(paths(gib)["st"])
+    return folder
 
 
 def generate(gib: float) -> dict[str, Path]:
@@ -162,6 +184,8 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
             "safetensors": lambda: safetensors.torch.load_model(module, path),
         }[peer]
         return timed(fill)
+    if case == "meta":
+        return _meta_worker(peer, path, gib)
     if case == "cuda":
         return _cuda_worker(peer, path, gib, torch, wio, devices)
     table = {
@@ -169,6 +193,32 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
         ("resolve", "weightio"): resolve_wio, ("resolve", "checkpoint-lookup"): resolve_floor,
     }
     return timed(table[(case, peer)])
+
+
+def _meta_worker(peer: str, path: str, gib: float) -> dict:
+    import safetensors.torch
+    import transformers
+
+    import weightio as wio
+
+    transformers.utils.logging.set_verbosity_error()
+    config, folder = llama_config(gib), model_dir(gib)
+    llama = transformers.LlamaForCausalLM  # imported now: transformers imports model classes on first use
+
+    def weightio_meta():
+        with wio.torch.empty_weights():
+            model = llama(config)
+        wio.torch.load_into(model, path, assign=True)
+        return model
+
+    def safetensors_initialised():
+        model = llama(config)
+        safetensors.torch.load_model(model, path)
+        return model
+
+    run = {"weightio": weightio_meta, "from_pretrained": lambda: llama.from_pretrained(folder),
+           "safetensors-initialised": safetensors_initialised}[peer]
+    return timed(run)
 
 
 def _cuda_worker(peer: str, path: str, gib: float, torch, wio, devices) -> dict:
@@ -204,6 +254,14 @@ def _cuda_worker(peer: str, path: str, gib: float, torch, wio, devices) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -222,6 +280,10 @@ def cases(p: dict[str, Path], gib: float) -> list[Case]:
         Case("resolve", {peer: ["resolve", peer, st, g] for peer in ("weightio", "checkpoint-lookup")},
              "resolve every name + shape check, no data (numpy)"),
     ]
+    if _has_transformers():
+        out.insert(2, Case("meta", {peer: ["meta", peer, st, g]
+                                    for peer in ("weightio", "from_pretrained", "safetensors-initialised")},
+                           "build LlamaForCausalLM + load (weightio: empty_weights + load_into(assign=True))"))
     if _has_cuda():
         out.append(Case("cuda", {peer: ["cuda", peer, st, g] for peer in ("weightio", "safetensors", "pinned-h2d")},
                         "torch:cuda:0: every tensor resident on the GPU"))
@@ -281,9 +343,22 @@ def targets(results: dict, gib: float) -> list[tuple[str, bool]]:
          t("materialize", "safetensors") / t("materialize", "weightio") >= 1.0),
         ("load_into no slower than torch.load(mmap=True) + load_state_dict",
          t("module", "torch.load-mmap") / t("module", "weightio") >= 1.0),
+        ("load_into into an initialised model no slower than safetensors.torch.load_model",
+         t("module", "safetensors") / t("module", "weightio") >= 1.0),
         ("resolution costs <= 10 µs per get over the bare checkpoint lookup",
          (t("resolve", "weightio") - t("resolve", "checkpoint-lookup")) / len(shapes(gib)) <= 10e-6),
     ]
+    if "meta" in results:
+        checks[2:2] = [
+            ("meta model + load_into(assign=True) >= 3x from_pretrained",
+             t("meta", "from_pretrained") / t("meta", "weightio") >= 3.0),
+            ("meta model + load_into(assign=True) >= 1.5x initialised model + safetensors.torch.load_model",
+             t("meta", "safetensors-initialised") / t("meta", "weightio") >= 1.5),
+            ("meta model + load_into(assign=True): RSS growth <= 64 MiB (zero-copy: no page of the file touched)",
+             results["meta"]["weightio"]["rss_mib"] <= 64),
+        ]
+    else:
+        checks.append(("meta-model targets: not measured here (transformers is not installed)", False))
     if "cuda" in results:
         checks += [
             ("load_all to CUDA >= 0.8x the pinned host-to-device copy",
@@ -299,6 +374,8 @@ def targets(results: dict, gib: float) -> list[tuple[str, bool]]:
 def main() -> None:
     args = arguments(__doc__, reps=5)
     p = generate(args.gib)
+    if _has_transformers():
+        model_dir(args.gib)
     warm(*p.values())
     results = measure(SCRIPT, cases(p, args.gib), args.reps)
     publish("varbuilder", report(results, p, args.gib, args.reps), targets(results, args.gib), not args.no_write)

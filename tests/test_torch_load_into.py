@@ -199,7 +199,8 @@ def test_shape_mismatch_leaves_the_module_untouched(tmp_path):
     with pytest.raises(ShapeMismatchError) as err:
         wio.torch.load_into(target, path, strict=False)
     assert str(err.value) == (f"{path}: tensor '0.bias': size mismatch loading Sequential: 0.bias: module (16,), "
-                              "stored (17,); 2.weight: module (4, 16), stored (4, 15)")
+                              "stored (17,); 2.weight: module (4, 16), stored (4, 15); "
+                              "pass ignore_mismatched_sizes=True to skip them")
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
 
 

@@ -103,7 +103,7 @@ class VarBuilder:
                 ``*.index.json`` file, or a list of any of these (served as one checkpoint; a
                 name stored in two of them is a `CorruptFileError`).
             dtype: converts floating-point tensors on load (``"bf16"``, ``"float32"``, …);
-                integer and bool tensors keep their type. None keeps every stored dtype.
+                integer and bool tensors keep their type. None (or ``"auto"``) keeps every stored dtype.
             device: where tensors go (`weightio.devices`): ``"numpy"``, ``"torch"``, ``"torch:cuda:0"``, …
             base_model_prefix: the leading component model and checkpoint may disagree by
                 (``"bert"``); None infers it when needed.
@@ -237,6 +237,22 @@ class VarBuilder:
 
     __contains__ = contains
 
+    def stored_names(self) -> list[str]:
+        """Every stored name of the checkpoint(s), in file order, whatever the cursor (do not modify it)."""
+        return self._shared.store.names
+
+    def locate(self, name: str) -> tuple[str, tuple[int, ...], np.dtype] | None:
+        """Where ``prefix.name`` is stored: ``(stored name, shape, stored dtype)``, or None.
+
+        Reads no data and is not a use (the report does not count it); like `get`, and unlike
+        `contains`, it fixes an inferred base-model prefix.
+        """
+        stored = self._backend.resolve(self._full(name))
+        if stored is None:
+            return None
+        value = self._shared.store.value(stored)
+        return stored, _shape_of(value), devices.dtype_of(value)
+
     def get(self, shape: int | Sequence[int], name: str, dtype: Any = None) -> Any:
         """The tensor ``prefix.name`` on this cursor's device, after checking its shape.
 
@@ -299,7 +315,7 @@ class VarBuilder:
         store, head = self._shared.store, self.prefix + "." if self._path else ""
         names = [n for n in store.names if n.startswith(head)]
         values = {n[len(head):]: store.value(n) for n in names}
-        wanted = self._dtype if dtype is None else parse_dtype(dtype)
+        wanted = self._dtype if dtype is None else _dtype_arg(dtype)
         out = devices.load_all(values, self._device if device is None else device, wanted)
         for n in names:
             self._shared.usage.hit(n, n, _nbytes(store.value(n)))
@@ -429,7 +445,9 @@ class VarBuilder:
     def _cast_to(self, value: Any, dtype: Any) -> np.dtype | None:
         stored = devices.dtype_of(value)
         if dtype is not None:
-            wanted = parse_dtype(dtype)
+            wanted = _dtype_arg(dtype)
+            if wanted is None:  # "auto": as stored
+                return None
         elif self._dtype is not None and devices.is_floating(stored):
             wanted = self._dtype
         else:
@@ -446,7 +464,8 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _dtype_arg(dtype: Any) -> np.dtype | None:
-    return None if dtype is None else parse_dtype(dtype)
+    """None for None and ``"auto"`` (every tensor keeps its stored dtype, transformers' spelling)."""
+    return None if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
 
 
 def _shape_arg(shape: Any) -> tuple[int, ...]:

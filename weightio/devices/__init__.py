@@ -231,7 +231,7 @@ def load_all(
             valid after it is closed).
         device: a device string. GPUs receive large contiguous runs through pinned buffers.
         dtype: converts the floating-point tensors (integer and bool tensors keep their type),
-            on the device.
+            on the device; None or ``"auto"`` keeps every stored dtype.
 
     Raises:
         UsageError: `tensors` is not a mapping (a path, for instance), or a bad device.
@@ -244,7 +244,7 @@ def load_all(
         hint = "; open it first: load_all(weightio.open(path), …)" if isinstance(tensors, (str, os.PathLike)) else ""
         raise UsageError(f"load_all takes a mapping of name -> tensor, got {type(tensors).__name__}{hint}")
     b = backend(device)
-    wanted = None if dtype is None else parse_dtype(dtype)
+    wanted = None if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
     out = _on_device(b, tensors)
     if wanted is not None:
         out = {k: b.cast(v, wanted) if is_floating(dtype_of(v)) else v for k, v in out.items()}
