@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LAYERS, HIDDEN, MLP, VOCAB = 20, 1024, 4096, 30000
@@ -241,8 +241,10 @@ def main() -> None:
     args = arguments(__doc__, reps=5)
     p = generate(args.gib)
     warm(*p.values())
-    results = measure(SCRIPT, cases(p), args.reps)
-    publish("cli", report(results, p, args.reps), targets(results, p), not args.no_write)
+    measured = cases(p)
+    results = measure(SCRIPT, measured, args.reps)
+    publish("cli", report(results, p, args.reps), targets(results, p), not args.no_write,
+            title="CLI: whole-process inspect and convert", measured=rows(results, measured))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ weightio row of the same case. Files are read warm (the page cache is filled bef
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("WEIGHTIO_BENCH_DIR", "/tmp/weightio-bench"))
 RESULTS = ROOT / "docs" / "benchmarks.md"
+RECORDS = ROOT / "bench" / "results"  # <suite>.json: the rows each suite's charts are drawn from
+IMAGES = ROOT / "docs" / "img"  # <suite>.png: the charts
 
-__all__ = ["CACHE", "Case", "arguments", "environment", "measure", "median", "publish", "rss_mib", "run_worker",
-           "warm", "write_section"]
+__all__ = ["CACHE", "Case", "arguments", "chart", "environment", "measure", "median", "publish", "rows",
+           "rss_mib", "run_worker", "warm", "write_section"]
 
 
 def rss_mib() -> float:
@@ -140,11 +144,125 @@ def arguments(doc: str | None, reps: int, extra: Callable[[argparse.ArgumentPars
     return parser.parse_args()
 
 
-def publish(suite: str, report: str, checks: list[tuple[str, bool]], write: bool) -> None:
+def publish(suite: str, report: str, checks: list[tuple[str, bool]], write: bool, *, title: str = "",
+            measured: list[dict] | None = None) -> None:
     """Print a suite's report and its target checks (name, met) as a checklist, and write them
-    into docs/benchmarks.md."""
+    into docs/benchmarks.md; with `measured` rows (see `rows`), also record them in
+    bench/results/<suite>.json and draw docs/img/<suite>.png from them (embedded in the section)."""
     listed = "\n".join(f"- [{'x' if met else ' '}] {name}" for name, met in checks)
-    text = report + "\n\nTargets (from the issue):\n\n" + listed + "\n"
+    picture = f"\n\n![{title or suite}](img/{suite}.png)" if measured else ""
+    text = report + picture + "\n\nTargets (from the issue):\n\n" + listed + "\n"
     print(text)
     if write:
+        if measured:
+            record = {"suite": suite, "title": title or suite, "environment": environment(), "rows": measured}
+            RECORDS.mkdir(parents=True, exist_ok=True)
+            (RECORDS / f"{suite}.json").write_text(json.dumps(record, indent=1) + "\n")
+            chart(record, IMAGES / f"{suite}.png")
         write_section(suite, text)
+
+
+# ----------------------------------------------------------------------------- charts
+
+# What a row may hold, besides its case and peer: the measure, its axis label, what "> 1" means.
+METRICS = {"seconds": ("time", "faster"), "rss_mib": ("RSS (at least 1 MiB each)", "smaller"),
+           "bytes": ("bytes moved", "fewer")}
+
+
+def rows(results: dict[str, dict[str, dict]], cases: list[Case]) -> list[dict]:
+    """`measure`'s medians as chart rows: {"case": its note, "peer", "seconds", "rss_mib"}, in order."""
+    notes = {c.name: c.note or c.name for c in cases}
+    return [{"case": notes[case], "peer": peer, "seconds": r["seconds"], "rss_mib": r["rss_mib"]}
+            for case, peers in results.items() for peer, r in peers.items()]
+
+
+def _ratios(rows: list[dict]) -> list[tuple[str, dict[str, dict[str, float]]]]:
+    """[(case, {peer: {metric: peer's value / weightio's}})]: the first row of a case whose peer
+    starts with "weightio" is its baseline; cases with no other peer are left out."""
+    cases: dict[str, list[dict]] = {}
+    for row in rows:
+        cases.setdefault(row["case"], []).append(row)
+    out = []
+    for case, members in cases.items():
+        base = next((r for r in members if r["peer"].startswith("weightio")), None)
+        if base is None:
+            continue
+        label = case if base["peer"] == "weightio" else f"{case} (vs {base['peer']})"
+        peers = {}
+        for row in members:
+            if row is base:
+                continue
+            found = {}
+            for metric in METRICS:
+                a, b = row.get(metric), base.get(metric)
+                if a is None or b is None:
+                    continue
+                if metric == "rss_mib":
+                    a, b = max(a, 1.0), max(b, 1.0)  # growth below 1 MiB is noise, and 0 divides nothing
+                if a > 0 and b > 0:
+                    found[metric] = a / b
+            if found:
+                peers[row["peer"]] = found
+        if peers:
+            out.append((label, peers))
+    return out
+
+
+def chart(record: dict, path: Path) -> Path:
+    """Draw one suite's rows as horizontal bars: each peer's value / weightio's for the same case,
+    on a log axis centred on 1 (one panel per measure the rows have: time, RSS, bytes). Needs
+    matplotlib (the bench extra), imported only here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    table = _ratios(record["rows"])
+    if not table:
+        raise ValueError(f"{record['suite']}: no case has a peer to compare weightio with")
+    metrics = [m for m in METRICS if any(m in r for _, peers in table for r in peers.values())]
+    peers = list(dict.fromkeys(p for _, ps in table for p in ps))
+    colours = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(peers)}
+    band = max(len(ps) for _, ps in table)
+    fig, axes = plt.subplots(1, len(metrics), sharey=True, squeeze=False,
+                             figsize=(3.2 + 3.6 * len(metrics), 1.5 + 0.22 * band * len(table)))
+    height = 0.8 / band
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        values = []
+        for y, (_, ps) in enumerate(table):
+            for k, (peer, r) in enumerate(ps.items()):
+                if metric not in r:
+                    continue
+                v = r[metric]
+                values.append(v)
+                yy = y + height * (k - (len(ps) - 1) / 2)  # the case's bars centred on its row
+                ax.barh(yy, v - 1, left=1, height=height * 0.9, color=colours[peer])
+                ax.text(v * (1.06 if v >= 1 else 1 / 1.06), yy, f"{v:.2g}×" if v < 10 else f"{v:,.0f}×",
+                        va="center", fontsize=7, ha="left" if v >= 1 else "right")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        low, high = min(values + [1.0]), max(values + [1.0])
+        ax.set_xlim(min(0.1, low / 2.5), max(10.0, high * 2.5))  # a decade each side at least
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.axvline(1, color="black", linewidth=0.8)
+        label, better = METRICS[metric]
+        ax.set_xlabel(f"{label}: peer / weightio\n(> 1: weightio {better})", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(axis="x", which="major", alpha=0.3)
+    axes[0][0].set_yticks(range(len(table)), [textwrap.shorten(case, 60) for case, _ in table])
+    axes[0][0].set_ylim(len(table) - 0.5, -0.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[p]) for p in peers]
+    fig.legend(handles, peers, loc="upper center", ncol=min(len(peers), 4), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(record["title"], fontsize=10, y=1.0 + 0.02 * ((len(peers) + 3) // 4), va="bottom")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    drawn = io.BytesIO()
+    fig.savefig(drawn, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    from PIL import Image  # Pillow: a dependency of matplotlib
+
+    # 64 colours are plenty for flat bars and text, and make the file a third of the size
+    Image.open(drawn).convert("RGB").quantize(colors=64).save(path, optimize=True)
+    return path

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS, NPZ_ARRAYS = 500, 200
@@ -209,8 +209,10 @@ def main() -> None:
     args = arguments(__doc__, reps=7)
     p = generate(args.gib)
     warm(*p.values())
-    results = measure(SCRIPT, cases(p), args.reps)
-    publish("foundation", report(results, p, args.reps), targets(results), not args.no_write)
+    measured = cases(p)
+    results = measure(SCRIPT, measured, args.reps)
+    publish("foundation", report(results, p, args.reps), targets(results), not args.no_write,
+            title="Foundation: safetensors and numpy readers", measured=rows(results, measured))
 
 
 if __name__ == "__main__":

@@ -258,7 +258,21 @@ def main() -> None:
     path = generate(args.gib)
     warm(path)
     results = measure(SCRIPT, cases(path, args.elements, args.types.split(",")), args.reps)
-    publish("gguf", report(results, path, args.elements, args.reps), targets(results), not args.no_write)
+    publish("gguf", report(results, path, args.elements, args.reps), targets(results), not args.no_write,
+            title="GGUF: open and dequantize", measured=chart_rows(results))
+
+
+def chart_rows(results: dict) -> list[dict]:
+    """The chart's rows: the open against gguf.GGUFReader, and each type's dequantization time
+    (the same elements for every peer) against weightio on one thread."""
+    out = [{"case": "open + metadata + tensor index", "peer": peer, "seconds": r["seconds"], "rss_mib": r["rss_mib"]}
+           for peer, r in results["open"].items()]
+    names = {"weightio-1": "weightio (1 thread)", "weightio-all": "weightio (all cores)", "gguf-py": "gguf-py"}
+    for case, peers in results.items():
+        if case.startswith("dq:"):
+            out += [{"case": f"dequantize {case[3:]}", "peer": names[peer], "seconds": r["seconds"]}
+                    for peer, r in peers.items()]
+    return out
 
 
 if __name__ == "__main__":

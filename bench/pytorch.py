@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS = 500
@@ -225,8 +225,16 @@ def main() -> None:
     p = generate(args.gib)
     warm(*p.values())
     _compile_once(p)
-    results = measure(SCRIPT, cases(p), args.reps)
-    publish("pytorch", report(results, p, args.reps), targets(results), not args.no_write)
+    measured = cases(p)
+    results = measure(SCRIPT, measured, args.reps)
+    publish("pytorch", report(results, p, args.reps), targets(results), not args.no_write,
+            title="PyTorch checkpoints: weightio vs torch.load", measured=_chart_rows(results, measured))
+
+
+def _chart_rows(results: dict, measured: list[Case]) -> list[dict]:
+    """The chart's rows: no RSS for the cases that do not measure it (whole process, step by step)."""
+    unmeasured = {c.note for c in measured if c.name in ("process", "phases")}
+    return [r | {"rss_mib": None} if r["case"] in unmeasured else r for r in rows(results, measured)]
 
 
 if __name__ == "__main__":

@@ -846,7 +846,25 @@ def main() -> None:
     text = report.text()
     (CACHE / "remote-results.json").write_text(json.dumps({"summary": report.summary, "results": results,
                                                            "checks": report.checks}, indent=1))
-    publish("remote", text, report.checks, not args.no_write)
+    publish("remote", text, report.checks, not args.no_write,
+            title="Remote checkpoints (hf://): weightio vs huggingface_hub",
+            measured=chart_rows(results, big_bytes, args.shards))
+
+
+def chart_rows(results: dict, big_bytes: int, shards: int) -> list[dict]:
+    """The chart's rows, weightio against huggingface_hub's own ways on the loopback Hub: inspect one
+    safetensors file, open a sharded model, load a whole model. Failed runs are left out."""
+    cases = [
+        ("inspect model.safetensors on the Hub (hf://)", "open",
+         {"weightio": "inspect/safetensors/hf", "HfFileSystem.open": "peer/HfFileSystem",
+          "get_safetensors_metadata": "peer/get_safetensors_metadata"}),
+        (f"open a {shards}-shard model on the Hub (hf://)", "open",
+         {"weightio": "shards/sharded/hf", "get_safetensors_metadata": "shards/sharded/get_safetensors_metadata"}),
+        (f"load a {big_bytes / 1e6:,.0f} MB model from the Hub", "load",
+         {peer: f"stream/{peer}" for peer in ("weightio", "hf_hub_download", "snapshot_download", "HfFileSystem.cat")}),
+    ]
+    return [{"case": case, "peer": peer, "seconds": results[key]["seconds"][step], "bytes": results[key]["moved"][step]}
+            for case, step, keys in cases for peer, key in keys.items() if "error" not in results[key]]
 
 
 if __name__ == "__main__":

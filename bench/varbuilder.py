@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LOAD = os.getloadavg()  # recorded with the results: a shared machine's noise shows here
@@ -377,8 +377,10 @@ def main() -> None:
     if _has_transformers():
         model_dir(args.gib)
     warm(*p.values())
-    results = measure(SCRIPT, cases(p, args.gib), args.reps)
-    publish("varbuilder", report(results, p, args.gib, args.reps), targets(results, args.gib), not args.no_write)
+    measured = cases(p, args.gib)
+    results = measure(SCRIPT, measured, args.reps)
+    publish("varbuilder", report(results, p, args.gib, args.reps), targets(results, args.gib), not args.no_write,
+            title="VarBuilder and devices", measured=rows(results, measured))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from typing import Any
 
 import click
 
-import weightio
 from weightio import UsageError, WeightioError
 from weightio.text import printable
 
@@ -114,7 +113,7 @@ def _report(error: BaseException, code: int) -> None:
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(weightio.__version__, prog_name="weightio")
+@click.version_option(package_name="weightio", prog_name="weightio")  # the installed distribution's metadata
 @common_options
 @click.pass_context
 def main(ctx: click.Context) -> None:

@@ -174,6 +174,15 @@ def test_no_library_module_imports_the_package_itself():
     assert wrong == []
 
 
+def test_only_the_main_module_imports_the_command_line():
+    # The library never depends on its click layer; `python -m weightio` (weightio/__main__.py) is
+    # the one entry point inside the package that starts it.
+    wrong = sorted(f"{m} -> {t}" for m, targets in edges().items() for t in targets
+                   if t.startswith("weightio.cli") and not m.startswith("weightio.cli") and m != "weightio.__main__")
+    assert wrong == []
+    assert "weightio.cli" in edges()["weightio.__main__"]
+
+
 def test_the_command_line_uses_only_the_public_api():
     wrong = []
     for module, pairs in imports().items():

@@ -101,3 +101,70 @@ def test_remote_bench_moves_only_the_bytes_asked_for(runs):
     model = stream["bytes"]
     assert model <= stream["moved"]["load"] <= 1.1 * model, stream  # the model once (+ headers, index, listing)
     assert "- [x] inspect safetensors: bytes moved (less the Hub's API answers) <= header bytes + 64 KiB" in output
+
+
+# ----------------------------------------------------------------------------- charts
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+TINY = {"suite": "tiny", "title": "tiny", "rows": [
+    {"case": "open", "peer": "weightio", "seconds": 0.002, "rss_mib": 0.2},
+    {"case": "open", "peer": "other", "seconds": 0.006, "rss_mib": 50.0},
+    {"case": "open", "peer": "third", "seconds": 0.001, "rss_mib": None},
+    {"case": "import", "peer": "weightio", "seconds": 0.07, "rss_mib": 0.0},  # no peer: not charted
+    {"case": "dequantize Q4_0", "peer": "weightio (1 thread)", "seconds": 0.02},
+    {"case": "dequantize Q4_0", "peer": "gguf-py", "seconds": 0.05},
+]}
+
+
+def test_chart_ratios_are_each_peer_over_weightio():
+    common = _bench_module("common")
+    assert common._ratios(TINY["rows"]) == [
+        ("open", {"other": {"seconds": pytest.approx(3.0), "rss_mib": pytest.approx(50.0)},  # RSS floor: 1 MiB
+                  "third": {"seconds": pytest.approx(0.5)}}),
+        ("dequantize Q4_0 (vs weightio (1 thread))", {"gguf-py": {"seconds": pytest.approx(2.5)}}),
+    ]
+
+
+@pytest.mark.bench
+def test_plot_redraws_a_png_from_recorded_results(tmp_path, monkeypatch):
+    """bench/plot.py draws docs/img/<suite>.png from bench/results/<suite>.json alone (no benchmark runs)."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    plot = _bench_module("plot")
+    records, images = tmp_path / "results", tmp_path / "docs" / "img"
+    records.mkdir()
+    (records / "tiny.json").write_text(json.dumps(TINY))
+    monkeypatch.setattr(plot, "RECORDS", records)
+    monkeypatch.setattr(plot, "IMAGES", images)
+    assert plot.main([]) == 0
+    png = (images / "tiny.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert 400 < width < 1600 and 150 < height < 1200 and len(png) < 200_000  # two panels (time, RSS), small
+    assert plot.main(["missing"]) == 1
+    common = _bench_module("common")
+    with pytest.raises(ValueError, match="no case has a peer"):
+        common.chart({"suite": "alone", "title": "alone", "rows": TINY["rows"][3:4]}, tmp_path / "alone.png")
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_each_suite_has_recorded_results_and_a_chart_in_the_docs(suite):
+    import json
+
+    record = json.loads((ROOT / "bench" / "results" / f"{suite}.json").read_text())
+    assert record["suite"] == suite and any(row["peer"].startswith("weightio") for row in record["rows"])
+    assert 0 < (ROOT / "docs" / "img" / f"{suite}.png").stat().st_size < 150_000
+    section = (ROOT / "docs" / "benchmarks.md").read_text().split(f"<!-- suite:{suite} -->")[1]
+    assert f"](img/{suite}.png)" in section.split(f"<!-- /suite:{suite} -->")[0]  # as publish() writes it
+    assert f"](docs/img/{suite}.png)" in (ROOT / "README.md").read_text()

@@ -58,7 +58,7 @@ def chunks(view: TensorView, size: int = CHUNK) -> Iterator[np.ndarray]:
     Raises:
         UnsupportedDTypeError: a packed sub-byte tensor (see `is_packed`).
 
-    Example:
+    Examples:
         >>> with wio.open("fixtures/tiny-bert") as ckpt:
         ...     [part.size for part in chunks(ckpt["encoder.layer.0.attention.self.query.weight"], 300)]
         [288, 288, 288, 160]
@@ -237,8 +237,10 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
     (``max_abs`` None); an object array cannot be compared (reading it raises `UnsafePickleError`).
 
     Args:
-        a, b: the tensors (``b`` is the reference for `rtol`).
-        atol, rtol: absolute and relative tolerances.
+        a: the tensor compared.
+        b: the reference tensor (the one `rtol` is relative to).
+        atol: absolute tolerance.
+        rtol: relative tolerance.
         name: the name to report (default: `a`'s name).
 
     Raises:
@@ -361,8 +363,10 @@ def pair_names(a: Checkpoint, b: Checkpoint, names_a: list[str] | None = None, n
     files (``w.npy`` vs ``w2.npy``) are paired by position.
 
     Args:
-        a, b: the checkpoints.
-        names_a, names_b: the names to consider (default: all, in file order).
+        a: the first checkpoint.
+        b: the second checkpoint.
+        names_a: the names of `a` to consider (default: all, in file order).
+        names_b: the names of `b` to consider (default: all, in file order).
     """
     names_a = list(a) if names_a is None else names_a
     names_b = list(b) if names_b is None else names_b
@@ -435,8 +439,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: f
     """Compare two open checkpoints, of any formats, tensor by tensor (see `compare`).
 
     Args:
-        a, b: the checkpoints (`weightio.open`); they stay open.
-        atol, rtol: tolerances for every pair.
+        a: the first checkpoint (`weightio.open`); it stays open.
+        b: the second checkpoint, the reference for `rtol`; it stays open.
+        atol: absolute tolerance for every pair.
+        rtol: relative tolerance for every pair.
         patterns: only names matching one of these globs (`Checkpoint.select`); default all.
         ignore_dtype: count a pair whose dtypes differ as equal when its values are.
 

@@ -285,10 +285,11 @@ class VarBuilder:
 
         Args:
             shape: the whole (unsharded) tensor's expected shape, or None to skip the check.
-            name, dtype: as in `get`.
+            name: as in `get`.
+            dtype: as in `get`.
             dim: the dimension to split (negative counts from the end).
-            rank, world_size: which part, of how many (``torch.distributed.get_rank()`` /
-                ``get_world_size()`` under torchrun).
+            rank: which part (``torch.distributed.get_rank()`` under torchrun).
+            world_size: of how many parts (``torch.distributed.get_world_size()``).
 
         Raises:
             ShapeMismatchError: wrong shape, `dim` out of range, a size that does not divide by
