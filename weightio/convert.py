@@ -381,9 +381,8 @@ def convert(
             file does not say: ``context_length``, ``eps``, ``gqa``, ``name``, ``description``.
         unknown_globals: ``"placeholder"`` reads a pickle whose globals are off the allowlist (a
             whole ``torch.save(model)``) through inert placeholders; see `weightio.open`.
-        storage_options: for a URL `src`, as `weightio.open` takes it. A remote source
-            streams too: each tensor's byte range is fetched when its writer reaches it (`progress`
-            then counts the bytes fetched); ``verify`` fetches each tensor a second time.
+        storage_options: for a URL `src`, as `weightio.open` takes it. A remote source streams
+            too: each tensor's bytes are fetched as its writer reaches it (`progress` counts them).
         download: for an ``hf://`` `src`, as `weightio.open` takes it.
         parents: create `dst`'s missing parent directories; else a missing one is a `WriteError`
             (a `dst` directory itself is created).
