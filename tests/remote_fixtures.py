@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import weightio as wio
+
 
 class Served:
     """Files served under one base URL by `server` (a `tests.servers.HTTPRangeServer`)."""
@@ -64,6 +66,25 @@ def same_as_local(local, remote) -> None:  # noqa: ANN001
         assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
         if expected.ndim and expected.shape[0] > 1:
             assert b[1:].tobytes() == expected[1:].tobytes(), name
+
+
+def reads_the_same_by_url(remote_files: Served, path) -> None:  # noqa: ANN001
+    """A fixture file opened by URL reads as it does locally (`same_as_local`), fetching no byte
+    twice; one refused locally is refused by URL with the same error type, naming the URL."""
+    from weightio.errors import WeightioError
+
+    data = path.read_bytes()
+    url = remote_files.put(path.name, data)
+    try:
+        local = wio.open(path)
+    except WeightioError as e:
+        with pytest.raises(type(e)) as caught:
+            wio.open(url)
+        assert url in str(caught.value)
+        return
+    with local, wio.open(url) as remote:
+        assert traffic(remote)[1] <= len(data)
+        same_as_local(local, remote)
 
 
 @pytest.fixture

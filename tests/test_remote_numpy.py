@@ -15,8 +15,8 @@ import pytest
 
 import weightio as wio
 from tests.conftest import FIXTURES
-from tests.remote_fixtures import same_as_local, traffic
-from weightio.errors import CorruptFileError, WeightioError
+from tests.remote_fixtures import reads_the_same_by_url, same_as_local, traffic
+from weightio.errors import CorruptFileError
 
 KIB = 1 << 10
 _FIXTURES = sorted(p for d in ("numpy", "numpy_dtypes") for p in (FIXTURES / d).iterdir() if p.is_file())
@@ -25,18 +25,7 @@ _ARRAYS = {f"layer{i}": np.arange(i, i + 128 * 1024, dtype=np.float32).reshape(2
 
 @pytest.mark.parametrize("path", _FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_fixture_reads_the_same_by_url(remote_files, path):
-    data = path.read_bytes()
-    url = remote_files.put(path.name, data)
-    try:
-        local = wio.open(path)
-    except WeightioError as e:
-        with pytest.raises(type(e)) as caught:
-            wio.open(url)
-        assert url in str(caught.value)
-        return
-    with local, wio.open(url) as remote:
-        assert traffic(remote)[1] <= len(data)
-        same_as_local(local, remote)
+    reads_the_same_by_url(remote_files, path)
 
 
 def _header_bytes(data: bytes) -> int:

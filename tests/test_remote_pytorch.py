@@ -14,8 +14,8 @@ import pytest
 
 import weightio as wio
 from tests.conftest import FIXTURES
-from tests.remote_fixtures import same_as_local, traffic
-from weightio.errors import CorruptFileError, WeightioError
+from tests.remote_fixtures import reads_the_same_by_url, same_as_local, traffic
+from weightio.errors import CorruptFileError
 from weightio.formats.pytorch.containers import open_container
 
 KIB = 1 << 10
@@ -25,18 +25,7 @@ _FIXTURES = sorted(p for d in ("pytorch", "training") for p in (FIXTURES / d).it
 
 @pytest.mark.parametrize("path", _FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_fixture_reads_the_same_by_url(remote_files, path):
-    data = path.read_bytes()
-    url = remote_files.put(path.name, data)
-    try:
-        local = wio.open(path)
-    except WeightioError as e:  # refused locally: refused remotely, the same way
-        with pytest.raises(type(e)) as caught:
-            wio.open(url)
-        assert url in str(caught.value)
-        return
-    with local, wio.open(url) as remote:
-        assert traffic(remote)[1] <= len(data)  # opening never fetches a byte twice
-        same_as_local(local, remote)
+    reads_the_same_by_url(remote_files, path)
 
 
 # ----------------------------------------------------------------------------- a torch zip of many storages

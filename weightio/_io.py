@@ -88,11 +88,7 @@ def _dup_regular(fd: int, path: str) -> int:
         dup = os.dup(fd)
     except OSError as e:
         raise InputError(f"cannot use file descriptor {fd}: {e.strerror}", path=path, errno=e.errno) from e
-    mode = os.fstat(dup).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(dup)
-        raise InputError(f"is {describe_file_type(mode)}, not a checkpoint file", path=path)
-    return dup
+    return _regular(dup, path)
 
 
 def _open_regular(path: str) -> int:
@@ -103,6 +99,11 @@ def _open_regular(path: str) -> int:
         fd = os.open(path, flags)
     except OSError as e:
         raise InputError(f"cannot open: {e.strerror}", path=path, errno=e.errno) from e
+    return _regular(fd, path)
+
+
+def _regular(fd: int, path: str) -> int:
+    """`fd`, our own descriptor, when it is a regular file; else it is closed and `InputError` says what it is."""
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)

@@ -118,9 +118,9 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
         return Opened(url, [], local=hub.download(url))
     sources, index = hub.remote_sources(url)
     remote = [s for s in sources if not isinstance(s, str)]
-    found = dict(zip(map(id, remote), _hub_probe_all(remote), strict=True)) if len(remote) > 1 else {}
+    found = dict(zip((s.filename for s in remote), _hub_probe_all(remote), strict=True)) if len(remote) > 1 else {}
     files: list[Callable[[], Any]] = [
-        (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(id(s)))) for s in sources]
+        (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(s.filename))) for s in sources]
     if index is None:
         return Opened(url, _open_all(files))
     names = {(s if isinstance(s, str) else s.uri): _shard_name(s) for s in sources}
@@ -135,8 +135,10 @@ def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str] | None]:
     """The first `BLOCK` of every `weightio.hub.HubFile`, and where the Hub redirected each (its
     CDN), all asked at once on one event loop (huggingface_hub's async client: one wave of requests,
     sent before any answer is parsed). None where one failed: that file is read alone, with retries."""
-    from huggingface_hub.utils import build_hf_headers, get_async_session
-
+    try:
+        from huggingface_hub.utils import build_hf_headers, get_async_session
+    except ImportError:  # a huggingface_hub without an async client: each file is read alone
+        return [None] * len(files)
     headers = build_hf_headers()
 
     async def one(client: Any, file: Any) -> tuple[bytes, str] | None:
