@@ -18,7 +18,8 @@ read-only mapping is SIGSEGV. Such a tensor is built over a private copy-on-writ
 copies the touched pages for that mapping alone; the file, the read-only mapping (every numpy
 view), other processes and later opens never see it, and only that stretch is committed.
 
-A file changed under us: the open file descriptor is kept, and every access to the mapping
+A file changed under us: the open file descriptor is kept (the mapping is made on first use,
+after the same check), and every access to the mapping
 (`MappedFile.data`, which every ``buffer()`` and so every ``numpy()`` goes through) first
 compares the file's size and modification time (``fstat`` of that descriptor) with those seen
 at open; header reads (``pread``) fail cleanly on bytes a truncation took. A file truncated,
@@ -69,16 +70,9 @@ assert PRIVATE_WINDOW % mmap.ALLOCATIONGRANULARITY == 0
 
 def describe_file_type(mode: int) -> str:
     """A few words for a non-regular file type, for error messages."""
-    for test, words in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return words
-    return "not a regular file"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
 def _dup_regular(fd: int, path: str) -> int:
@@ -112,7 +106,7 @@ def _regular(fd: int, path: str) -> int:
 
 
 class MappedFile:
-    """A whole input file mapped read-only.
+    """A whole input file, mapped read-only when its bytes are first asked for.
 
     Attributes:
         path: the path as given (used in every error message).
@@ -121,45 +115,67 @@ class MappedFile:
             Each access checks that the file has not changed since it was opened (see the
             module docstring), and raises once it is closed.
         remote: False (`weightio._remote.RemoteFile`, the same interface over byte ranges, says True).
+
+    Opening holds the descriptor (it pins the inode) and maps nothing: the mapping is made on the
+    first `data`. Listing 191 shards so holds 191 descriptors, not 382 (CPython's ``mmap`` keeps a
+    duplicate): growing the descriptor table past 256 costs ~10 ms once a second thread exists.
     """
 
     remote = False
+    HEAD = 4096  # the first bytes, read once while the header is parsed (`release_head` drops them)
 
-    def __init__(self, path: str | os.PathLike[str], *, fd: int | None = None) -> None:
-        """Map `path`; or, given `fd` (an open descriptor of the caller's), map that file, `path`
-        only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open."""
+    def __init__(self, path: str | os.PathLike[str], *, fd: int | None = None, head: bool = False) -> None:
+        """Open `path`; or, given `fd` (an open descriptor of the caller's), use that file, `path`
+        only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open.
+        With `head`, reads in the first `HEAD` bytes come from one ``pread`` until `release_head`."""
         self.path = os.fspath(path)
         self._fd = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
-        self._lock = threading.Lock()  # close() against a concurrent pread/fstat of the same descriptor
         try:
             opened = os.fstat(self._fd)
-            self.size = opened.st_size
-            self._stamp = (opened.st_size, opened.st_mtime_ns)
-            if self.size == 0:
-                raise CorruptFileError("empty file (0 bytes)", path=self.path)
-            self._mmap: _FileMapping | None = _FileMapping(self._fd, 0, access=mmap.ACCESS_READ)
-        except BaseException as e:
+        except BaseException:
             os.close(self._fd)
-            if isinstance(e, OSError):
-                raise InputError(f"cannot map file: {e.strerror or e}", path=self.path, errno=e.errno) from e
             raise
-        # read-only memory: every view derived from it is read-only, and cannot be made writable
-        self._data: np.ndarray | None = np.frombuffer(self._mmap, dtype=np.uint8)
-        self._mmap.owner = weakref.ref(self)
-        self._mmap.address = self._data.__array_interface__["data"][0]
-        self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
+        self.size = opened.st_size
+        self._stamp = (opened.st_size, opened.st_mtime_ns)
+        if self.size == 0:
+            os.close(self._fd)
+            raise CorruptFileError("empty file (0 bytes)", path=self.path)
+        self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
+        self._closed = False
+        self._head: bytes | None = b"" if head else None
+        self._mmap: _FileMapping | None = None
+        self._data: np.ndarray | None = None
+        self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] | None = None
 
     @property
     def data(self) -> np.ndarray:
         data = self._data
         if data is None:
-            raise WeightioError(_CLOSED, path=self.path)
+            data = self._map()
         self.check()
         return data
 
+    def _map(self) -> np.ndarray:
+        """Map the whole file read-only (once; after checking it has not changed since it was opened)."""
+        with self._lock:
+            if self._closed:
+                raise WeightioError(_CLOSED, path=self.path)
+            if self._data is None:
+                self.check()  # mapping a truncated file would hand out pages that SIGBUS
+                try:
+                    mapped = _FileMapping(self._fd, 0, access=mmap.ACCESS_READ)
+                except OSError as e:
+                    raise InputError(f"cannot map file: {e.strerror or e}", path=self.path, errno=e.errno) from e
+                # read-only memory: every view derived from it is read-only, and cannot be made writable
+                data = np.frombuffer(mapped, dtype=np.uint8)
+                mapped.owner = weakref.ref(self)
+                mapped.address = data.__array_interface__["data"][0]
+                self._mmap, self._data = mapped, data
+            return self._data
+
     @property
     def closed(self) -> bool:
-        return self._data is None
+        return self._closed
 
     def check(self) -> None:
         """Raise `CorruptFileError` if the file changed (size or modification time) since it was opened.
@@ -173,7 +189,7 @@ class MappedFile:
             now = os.fstat(self._fd)
         except OSError:  # closed (EBADF) under us
             now = None
-        if now is None or self._mmap is None:
+        if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
         if (now.st_size, now.st_mtime_ns) != self._stamp:
             raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
@@ -186,14 +202,24 @@ class MappedFile:
         ``pread`` cannot crash on a truncated file (it comes back short, which is an error here),
         so unlike `data` it does not ``fstat`` first: opening a zip checkpoint reads one local
         header per tensor, and readers check the file again when they hand out the mapping.
+        Opened with ``head=True``, reads within the first `HEAD` bytes share one ``pread`` until
+        `release_head` (while a reader parses its header).
         """
         if offset < 0 or length < 0 or offset + length > self.size:
             raise CorruptFileError(
                 f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}", path=self.path
             )
+        head = self._head
+        if head is not None and offset + length <= self.HEAD:
+            if not head:
+                head = self._head = self._pread(0, min(self.size, self.HEAD), what)
+            return head[offset : offset + length]
+        return self._pread(offset, length, what)
+
+    def _pread(self, offset: int, length: int, what: str) -> bytes:
         chunks, done = [], 0
         with self._lock:  # the descriptor stays open (and ours) until the bytes are in
-            while done < length and self._mmap is not None:
+            while done < length and not self._closed:
                 chunk = os.pread(self._fd, length - done, offset + done)
                 if not chunk:
                     raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})",
@@ -203,6 +229,10 @@ class MappedFile:
         if done < length:
             raise WeightioError(_CLOSED, path=self.path)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def release_head(self) -> None:
+        """Forget the first bytes kept for header parsing (readers call this once they are open)."""
+        self._head = None
 
     def ensure(self, offset: int, length: int, what: str) -> None:
         """Make bytes `offset`..`offset + length` of `data` readable: a mapped file's all are (a
@@ -243,6 +273,10 @@ class MappedFile:
         first, last = start // PRIVATE_WINDOW, max(start, stop - 1) // PRIVATE_WINDOW
         offset = first * PRIVATE_WINDOW
         with self._lock:  # the descriptor stays open (and ours) while it is mapped
+            if self._closed:
+                raise WeightioError(_CLOSED, path=self.path)
+            if self._windows is None:
+                self._windows = weakref.WeakValueDictionary()
             window = self._windows.get((first, last))
             if window is None:
                 self.check()  # (a window already mapped was mapped after the same check)
@@ -258,7 +292,7 @@ class MappedFile:
         return window, offset
 
     def close(self) -> None:
-        """Drop this reader's hold on the mapping.
+        """Drop this reader's hold on the file and its mapping.
 
         The mapping is unmapped now when no numpy view of it is alive; otherwise it stays mapped
         until the last view is garbage-collected (unmapping under a live view would crash).
@@ -266,11 +300,14 @@ class MappedFile:
         or raises "closed".
         """
         with self._lock:
-            self._data = None
-            self._windows.clear()  # private windows live on with the tensors over them
+            if self._closed:
+                return
+            self._closed = True
+            self._data, self._head = None, None
+            if self._windows is not None:
+                self._windows.clear()  # private windows live on with the tensors over them
             mm, self._mmap = self._mmap, None
-            if mm is not None:
-                os.close(self._fd)
+            os.close(self._fd)
         if mm is not None:
             with contextlib.suppress(BufferError):
                 mm.close()
@@ -558,9 +595,5 @@ _COMPARE_CHUNK = 16 << 20
 
 def bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
     """Byte-for-byte equality, compared in bounded chunks (no temporary the size of the tensor)."""
-    if a.nbytes != b.nbytes:
-        return False
-    for start in range(0, a.nbytes, _COMPARE_CHUNK):
-        if not np.array_equal(a[start:start + _COMPARE_CHUNK], b[start:start + _COMPARE_CHUNK]):
-            return False
-    return True
+    return a.nbytes == b.nbytes and all(np.array_equal(a[i:i + _COMPARE_CHUNK], b[i:i + _COMPARE_CHUNK])
+                                        for i in range(0, a.nbytes, _COMPARE_CHUNK))

@@ -194,6 +194,9 @@ class RemoteFile:
                                    f"{self.size})", path=self.path)
         return fmt.unpack(self.read(offset, fmt.size, what))
 
+    def release_head(self) -> None:
+        """(`MappedFile` keeps its first bytes while a reader parses; a remote file keeps what it fetched.)"""
+
     @property
     def data(self) -> np.ndarray:
         """The image of the file (module docstring): `ensure` a range before reading it through a memoryview."""

@@ -29,6 +29,7 @@ from .errors import (
 from .formats import open_file
 from .formats.base import Reader, TensorInfo, using_unknown_globals
 from .limits import Limits, using
+from .limits import current as current_limits
 from .view import TensorView
 
 __all__ = ["Checkpoint", "open_checkpoint", "open_readers", "open_sharded_set"]
@@ -55,36 +56,44 @@ class Checkpoint(Mapping[str, TensorView]):
         self.path = path
         self._readers = list(readers)
         self.format = self._readers[0].format
-        self._index: dict[str, tuple[Reader, TensorInfo]] = {}
+        infos: dict[str, TensorInfo] = {}
+        owners: dict[str, Reader] = {}
         merged: dict[str, Any] = {}
-        for reader in self._readers:
+        for reader in self._readers:  # whole dicts at a time: 100k names cost a few C-level passes
             for key, value in reader.metadata.items():
                 merged.setdefault(key, value)
-            for name, info in reader.tensors.items():
-                if name in self._index:
-                    other = self._index[name][0].path
-                    raise CorruptFileError(f"is stored in two files: {other} and {reader.path}", path=path, tensor=name)
-                self._index[name] = (reader, info)
+            before = len(infos)
+            infos.update(reader.tensors)
+            if len(infos) != before + len(reader.tensors):
+                name = next(n for n in reader.tensors if n in owners)
+                raise CorruptFileError(f"is stored in two files: {owners[name].path} and {reader.path}", path=path,
+                                       tensor=name)
+            if len(self._readers) > 1:
+                owners.update(dict.fromkeys(reader.tensors, reader))
         for key, value in (metadata or {}).items():
             merged.setdefault(key, value)
         self.metadata = merged
+        self._infos = infos
+        self._owners = owners  # name -> reader, when there are several
+        self._only = self._readers[0] if len(self._readers) == 1 else None
 
     # ------------------------------------------------------------------ Mapping
     def __getitem__(self, name: str) -> TensorView:
         try:
-            reader, info = self._index[name]
+            info = self._infos[name]
         except (KeyError, TypeError):
-            raise TensorNotFoundError(name, self._index, path=self.path) from None
-        return TensorView(reader, name, info)
+            raise TensorNotFoundError(name, self._infos, path=self.path) from None
+        only = self._only
+        return TensorView(only if only is not None else self._owners[name], name, info)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._index)
+        return iter(self._infos)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._infos)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._index
+        return name in self._infos
 
     def select(self, *patterns: str) -> list[str]:
         """The tensor names matching any of the glob `patterns`, in file order; every name when none.
@@ -97,10 +106,10 @@ class Checkpoint(Mapping[str, TensorView]):
             ['encoder.weight', 'lm_head.weight', 'lm_head.bias']
         """
         if not patterns:
-            return list(self._index)
+            return list(self._infos)
         from fnmatch import fnmatchcase  # (imports re, posixpath): only when filtering
 
-        return [n for n in self._index if any(fnmatchcase(n, p) for p in patterns)]
+        return [n for n in self._infos if any(fnmatchcase(n, p) for p in patterns)]
 
     # ------------------------------------------------------------------ facts
     @property
@@ -116,12 +125,12 @@ class Checkpoint(Mapping[str, TensorView]):
     @property
     def parameter_count(self) -> int:
         """Total number of elements over every tensor."""
-        return sum(math.prod(info.shape) for _, info in self._index.values())
+        return sum(map(math.prod, (info.shape for info in self._infos.values())))
 
     @property
     def nbytes(self) -> int:
         """Total bytes of tensor data as stored."""
-        return sum(info.nbytes for _, info in self._index.values())
+        return sum(info.nbytes for info in self._infos.values())
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} tensors"
@@ -241,10 +250,12 @@ def _open_file_object(obj: Any) -> Checkpoint:
 
 def _open_directory(path: str) -> Checkpoint:
     try:
-        names = os.listdir(path)
+        with os.scandir(path) as entries:  # file types from the listing itself: no stat per file
+            found = [(entry.name, _is_file(entry)) for entry in entries]
     except OSError as e:
         raise InputError(f"cannot list the directory: {e.strerror}", path=path, errno=e.errno) from None
-    files = sorted(f for f in names if os.path.isfile(os.path.join(path, f)))
+    names = [name for name, _ in found]
+    files = sorted(name for name, is_file in found if is_file)
     try:
         chosen = layout.choose(files)
     except layout.Ambiguous as e:
@@ -260,8 +271,15 @@ def _open_directory(path: str) -> Checkpoint:
         shown = ", ".join(files[:8]) + (" …" if len(files) > 8 else "") if files else "nothing"
         raise FormatError(f"is a directory with no weight files weightio recognises (found: {shown})", path=path)
     if chosen.endswith(".index.json"):
-        return _open_sharded(path, os.path.join(path, chosen))
+        return _open_sharded(path, os.path.join(path, chosen), set(files))
     return _open_with_siblings(path, os.path.join(path, chosen))
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:  # a link that cannot be followed
+        return False
 
 
 def _open_with_siblings(path: str, file: str) -> Checkpoint:
@@ -275,15 +293,17 @@ def _open_with_siblings(path: str, file: str) -> Checkpoint:
     return _open_readers(path, siblings, opened=[first])
 
 
-def _open_sharded(directory: str, index_path: str) -> Checkpoint:
+def _open_sharded(directory: str, index_path: str, files: set[str] | None = None) -> Checkpoint:
+    """The shards `index_path` lists (`files`: the directory's files, when already listed)."""
     weight_map, index_metadata = layout.read_index(index_path)
     shard_names = layout.shards(weight_map)
     for shard in shard_names:
-        if not os.path.isfile(os.path.join(directory, shard)):
+        listed = files is not None and "/" not in shard and os.sep not in shard
+        if not (shard in files if listed else os.path.isfile(os.path.join(directory, shard))):  # type: ignore[operator]
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
-    readers = _open_readers(directory, [os.path.join(directory, s) for s in shard_names]).readers
-    return open_sharded_set(directory, index_path, weight_map, index_metadata, list(readers),
-                            {os.path.join(directory, s): s for s in shard_names})
+    shard_of = {os.path.join(directory, s): s for s in shard_names}
+    readers = _open_readers(directory, list(shard_of)).readers
+    return open_sharded_set(directory, index_path, weight_map, index_metadata, list(readers), shard_of)
 
 
 def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], metadata: dict[str, Any],
@@ -298,13 +318,16 @@ def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], met
             is closed first).
     """
     checkpoint = open_readers(path, readers, metadata)
-    for name, shard in weight_map.items():
-        holder = checkpoint._index.get(name)
-        if holder is None or shard_of[holder[0].path] != shard:
-            found = f"; it is in {shard_of[holder[0].path]!r}" if holder else ""
-            checkpoint.close()
-            raise CorruptFileError(f"maps tensor {name!r} to {shard!r}, which does not hold it{found}",
-                                   path=index_path)
+    held: dict[str, str] = {}
+    for reader in checkpoint.readers:
+        held.update(dict.fromkeys(reader.tensors, shard_of[reader.path]))
+    if not weight_map.items() <= held.items():  # (in C; the loop below only finds the first culprit)
+        for name, shard in weight_map.items():
+            if held.get(name) != shard:
+                found = f"; it is in {held[name]!r}" if name in held else ""
+                checkpoint.close()
+                raise CorruptFileError(f"maps tensor {name!r} to {shard!r}, which does not hold it{found}",
+                                       path=index_path)
     return checkpoint
 
 
@@ -325,8 +348,9 @@ def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None =
     """A checkpoint over `opened` readers plus `files`; every reader is closed if any step fails."""
     readers: list[Reader] = list(opened or [])
     try:
-        for file in files:
-            readers.append(open_file(file))
+        with using(current_limits()):  # read from the environment once, not once per shard
+            for file in files:
+                readers.append(open_file(file))
         return Checkpoint(readers, path=path, metadata=metadata)
     except BaseException:
         for reader in readers:

@@ -381,15 +381,20 @@ _ENTRY = st.fixed_dictionaries({
 }, optional={"extra": st.just(1)})
 
 
-def _outcome(path, monkeypatch, slow: bool):
+def _outcome(path, monkeypatch, slow: bool, orjson: bool = True):
+    """What reading `path` gives: the fast path (orjson's parse, or the standard library's where
+    orjson is not installed) or, with `slow`, the exact one."""
     import warnings
 
+    from weightio import _json
     from weightio.errors import WeightioError
     from weightio.formats import safetensors as module
 
     with monkeypatch.context() as m:
         if slow:
-            m.setattr(module, "_plain_entries", lambda header, start: None)
+            m.setattr(module, "_plain_entries", lambda header, start, size: None)
+        if not orjson:
+            m.setattr(_json, "_orjson", False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", WeightioWarning)
             try:
@@ -417,7 +422,9 @@ def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entrie
         members.append(members[0])
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", bytes(range(data_len))))
-    assert _outcome(path, monkeypatch, slow=False) == _outcome(path, monkeypatch, slow=True)
+    exact = _outcome(path, monkeypatch, slow=True)
+    assert _outcome(path, monkeypatch, slow=False) == exact
+    assert _outcome(path, monkeypatch, slow=False, orjson=False) == exact
 
 
 _BITS = {"F32": 32, "U8": 8, "BF16": 16, "F4": 4}
@@ -450,7 +457,7 @@ def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, mo
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes(text, b"\x01" * offset))
     fast = _outcome(path, monkeypatch, slow=False)
-    assert fast == _outcome(path, monkeypatch, slow=True)
+    assert fast == _outcome(path, monkeypatch, slow=True) == _outcome(path, monkeypatch, slow=False, orjson=False)
     if mutation == "none" and not any("\x00" in n or not n for n, _, _ in specs) and not any(
             c == "F4" and int(np.prod(s)) % 2 for _, c, s in specs):
         assert isinstance(fast, tuple) and sorted(fast[0]) == sorted(n for n, _, _ in specs)

@@ -70,7 +70,7 @@ SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".gguf"
 def open_file(path: str | os.PathLike[str] | MappedFile | RemoteFile) -> Reader:
     """Map `path` (or take an opened file: a `RemoteFile`), sniff its format from its bytes and
     return the validated reader."""
-    file = MappedFile(path) if isinstance(path, (str, os.PathLike)) else path
+    file = MappedFile(path, head=True) if isinstance(path, (str, os.PathLike)) else path
     try:
         fmt = _sniff.sniff(file)
         try:

@@ -79,7 +79,7 @@ class Reader:
     format: ClassVar[str]
 
     def __init__(self, source: str | os.PathLike[str] | MappedFile | RemoteFile) -> None:
-        self.file = MappedFile(source) if isinstance(source, (str, os.PathLike)) else source
+        self.file = MappedFile(source, head=True) if isinstance(source, (str, os.PathLike)) else source
         self.path = self.file.path
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
@@ -92,6 +92,7 @@ class Reader:
         except BaseException:
             self.close()
             raise
+        self.file.release_head()
 
     def buffer(self, name: str) -> np.ndarray:
         """The read-only ``uint8`` array that tensor `name`'s offset indexes.

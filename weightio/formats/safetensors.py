@@ -48,8 +48,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._gc import collector_paused
 from .._io import atomic_write, write_all
-from .._json import IntegersOnly, decode_utf8, parse_json_object
+from .._json import decode_utf8, parse_json_object
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
 from ..limits import exceeded
@@ -66,6 +67,7 @@ _new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo(...) minu
 # code -> (row, stored numpy dtype): safetensors data is little-endian whatever the host
 _CODES = {row.safetensors: (row, row.numpy.newbyteorder("<") if row.numpy.itemsize > 1 else row.numpy)
           for row in TABLE}
+_PLAIN = {code: (row.bits, dtype) for code, (row, dtype) in _CODES.items()}
 
 # The reference writer's dtype enum order, lowest alignment first; it sorts descending.
 _WRITE_RANK = {
@@ -99,33 +101,37 @@ class SafetensorsReader(Reader):
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
         text = decode_utf8(self.file.read(8, n, "the header"), path=self.path, what="header")
-        entries = self._read_entries(text, 8 + n)
-        entries.sort()
-        self._check_coverage(entries, size - 8 - n)
-        self.tensors = {name: info for _, _, name, info in entries}
+        with collector_paused():  # a large header is a few hundred thousand containers, none in a cycle
+            tensors = self._plain(text, 8 + n, size - 8 - n)
+            if tensors is None:
+                entries = self._strict_entries(text, 8 + n)
+                entries.sort()
+                self._check_coverage(entries, size - 8 - n)
+                tensors = {name: info for _, _, name, info in entries}
+        self.tensors = tensors
 
-    def _read_entries(self, text: str, data_start: int) -> list[tuple[int, int, str, TensorInfo]]:
-        """Parse and validate every entry: fast when the header is plain, exact otherwise.
+    def _plain(self, text: str, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
+        """Every tensor, in file order, when the header is plain and valid; else None.
 
-        The fast path parses without the duplicate-key hook and without floats, and accepts an
-        entry only when a handful of C-level checks pass; anything unusual (a float, a ``\\u``
-        escape, an extra field, an invalid entry) re-parses strictly and validates entry by
-        entry with precise messages. Both paths accept exactly the same headers.
+        The fast path parses without the duplicate-key hook (with orjson where installed), and
+        accepts the header only when a handful of C-level checks pass (`_plain_entries`); anything unusual (a
+        float, a ``\\u`` escape, an extra field, an invalid entry, a hole) sends the caller to
+        `_strict_entries`, which re-parses strictly and validates entry by entry with precise
+        messages. Both paths accept exactly the same headers.
         """
-        fast = "\\u" not in text
-        if fast:
-            try:
-                header = parse_json_object(text, path=self.path, what="header", check_duplicates=False,
-                                           integers_only=True)
-            except IntegersOnly:
-                fast = False
-        if fast:
-            keys = list(header)
-            self._check_limits(header)
-            self.metadata = self._read_metadata(header.pop("__metadata__", None))
-            entries = _plain_entries(header, data_start)
-            if entries is not None and _no_duplicate_keys(text, keys, self.metadata):
-                return entries
+        if "\\u" in text:
+            return None
+        header = parse_json_object(text, path=self.path, what="header", check_duplicates=False)
+        keys = list(header)
+        self._check_limits(header)
+        metadata = header.pop("__metadata__", {})
+        if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()):
+            return None  # (the exact path says what is wrong, or that the header nests too deeply)
+        self.metadata = metadata
+        tensors = _plain_entries(header, data_start, data_size)
+        return tensors if tensors is not None and _no_duplicate_keys(text, keys, self.metadata) else None
+
+    def _strict_entries(self, text: str, data_start: int) -> list[tuple[int, int, str, TensorInfo]]:
         header = parse_json_object(text, path=self.path, what="header")
         self._check_limits(header)
         _check_unicode(header, self._fail)
@@ -217,32 +223,47 @@ class SafetensorsReader(Reader):
             raise self._fail(f"{data_size - expected} bytes after the last tensor belong to no tensor")
 
 
-def _plain_entries(header: dict[str, Any], data_start: int) -> list[tuple[int, int, str, TensorInfo]] | None:
-    """Every entry as (begin, end, name, info) when each passes the quick checks, else None.
+def _plain_entries(header: dict[str, Any], data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
+    """name -> TensorInfo in file order when every entry passes the quick checks and the tensors
+    cover the data section exactly, else None.
 
-    The caller guarantees that every number in `header` is an int, so ``min(shape) >= 0``
-    proves a shape holds non-negative integers or JSON booleans (any other element type makes
-    the comparison raise); booleans equal 0 or 1, so only shapes holding a 0 or 1 need their
-    element types checked. These checks are the rules of `_read_entry`, minus the messages; a
-    None sends the caller to `_read_entry`.
+    The caller guarantees that the text had no ``\\u`` escape (so no name holds a NUL: JSON
+    strings hold no raw control character). ``min(shape) >= 0`` proves a shape holds
+    non-negative numbers or JSON booleans (any other element type makes the comparison raise);
+    an int product proves no number is a float; booleans equal 0 or 1, so only shapes holding
+    a 0 or 1 need their element types checked. Entries come in data order (as every writer lays
+    them out) or are sorted once; an empty tensor anywhere sends the file to the exact path,
+    which orders ties by name. These are the rules of `_read_entry` and `_check_coverage`,
+    minus the messages; a None sends the caller to them.
     """
-    entries: list[tuple[int, int, str, TensorInfo]] = []
-    append, codes, prod = entries.append, _CODES, math.prod
+    tensors: dict[str, TensorInfo] = {}
+    codes, prod, new = _PLAIN, math.prod, _new_info
+    expected, ordered = 0, True
     try:
         for name, entry in header.items():
             code, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            row, dtype = codes[code]
-            if not (len(entry) == 3 and name and "\x00" not in name and type(shape) is list
-                    and len(shape) <= MAX_NDIM and (not shape or min(shape) >= 0)
+            bits, dtype = codes[code]
+            if not (len(entry) == 3 and name and type(shape) is list and len(shape) <= MAX_NDIM
+                    and (not shape or min(shape) >= 0)
                     and not ((1 in shape or 0 in shape) and bool in map(type, shape))
-                    and type(begin) is int and type(end) is int and 0 <= begin <= end
-                    and not (bits := prod(shape) * row.bits) % 8 and end - begin == bits >> 3
-                    and (bits or _numpy_can_hold(shape, dtype.itemsize))):
+                    and type(begin) is int and type(end) is int and 0 <= begin < end
+                    and type(count := prod(shape)) is int and count * bits == (end - begin) << 3):
                 return None
-            append((begin, end, name, _new_info((dtype, tuple(shape), data_start + begin, end - begin, None, None))))
+            if begin != expected:
+                ordered = False
+            expected = end
+            tensors[name] = new((dtype, tuple(shape), data_start + begin, end - begin, None, None))
     except (KeyError, TypeError, ValueError):
         return None
-    return entries
+    if ordered:
+        return tensors if expected == data_size else None
+    items = sorted(tensors.items(), key=lambda item: item[1].offset)
+    expected = data_start
+    for _, info in items:
+        if info.offset != expected:
+            return None
+        expected += info.nbytes
+    return dict(items) if expected == data_start + data_size else None
 
 
 def _no_duplicate_keys(text: str, keys: list[str], metadata: dict[str, str]) -> bool:
