@@ -267,7 +267,16 @@ class VarBuilder:
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
         full, stored, value = self._find(name)
-        self._check_shape(full, stored, value, _shape_arg(shape))
+        expected = _shape_arg(shape)
+        if type(value) is TensorView and dtype is None and self._device.framework == "numpy" and (
+                self._dtype is None or not devices.is_floating(value.info.dtype)):
+            # the common case, a stored tensor as it is on numpy: what _check_shape and _place do, inline
+            if value.info.shape != expected:
+                self._check_shape(full, stored, value, expected)
+            out = value.numpy()
+            self._shared.usage.hit(full, stored, value.info.nbytes)
+            return out
+        self._check_shape(full, stored, value, expected)
         return self._place(full, stored, value, dtype)
 
     def get_unchecked(self, name: str, dtype: Any = None) -> Any:
@@ -489,7 +498,7 @@ def _file_of(value: Any, fallback: str) -> str:
 
 
 def _shape_of(value: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in value.shape)
+    return value.info.shape if type(value) is TensorView else tuple(int(d) for d in value.shape)
 
 
 def _nbytes(value: Any) -> int:
