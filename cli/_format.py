@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from weightio.text import dims, printable
+from weightio.text import CONTROL, dims, printable
 from weightio.text import number as exact
 
 __all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "json_text", "kind",
-           "plural"]
+           "kind_of", "plural"]
 
 MAX_VALUE = 80  # characters of a metadata value shown before eliding
 MAX_ITEMS = 3  # items of a long list shown before eliding
@@ -42,14 +43,13 @@ def human_count(n: int) -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     """Columns padded to their widest cell; columns listed in `right` are right-aligned. Every cell
     is made printable (a tensor name with a newline or ESC in it stays one harmless cell)."""
-    rows = [[printable(str(c)) for c in row] for row in rows]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for row in [header, *rows]:
-        cells = [str(c).rjust(w) if i in right else str(c).ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    rows = [[str(c) for c in row] for row in rows]
+    if CONTROL.search(" ".join(chain.from_iterable(rows))) is not None:  # (one scan for the common case)
+        rows = [[printable(c) for c in row] for row in rows]
+    everything = [list(header), *rows]
+    widths = [max(map(len, column)) for column in zip(*everything, strict=True)]
+    line = "  ".join(f"{{{i}:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths)).format
+    return "\n".join(line(*row).rstrip() for row in everything)
 
 
 def plural(n: int, word: str) -> str:
@@ -64,9 +64,20 @@ def shape_text(shape: Sequence[int]) -> str:
 
 def kind(view: Any) -> str:
     """What a tensor is stored as: its ggml block type, or its dtype name."""
-    from weightio.dtypes import dtype_name
+    return view.ggml_type or kind_of(view.info.dtype)
 
-    return view.ggml_type or dtype_name(view.info.dtype)
+
+_KINDS: dict[np.dtype, str] = {}
+
+
+def kind_of(dtype: np.dtype) -> str:
+    """`weightio.dtypes.dtype_name` of a stored dtype, remembered (a listing asks for a few dtypes 100k times)."""
+    name = _KINDS.get(dtype)
+    if name is None:
+        from weightio.dtypes import dtype_name
+
+        name = _KINDS[dtype] = dtype_name(dtype)
+    return name
 
 
 def number(x: float | int) -> str:

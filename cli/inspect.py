@@ -16,26 +16,40 @@ from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
 
 from . import _tree
-from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
+from ._format import elide, human_bytes, human_count, json_text, json_value, kind_of, plural, shape_text, table
 from ._options import common_options, echo, limit_options, remote_options, unknown_globals_option
 from ._suggest import filter_hints
 
 SCHEMA = "weightio.inspect/1"
 
 
-def _by_kind(ckpt: Checkpoint, names: Sequence[str]) -> dict[str, dict[str, int]]:
+Fact = tuple[str, str, tuple[int, ...], int]  # (name, kind, shape, nbytes) of one tensor
+
+
+def _facts(ckpt: Checkpoint, names: Sequence[str]) -> list[Fact]:
+    """What every listing, total and table below needs of each tensor, gathered once."""
+    out = []
+    for name in names:
+        info = ckpt[name].info
+        out.append((name, info.ggml_type or kind_of(info.dtype), info.shape, info.nbytes))
+    return out
+
+
+def _by_kind(facts: Sequence[Fact]) -> dict[str, dict[str, int]]:
     """Per dtype (or ggml block type): tensors, parameters and bytes, largest share first."""
     totals: dict[str, dict[str, int]] = {}
-    for name in names:
-        view = ckpt[name]
-        row = totals.setdefault(kind(view), {"tensors": 0, "parameters": 0, "nbytes": 0})
+    for _, name, shape, nbytes in facts:
+        row = totals.get(name)
+        if row is None:
+            row = totals[name] = {"tensors": 0, "parameters": 0, "nbytes": 0}
         row["tensors"] += 1
-        row["parameters"] += math.prod(view.shape)
-        row["nbytes"] += view.nbytes
+        row["parameters"] += math.prod(shape)
+        row["nbytes"] += nbytes
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1]["nbytes"], kv[0])))
 
 
-def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequence[str]) -> list[str]:
+def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequence[str],
+                   facts: list[Fact]) -> list[str]:
     lines = [path, f"  format      {ckpt.format}"]
     if len(ckpt.files) > 1:
         lines.append(f"  files       {len(ckpt.files)}")
@@ -48,10 +62,10 @@ def _summary_lines(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequ
         if hints:
             tries = " or ".join(f"--filter {shlex.quote(h)}" for h in hints)
             lines.append(f"  hint        no tensor name matches; try {printable(tries)}")
-    params = sum(math.prod(ckpt[n].shape) for n in names)
+    kinds = _by_kind(facts)
+    params = sum(v["parameters"] for v in kinds.values())
     lines += [f"  tensors     {len(names):,}", f"  parameters  {human_count(params)}",
-              f"  size        {human_bytes(sum(ckpt[n].nbytes for n in names))}"]
-    kinds = _by_kind(ckpt, names)
+              f"  size        {human_bytes(sum(v['nbytes'] for v in kinds.values()))}"]
     if kinds:
         rows = [(k, plural(v["tensors"], "tensor"), plural(v["parameters"], "param"), human_bytes(v["nbytes"]))
                 for k, v in kinds.items()]
@@ -80,8 +94,18 @@ def _placeholders(ckpt: Checkpoint) -> list:
     return replaced if isinstance(replaced, list) else []
 
 
-def _tensor_table(ckpt: Checkpoint, names: list[str]) -> str:
-    rows = [(n, kind(ckpt[n]), shape_text(ckpt[n].shape), human_bytes(ckpt[n].nbytes)) for n in names]
+def _tensor_table(facts: list[Fact]) -> str:
+    shapes: dict[tuple[int, ...], str] = {}  # (a model repeats a few shapes and sizes many times)
+    sizes: dict[int, str] = {}
+    rows = []
+    for name, dtype, shape, nbytes in facts:
+        text = shapes.get(shape)
+        if text is None:
+            text = shapes[shape] = shape_text(shape)
+        size = sizes.get(nbytes)
+        if size is None:
+            size = sizes[nbytes] = human_bytes(nbytes)
+        rows.append((name, dtype, text, size))
     return table(("name", "dtype", "shape", "size"), rows, right=(3,))
 
 
@@ -94,13 +118,15 @@ def _tree_table(nodes: list[_tree.Node], depth: int | None) -> str:
     return table(("module", "params", "dtype", "shape"), rows, right=(1,))
 
 
-def _entries(ckpt: Checkpoint, names: list[str]) -> list[tuple[str, str, tuple[int, ...]]]:
-    return [(n, kind(ckpt[n]), ckpt[n].shape) for n in names]
+def _entries(facts: list[Fact]) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(name, dtype, shape) for name, dtype, shape, _ in facts]
 
 
 def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequence[str], tree: bool,
                  depth: int | None) -> dict[str, Any]:
     """The ``--json`` document (schema ``weightio.inspect/1``, documented in docs/inspect.md)."""
+    facts = _facts(ckpt, names)
+    kinds = _by_kind(facts)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "path": path,
@@ -110,15 +136,15 @@ def inspect_json(path: str, ckpt: Checkpoint, names: list[str], patterns: Sequen
         "filter": list(patterns) or None,
         "filter_hints": filter_hints(list(ckpt), patterns) if patterns and not names else [],
         "tensor_count": len(names),
-        "parameter_count": sum(math.prod(ckpt[n].shape) for n in names),
-        "nbytes": sum(ckpt[n].nbytes for n in names),
-        "dtypes": [{"dtype": k, **v} for k, v in _by_kind(ckpt, names).items()],
+        "parameter_count": sum(v["parameters"] for v in kinds.values()),
+        "nbytes": sum(v["nbytes"] for v in kinds.values()),
+        "dtypes": [{"dtype": k, **v} for k, v in kinds.items()],
         "metadata": json_value(dict(ckpt.metadata)),
         "placeholders": json_value(_placeholders(ckpt)),
         "tensors": [_tensor_json(ckpt, n) for n in names],
     }
     if tree:
-        doc["tree"] = _tree.to_json(_tree.build(_entries(ckpt, names)), depth)
+        doc["tree"] = _tree.to_json(_tree.build(_entries(facts)), depth)
     doc["fetched"] = fetched_json(ckpt)
     return doc
 
@@ -178,8 +204,9 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
             doc = inspect_json(shown, ckpt, names, patterns, tree, depth)
             echo(json_text(doc), essential=True)
             return
-        echo("\n".join(_summary_lines(shown, ckpt, names, patterns)), essential=True)
+        facts = _facts(ckpt, names)
+        echo("\n".join(_summary_lines(shown, ckpt, names, patterns, facts)), essential=True)
         if names:
             echo("", essential=True)
-            body = _tree_table(_tree.build(_entries(ckpt, names)), depth) if tree else _tensor_table(ckpt, names)
+            body = _tree_table(_tree.build(_entries(facts)), depth) if tree else _tensor_table(facts)
             echo(body, essential=True)
