@@ -78,7 +78,8 @@ def deepseek_v3() -> list[tuple[str, str, tuple[int, ...]]]:
                 (name + ".weight_scale_inv", "F32", (-(-rows // 128), -(-cols // 128)))]
 
     def mlp(p: str, inner: int) -> list:
-        return fp8(p + "gate_proj", inner, hidden) + fp8(p + "up_proj", inner, hidden) + fp8(p + "down_proj", hidden, inner)
+        return (fp8(p + "gate_proj", inner, hidden) + fp8(p + "up_proj", inner, hidden)
+                + fp8(p + "down_proj", hidden, inner))
 
     out = [("model.embed_tokens.weight", "BF16", (vocab, hidden))]
     for i in range(62):  # layer 61: the multi-token-prediction module
