@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = {  # suite -> its own options, kept small
     "foundation": [],
-    "pytorch": [],
+    "pytorch": ["--many", "2000"],
     "varbuilder": [],
     "cli": [],
     "gguf": ["--elements", "4096", "--types", "Q4_0,IQ2_XXS,Q8_K"],

@@ -54,10 +54,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._gc import collector_paused
 from .._io import MappedFile
 from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
+from . import _zip_local as _zl
 from . import _zip_remote as _zr
 
 __all__ = ["ZipMember", "read_members", "case_collisions", "crc_omitted", "inflate", "inflate_prefix",
@@ -124,7 +126,8 @@ def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMemb
         if len(cached) > limits.tensors:
             raise exceeded("member count", len(cached), "tensors", limits.tensors, path=file.path, unit="")
         return list(cached)
-    located = _walk(file, limits)
+    with collector_paused():  # 100k members are 100k tuples that all survive: see weightio._gc
+        located = _walk(file, limits)
     _CACHE[file] = tuple(located)
     return located
 
@@ -138,7 +141,8 @@ def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
     members = _read_central_directory(file, cd_offset, cd_size, count)
     if getattr(file, "remote", False):
         return _walk_remote(file, members, cd_offset)
-    located = [_locate(file, m, raw_name, flags, cd_offset) for m, raw_name, flags in members]
+    heads = _zl.local_headers(file, [(m.header_offset, _LOCAL.size + len(raw)) for m, raw, _ in members])
+    located = [_locate(file, *entry, cd_offset, head) for entry, head in zip(members, heads, strict=True)]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
     return located
 
@@ -349,8 +353,7 @@ def _decode_name(file: MappedFile, raw: bytes, flags: int) -> str:
 
 def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int,
             raw: bytes | None = None) -> ZipMember:
-    """Find the member's data from its local header (one read: the header and its name; `raw`
-    when the caller has those bytes already)."""
+    """Find the member's data from its local header (`raw`: its header and name, else read now)."""
     at = member.header_offset
     if raw is None:
         raw = file.read(at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") if at < file.size \

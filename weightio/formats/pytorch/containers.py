@@ -19,7 +19,7 @@ from . import ranged, tar, unpickler
 from .inert import Token
 from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
-from .torch_dtypes import itemsize
+from .torch_dtypes import ITEMSIZES, itemsize
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "container_kind", "open_container"]
 
@@ -85,8 +85,8 @@ class Container:
         if not isinstance(location, str) or len(location) > _MAX_KEY:
             raise self._fail(f"storage {key!r}: location {short_repr(location)} is not a short string")
         dtype = storage_class.value
-        if type(numel) is not int or numel < 0 or (numel * itemsize(dtype) > self.file.size
-                                                   and numel * itemsize(dtype) > self.largest_storage()):
+        if type(numel) is not int or numel < 0 or (numel * ITEMSIZES[dtype] > self.file.size
+                                                   and numel * ITEMSIZES[dtype] > self.largest_storage()):
             raise self._fail(f"storage {key!r}: {short_repr(numel)} elements of {dtype} cannot fit in a "
                              f"{self.file.size:,}-byte file")
         known = self.storages.get(key)
@@ -138,6 +138,13 @@ class ZipContainer(Container):
 
     def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
         super().__init__(file, limits)
+        self._index(members)
+        self.root = self._unpickle(self.pickles[0][1], self.pickles[0][0])
+        self._check_prefix(members)
+
+    def _index(self, members: list[_zip.ZipMember]) -> None:
+        """Find the records as torch does, check the small ones, and read ``data.pkl`` (into `pickles`)."""
+        file = self.file
         for first, other in _zip.case_collisions(members)[:1]:
             raise CorruptFileError(f"zip archive: members {first!r} and {other!r} have the same name when case is "
                                    "ignored; torch.load looks records up without regard to case, so it could read "
@@ -148,15 +155,14 @@ class ZipContainer(Container):
         self.raw_prefix = _archive_prefix(file, members)
         self.prefix = self.raw_prefix.decode("utf-8", "replace")
         self.records = {m.raw_name.lower(): m for m in members}
+        self._data_prefix = self.raw_prefix + b"data/"  # a storage's record: `record` of data/<key>
         pickle_record = self.record("data.pkl")
         if pickle_record is None:
             raise CorruptFileError(f"a PyTorch zip checkpoint has a {self.prefix}data.pkl record (torch looks it up "
                                    "without regard to case); there is none", path=file.path)
         self.byteorder = self._byteorder()
         self._check_version()
-        self.pickles = [(pickle_record.name, self._read_record(pickle_record, limits.header_bytes))]
-        self.root = self._unpickle(self.pickles[0][1], pickle_record.name)
-        self._check_prefix(members)
+        self.pickles = [(pickle_record.name, self._read_record(pickle_record, self.limits.header_bytes))]
 
     def _check_prefix(self, members: list[_zip.ZipMember]) -> None:
         """Every member lies under the prefix (after the pickle, whose refusal says more)."""
@@ -214,13 +220,13 @@ class ZipContainer(Container):
         return self._storage(key, storage_class, numel, location)
 
     def locate(self, storage: StorageRef) -> Span:
-        name = f"{self.prefix}data/{storage.key}"
-        if storage.key.endswith(_DEBUG_SUFFIX):  # torch's reader answers such records with no bytes
-            raise self._fail(f"its storage key {storage.key!r} ends in {_DEBUG_SUFFIX!r}, which torch never reads")
-        record = self.record(f"data/{storage.key}")
+        key = storage.key
+        if key.endswith(_DEBUG_SUFFIX):  # torch's reader answers such records with no bytes
+            raise self._fail(f"its storage key {key!r} ends in {_DEBUG_SUFFIX!r}, which torch never reads")
+        record = self.records.get((self._data_prefix + key.encode("utf-8", "surrogatepass")).lower())
         if record is None:
-            raise self._fail(f"its storage {storage.key!r} has no record {name!r} in the archive")
-        nbytes = storage.numel * itemsize(storage.dtype)
+            raise self._fail(f"its storage {key!r} has no record {self.prefix + 'data/' + key!r} in the archive")
+        nbytes = storage.numel * ITEMSIZES[storage.dtype]
         if record.size != nbytes:
             raise self._fail(f"its storage {storage.key!r} is declared as {storage.numel:,} x {storage.dtype} = "
                              f"{nbytes:,} bytes but record {record.name!r} holds {record.size:,}")

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._gc import collector_paused
 from ...errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ...limits import exceeded
 from ...text import dims, number
@@ -119,7 +120,8 @@ class PyTorchReader(Reader):
         self._deflated: dict[str, _zip.ZipMember] = {}  # name -> the deflated record holding it
         self._inflated: dict[str, np.ndarray] = {}  # record name -> inflated bytes
         self._lock = threading.Lock()
-        self._validate(self._read)
+        with collector_paused():  # the parse builds objects per tensor that all survive (see weightio._gc)
+            self._validate(self._read)
 
     def _read(self) -> None:
         limits = self.limits
