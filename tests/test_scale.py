@@ -1,11 +1,23 @@
-"""Opening at scale: the collector pause, and large headers read exactly."""
+"""Opening at scale (issue 16): the collector pause, one descriptor and one read per shard, headers
+in any order, orjson and the standard parser agreeing, and the fast paths keeping every check."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import threading
 
+import numpy as np
+import pytest
+
+import weightio as wio
+from weightio import _json
 from weightio._gc import collector_paused
+from weightio.errors import CorruptFileError
+from weightio.formats.safetensors import SafetensorsReader
+
+from .conftest import FIXTURES, safetensors_bytes
 
 
 def test_collector_paused_restores_the_collector_state():
@@ -48,3 +60,139 @@ def test_collector_paused_comes_back_after_an_error_and_across_threads():
     release.set()
     t.join(10)
     assert gc.isenabled()
+
+
+# ----------------------------------------------------------------------------- opening many files
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_opening_holds_one_descriptor_per_shard_and_maps_on_first_read():
+    before = _descriptors()
+    with wio.open(FIXTURES / "tiny-bert-sharded") as ckpt:
+        assert len(ckpt.files) == 3
+        assert _descriptors() == before + 3  # no mapping yet (CPython's mmap would hold a duplicate)
+        first = ckpt["embeddings.word_embeddings.weight"].numpy()
+        assert _descriptors() == before + 4  # the one shard read is mapped now
+        assert first.shape == (99, 32) and not first.flags.writeable
+    assert _descriptors() == before + 1  # the live array keeps its mapping (and the mapping's descriptor)
+    del first
+
+
+def test_a_small_header_is_read_with_one_pread(tmp_path, monkeypatch):
+    path = tmp_path / "x.safetensors"
+    big = tmp_path / "big.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.arange(6, dtype=np.float32), "b": np.ones(2, np.int64)}, str(path))
+    save_file({f"t.{i}": np.zeros(1, np.uint8) for i in range(200)}, str(big))  # a header over 4 KiB
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: calls.append((n, offset)) or real(fd, n, offset))
+    with wio.open(path) as ckpt:
+        assert calls == [(min(path.stat().st_size, 4096), 0)]  # sniffing and the whole header: one read
+        assert ckpt["a"].numpy().tolist() == [0, 1, 2, 3, 4, 5]
+    calls.clear()
+    with wio.open(big) as ckpt:
+        n = int.from_bytes(big.read_bytes()[:8], "little")
+        assert calls == [(4096, 0), (n, 8)] and len(ckpt) == 200
+
+
+def _header_in_reverse(tensors: dict[str, np.ndarray]) -> bytes:
+    """A valid safetensors file whose header lists the tensors in the opposite order of their data."""
+    header, offset, data = {}, 0, b""
+    for name, array in tensors.items():
+        raw = array.tobytes()
+        header[name] = {"dtype": {"float32": "F32", "int16": "I16"}[array.dtype.name], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        offset, data = offset + len(raw), data + raw
+    return safetensors_bytes(dict(reversed(header.items())), data)
+
+
+def test_a_header_out_of_data_order_lists_in_file_order(tmp_path):
+    tensors = {"z": np.arange(4, dtype=np.float32), "m": np.arange(3, dtype=np.int16), "a": np.ones((2, 2), np.float32)}
+    path = tmp_path / "r.safetensors"
+    path.write_bytes(_header_in_reverse(tensors))
+    reader = SafetensorsReader(str(path))
+    try:
+        assert list(reader.tensors) == ["z", "m", "a"]  # the data's order, not the header's
+        assert [reader.tensors[n].offset - reader.tensors["z"].offset for n in ("z", "m", "a")] == [0, 16, 22]
+    finally:
+        reader.close()
+    with wio.open(path) as ckpt:
+        for name, array in tensors.items():
+            assert np.array_equal(ckpt[name].numpy(), array) and ckpt[name].dtype == array.dtype
+
+
+def test_empty_tensors_at_one_offset_are_ordered_by_name(tmp_path):
+    header = {"zz": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+              "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+              "aa": {"dtype": "F32", "shape": [2, 0], "data_offsets": [0, 0]}}
+    path = tmp_path / "e.safetensors"
+    path.write_bytes(safetensors_bytes(header, np.float32(7).tobytes()))
+    with wio.open(path) as ckpt:
+        assert list(ckpt) == ["aa", "zz", "w"]
+        assert ckpt["aa"].shape == (2, 0) and ckpt["w"].numpy().tolist() == [7.0]
+
+
+@pytest.mark.parametrize("orjson", [True, False])
+def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch, orjson):
+    if not orjson:
+        monkeypatch.setattr(_json, "_orjson", False)
+    else:
+        pytest.importorskip("orjson")
+    parse = _json.parse_json_object
+    text = '{"metadata": {"total_size": 8, "note": "a:b"}, "weight_map": {"x:y": "s:1.safetensors", "w": "s"}}'
+    assert parse(text, path="i", what="index") == json.loads(text)
+    for doubled in ('{"weight_map": {"a": "x", "b": "y", "a": "z"}}',  # in the big object
+                    '{"metadata": {"k": {"n": 1, "n": 2}}, "weight_map": {}}',  # nested
+                    '{"weight_map": {"a": "x"}, "weight_map": {"a": "x"}}',  # whole members
+                    '{"weight_map": {"a": "x:", "a": ":x"}}'):  # colons inside the dropped strings
+        with pytest.raises(CorruptFileError, match="index has the key '(a|n|weight_map)' twice"):
+            parse(doubled, path="i", what="index")
+    escaped = '{"weight_map": {"a\\u003a": "x", "a:": "y"}}'  # \u escapes spell the same key: the exact parser
+    with pytest.raises(CorruptFileError, match="twice"):
+        parse(escaped, path="i", what="index")
+    huge = '{"metadata": {"total_size": 1180591620717411303424}, "weight_map": {}}'  # 2^70: orjson reads a float
+    assert parse(huge, path="i", what="index")["metadata"]["total_size"] == 2**70
+    deep = '{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(CorruptFileError, match="index nests too deeply"):
+        parse(deep, path="i", what="index")
+
+
+def test_a_shape_of_floats_is_refused_by_either_parser(tmp_path, monkeypatch):
+    header = {"w": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(safetensors_bytes(header, bytes(8)))
+    messages = []
+    for orjson in (True, False):
+        with monkeypatch.context() as m:
+            if not orjson:
+                m.setattr(_json, "_orjson", False)
+            with pytest.raises(CorruptFileError) as info:
+                wio.open(path)
+            messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert messages[0].endswith("tensor 'w': shape must be a list of at most 64 non-negative integers, found [2.0]")
+
+
+def test_varbuilder_get_on_numpy_checks_the_file_and_reports_the_use(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({"enc.w": np.arange(6, dtype=np.float32).reshape(2, 3), "enc.n": np.arange(3, dtype=np.int64)},
+              str(path))
+    with wio.VarBuilder.from_path(path, dtype="float16") as vb:
+        w = vb.pp("enc").get((2, 3), "w")
+        n = vb.pp("enc").get(3, "n")
+        assert w.dtype == np.float16 and n.dtype == np.int64  # the cursor's dtype casts floats only
+        report = vb.report()
+        assert report.used == ("enc.w", "enc.n") and report.unused == ()
+    with wio.VarBuilder.from_path(path) as vb:
+        assert np.shares_memory(vb.get((3,), "enc.n"), vb.get((3,), "enc.n"))  # zero-copy views of one mapping
+        os.truncate(path, 40)
+        with pytest.raises(CorruptFileError, match="was truncated from .* since it was opened"):
+            vb.get((2, 3), "enc.w")
