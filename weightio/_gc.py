@@ -11,10 +11,9 @@ last pause ends, and only if it was on when the first began).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
-from collections.abc import Iterator
+from types import TracebackType
 
 __all__ = ["collector_paused"]
 
@@ -23,19 +22,32 @@ _depth = 0
 _was_enabled = False
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Run the block with the cyclic garbage collector off (reference counting still frees)."""
-    global _depth, _was_enabled
-    with _lock:
-        if _depth == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _depth += 1
-    try:
-        yield
-    finally:
+class _Paused:
+    """The context manager `collector_paused` returns (a class, not a generator: opening a
+    191-shard model enters it 191 times)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _depth, _was_enabled
+        with _lock:
+            if _depth == 0:
+                _was_enabled = gc.isenabled()
+                gc.disable()
+            _depth += 1
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        global _depth
         with _lock:
             _depth -= 1
             if _depth == 0 and _was_enabled:
                 gc.enable()
+
+
+_PAUSED = _Paused()
+
+
+def collector_paused() -> _Paused:
+    """Run the block with the cyclic garbage collector off (reference counting still frees)."""
+    return _PAUSED
