@@ -27,6 +27,7 @@ SUITES = {  # suite -> its own options, kept small
     "cli": [],
     "gguf": ["--elements", "4096", "--types", "Q4_0,IQ2_XXS,Q8_K"],
     "remote": ["--shards", "8", "--delay", "0.005"],
+    "scale": ["--counts", "500,2000"],  # both frontier layouts: sparse files, headers only
 }
 
 
