@@ -28,6 +28,7 @@ SUITES = {  # suite -> its own options, kept small
     "gguf": ["--elements", "4096", "--types", "Q4_0,IQ2_XXS,Q8_K"],
     "remote": ["--shards", "8", "--delay", "0.005"],
     "scale": ["--counts", "500,2000"],  # both frontier layouts: sparse files, headers only
+    "memory": [],  # its peers (tensorizer, Run:ai, fastsafetensors) are optional: missing ones are rows saying so
 }
 
 
@@ -169,3 +170,49 @@ def test_each_suite_has_recorded_results_and_a_chart_in_the_docs(suite):
     section = (ROOT / "docs" / "benchmarks.md").read_text().split(f"<!-- suite:{suite} -->")[1]
     assert f"](img/{suite}.png)" in section.split(f"<!-- /suite:{suite} -->")[0]  # as publish() writes it
     assert f"](docs/img/{suite}.png)" in (ROOT / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------- bench/coldcache.py
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, mincore and /proc are Linux's")
+def test_evict_empties_the_page_cache_of_a_file_as_mincore_sees_it(tmp_path):
+    coldcache = _bench_module("coldcache")
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    path.read_bytes()
+    assert coldcache.resident(path) == 1.0
+    coldcache.evict(path)
+    assert coldcache.resident(path) < 0.05  # (a page the kernel is still writing back may stay)
+    with open(path, "rb") as f:
+        f.read(1 << 20)  # a quarter of the file back (readahead may bring a little more)
+    assert 0.25 <= coldcache.resident(path) <= 1.0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/smaps_rollup is Linux's")
+def test_pss_counts_shared_file_pages_once_across_processes(tmp_path):
+    """Two processes mapping the same 32 MiB file page: their PSS grows by ~16 MiB each (half the pages each)."""
+    coldcache = _bench_module("coldcache")
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(32 << 20))
+    code = ("import mmap, sys; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); "
+            "print('ready', flush=True); sys.stdin.readline(); sum(m[i] for i in range(0, len(m), 4096)); "
+            "print('touched', flush=True); sys.stdin.readline()")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        before = [coldcache.pss_kib(p.pid) for p in procs]
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "touched"
+        grown = [coldcache.pss_kib(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=60)
+            p.stdout.close()
+    assert all(12 << 10 <= g <= 20 << 10 for g in grown), grown  # KiB: 16 MiB each, give or take
+    assert 28 << 10 <= sum(grown) <= 36 << 10, grown  # the file once, not twice

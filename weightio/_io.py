@@ -55,7 +55,8 @@ import numpy as np
 from .errors import OVERWRITE_ADVICE, PARENTS_ADVICE, CorruptFileError, InputError, WeightioError, WriteError
 
 __all__ = ["MappedFile", "PRIVATE_WINDOW", "TEMP_SUFFIX", "atomic_write", "check_destination", "describe_file_type",
-           "fsync_directory", "lock_temporary", "remove_stale_temporaries", "writable_twin", "write_all"]
+           "fsync_directory", "lock_temporary", "mapped_source", "remove_stale_temporaries", "writable_twin",
+           "write_all"]
 
 TEMP_SUFFIX = ".weightio-tmp"
 _CLOSED = "the checkpoint was closed; open it again to read tensors"
@@ -291,6 +292,23 @@ class MappedFile:
                 window = self._windows[first, last] = np.frombuffer(mapped, dtype=np.uint8)
         return window, offset
 
+    @contextlib.contextmanager
+    def descriptor(self) -> Iterator[int]:
+        """A duplicate of the open descriptor, for ``pread`` on several threads at once (`read` takes
+        a lock per call): closing the checkpoint meanwhile leaves it open. The file is checked
+        (`check`) before it is handed out and again when the block ends without error, so bytes read
+        while the file was truncated or rewritten are never passed on as good."""
+        with self._lock:
+            self.check()
+            fd = os.dup(self._fd)
+        try:
+            yield fd
+            now = os.fstat(fd)  # (the checkpoint, and its own descriptor, may have been closed meanwhile)
+            if (now.st_size, now.st_mtime_ns) != self._stamp:
+                raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         """Drop this reader's hold on the file and its mapping.
 
@@ -321,6 +339,21 @@ class _FileMapping(mmap.mmap):
     address: int
 
 
+def _mapping_of(arr: np.ndarray) -> _FileMapping | None:
+    found: object = arr  # the read-only file mapping `arr`'s memory belongs to, or None
+    while isinstance(found, (np.ndarray, memoryview)):
+        found = found.base if isinstance(found, np.ndarray) else found.obj
+    return found if isinstance(found, _FileMapping) else None
+
+
+def mapped_source(arr: np.ndarray) -> tuple[MappedFile, int] | None:
+    """The open file whose read-only mapping holds `arr`'s memory, and the file offset of its
+    element 0; None for any other array, or a view of a file whose checkpoint was closed."""
+    mapping = _mapping_of(arr)
+    file = None if mapping is None else mapping.owner()
+    return None if file is None or file.closed else (file, arr.__array_interface__["data"][0] - mapping.address)
+
+
 def writable_twin(arr: np.ndarray) -> np.ndarray | None:
     """The same elements as `arr`, in writable memory, if `arr` is a view of a file's read-only mapping.
 
@@ -333,17 +366,14 @@ def writable_twin(arr: np.ndarray) -> np.ndarray | None:
         CorruptFileError: the file changed since it was opened.
         InputError: the kernel refused the private mapping.
     """
-    found: object = arr
-    while isinstance(found, (np.ndarray, memoryview)):
-        found = found.base if isinstance(found, np.ndarray) else found.obj
-    if not isinstance(found, _FileMapping):
+    if _mapping_of(arr) is None:
         return None
-    file = found.owner()
-    if file is None or file.closed:
+    located = mapped_source(arr)
+    if located is None:
         return np.array(arr, copy=True)
     if arr.size == 0:
         return np.empty(arr.shape, arr.dtype)
-    first = arr.__array_interface__["data"][0] - found.address  # the element at index 0
+    file, first = located  # the element at index 0
     if arr.flags.c_contiguous:
         low, high = first, first + arr.nbytes
     else:

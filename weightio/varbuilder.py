@@ -312,7 +312,8 @@ class VarBuilder:
                          name=full)
         return self._place(full, stored, value, dtype, key, world_size)
 
-    def load_all(self, device: str | devices.Device | None = None, dtype: Any = None) -> dict[str, Any]:
+    def load_all(self, device: str | devices.Device | None = None, dtype: Any = None, *,
+                 copy: bool = False) -> dict[str, Any]:
         """Every stored tensor under this cursor's prefix, moved in one bulk transfer.
 
         Keys are stored names relative to the prefix (no renames or resolution apply). GPUs
@@ -321,12 +322,15 @@ class VarBuilder:
         Args:
             device: defaults to the cursor's device.
             dtype: converts floating-point tensors; defaults to the cursor's dtype.
+            copy: every tensor in memory of its own (writable, not a view of the file, alive after
+                `close`), read with parallel ``pread``s: what a serving stack that owns its
+                weights wants, faster than ``clone()`` of the zero-copy views.
         """
         store, head = self._shared.store, self.prefix + "." if self._path else ""
         names = [n for n in store.names if n.startswith(head)]
         values = {n[len(head):]: store.value(n) for n in names}
         wanted = self._dtype if dtype is None else _dtype_arg(dtype)
-        out = devices.load_all(values, self._device if device is None else device, wanted)
+        out = devices.load_all(values, self._device if device is None else device, wanted, copy=copy)
         for n in names:
             self._shared.usage.hit(n, n, _nbytes(store.value(n)))
         return out

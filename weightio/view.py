@@ -166,18 +166,20 @@ class TensorView:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def to(self, device: str = "numpy", dtype: Any = None) -> Any:
+    def to(self, device: str = "numpy", dtype: Any = None, *, copy: bool = False) -> Any:
         """The tensor on `device`, cast to `dtype` when given.
 
         Args:
             device: ``"numpy"``, ``"torch"`` / ``"torch:cpu"``, ``"torch:cuda:N"``, ``"torch:mps"``,
                 ``"jax[:gpu:N]"``, ``"cupy[:N]"``.
             dtype: any spelling `weightio.dtypes.parse_dtype` accepts (``"bf16"``, ``np.float16`` …).
+            copy: in memory of its own (writable, never a view of the file), read with parallel
+                ``pread``s (`weightio.devices.load_all`): faster than ``clone()`` of the view.
         """
         from . import devices
 
         try:
-            return devices.place(self, device, None if dtype is None else parse_dtype(dtype))
+            return devices.place(self, device, None if dtype is None else parse_dtype(dtype), copy=copy)
         except UnsupportedDTypeError as e:  # the dtype tables know no file: name this tensor's
             if e.path is not None:
                 raise

@@ -27,6 +27,7 @@ from .._io import writable_twin
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import ML_FLOATS, Device, import_framework
+from .filling import advise_huge, fill
 from .staging import Extent, StagedLoader
 
 __all__ = ["TorchBackend", "to_numpy", "torch_from_numpy"]
@@ -60,6 +61,22 @@ class TorchBackend:
         if self.loader is None:
             return {k: torch_from_numpy(a) for k, a in arrays.items()}
         return self.loader.load(arrays)
+
+    def owned(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Like `transfer`, but every CPU tensor in memory of its own (`torch.empty`, huge pages
+        asked for), filled in parallel (`weightio.devices.filling`); other devices copy anyway."""
+        if self.loader is not None:
+            return self.loader.load(arrays)
+        out, pairs = {}, []
+        for key, arr in arrays.items():
+            if not arr.dtype.isnative or not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("="), copy=False))
+            raw = self.torch.empty(arr.nbytes, dtype=self.torch.uint8)
+            pairs.append((raw.numpy(), arr))
+            advise_huge(pairs[-1][0])
+            out[key] = raw.view(_torch_dtype(self.torch, arr.dtype)).view(arr.shape)
+        fill(pairs)
+        return out
 
     def cast(self, tensor: Any, dtype: np.dtype) -> Any:
         target = _torch_dtype(self.torch, dtype)

@@ -1,0 +1,187 @@
+"""Owned-memory loads (weightio/devices/filling.py; ``copy=True`` of load_all, TensorView.to,
+VarBuilder.load_all; `weightio.torch.load_into` into a CPU module): exact bytes, memory of their
+own, and every check of the zero-copy path kept on the parallel-read path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import weightio as wio
+from weightio.devices import filling
+from weightio.errors import CorruptFileError
+
+from .conftest import FIXTURES
+
+SOURCES = ["tiny-bert/model.safetensors", "numpy/arrays.npz", "numpy/compressed.npz", "numpy/big_endian.npy",
+           "pytorch/resnet18_like.pth", "gguf/quantized.gguf", "dtypes.safetensors"]
+
+
+def _bytes_of(value) -> bytes:
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tobytes()
+    import torch
+
+    return value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _torch_has(dtype) -> bool:
+    try:
+        return wio.dtypes.by_numpy(dtype).torch is not None
+    except wio.WeightioError:
+        return False
+
+
+def _number_views(ckpt) -> dict:
+    return {k: ckpt[k] for k in ckpt if ckpt[k].dtype.kind in "biufcV" and ckpt[k].dtype.itemsize}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_copies_hold_exactly_the_bytes_of_the_views(source, monkeypatch):
+    """Every format, numpy and torch CPU, tensors split into many pieces: the same bytes as the
+    zero-copy views (which test_differential checks against the reference libraries)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    with wio.open(FIXTURES / source) as ckpt:
+        views = {k: v for k, v in _number_views(ckpt).items() if v.dtype.name != "object"}
+        for device in ("numpy", "torch"):
+            if device == "torch":  # the dtypes torch has (complex has no row in weightio's table)
+                views = {k: v for k, v in views.items() if _torch_has(v.dtype)}
+            copies = wio.devices.load_all(views, device, copy=True)
+            for name, view in views.items():
+                assert _bytes_of(copies[name]) == _bytes_of(view.numpy()), (source, device, name)
+                assert tuple(copies[name].shape) == view.shape
+                if device == "torch":
+                    assert isinstance(copies[name], torch.Tensor)
+
+
+def test_safetensors_copies_match_the_reference_library(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    monkeypatch.setattr(filling, "PIECE", 1 << 12)
+    tensors = {"big": torch.randn(300, 257), "bf16": torch.randn(64, 33).to(torch.bfloat16),
+               "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 4), "ints": torch.arange(77, dtype=torch.int64),
+               "flags": torch.tensor([True, False, True])}
+    path = tmp_path / "m.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    reference = safetensors_torch.load_file(str(path))
+    vb = wio.VarBuilder.from_path(path, device="torch")
+    loaded = vb.load_all(copy=True)
+    vb.close()
+    for name, want in reference.items():
+        assert loaded[name].dtype == want.dtype and torch.equal(loaded[name], want), name
+
+
+def test_results_own_their_memory():
+    """Writable, sharing nothing with the file's mapping or each other, alive after close."""
+    torch = pytest.importorskip("torch")
+    ckpt = wio.open(FIXTURES / "tiny-bert/model.safetensors")
+    name = "embeddings.word_embeddings.weight"
+    view = ckpt[name].numpy()
+    mapping = ckpt[name]._reader.file.data
+    low = mapping.__array_interface__["data"][0]
+    tensors = wio.devices.load_all(ckpt, "torch", copy=True)
+    arrays = wio.devices.load_all(ckpt, "numpy", copy=True)
+    single = ckpt[name].to("torch", copy=True)
+    ckpt.close()
+    for t in (tensors[name], single):
+        assert not low <= t.data_ptr() < low + mapping.nbytes
+        t.add_(1)  # writable, no SIGSEGV
+    assert arrays[name].flags.writeable and arrays[name].flags.owndata
+    assert not np.shares_memory(arrays[name], view)
+    arrays[name][...] = 0
+    assert np.array_equal(tensors[name].numpy(), single.numpy())  # the same bytes + 1, each its own
+    assert not np.array_equal(view, np.zeros_like(view))  # the file's bytes unchanged
+    with wio.open(FIXTURES / "tiny-bert/model.safetensors") as again:
+        assert torch.equal(torch.from_numpy(again[name].numpy().copy()) + 1, tensors[name])
+    storages = {t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()}
+    assert len(storages) == len([t for t in tensors.values() if t.numel()])  # one allocation per tensor
+
+
+def test_a_cast_is_not_copied_twice_and_integers_keep_their_type():
+    torch = pytest.importorskip("torch")
+    with wio.open(FIXTURES / "tiny-bert/model.safetensors") as ckpt:
+        out = wio.devices.load_all(ckpt, "torch", "float16", copy=True)
+        for name in ckpt:
+            want = torch.from_numpy(ckpt[name].numpy().copy())
+            want = want.half() if want.is_floating_point() else want
+            assert torch.equal(out[name], want), name
+
+
+def test_a_changed_file_is_refused_on_the_parallel_read_path(tmp_path):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(FIXTURES / "tiny-bert/model.safetensors", path)
+    past = os.stat(path).st_mtime - 3600
+    os.utime(path, (past, past))
+    with wio.open(path) as ckpt:
+        views = {k: ckpt[k] for k in ckpt}
+        hosts = {k: v.numpy() for k, v in views.items()}  # views made before the change
+        os.utime(path)  # a rewrite in place, as far as size and modification time tell
+        with pytest.raises(CorruptFileError, match="was rewritten in place since it was opened"):
+            wio.devices.load_all(views, "numpy", copy=True)
+        with pytest.raises(CorruptFileError, match="was rewritten in place since it was opened"):
+            wio.devices.load_all(hosts, "numpy", copy=True)  # arrays of the mapping: checked too
+
+
+def test_a_file_changed_during_the_reads_is_refused_after_them(tmp_path, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(FIXTURES / "tiny-bert/model.safetensors", path)
+    past = os.stat(path).st_mtime - 3600
+    os.utime(path, (past, past))
+    read = filling._read
+
+    def read_then_touch(*args):
+        read(*args)
+        os.utime(path)
+
+    monkeypatch.setattr(filling, "_read", read_then_touch)
+    with wio.open(path) as ckpt, pytest.raises(CorruptFileError, match="since it was opened"):
+        wio.devices.load_all(ckpt, "numpy", copy=True)
+
+
+def test_a_read_past_the_end_or_a_short_read_is_corrupt(tmp_path):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(FIXTURES / "tiny-bert/model.safetensors", path)
+    with wio.open(path) as ckpt:
+        file = next(iter(ckpt.values()))._reader.file
+        with file.descriptor() as fd:
+            dst = np.empty(16, np.uint8)
+            with pytest.raises(CorruptFileError, match="lie past the end of the file"):
+                filling._read(fd, file, dst, file.size - 8)
+            object.__setattr__(file, "size", file.size + 16)  # as if the file had shrunk under us
+            with pytest.raises(CorruptFileError, match="file shrank while reading it"):
+                filling._read(fd, file, dst, file.size - 16)
+
+
+def test_load_into_reads_into_the_modules_own_memory(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    import weightio.torch as wt
+
+    monkeypatch.setattr(filling, "PIECE", 1 << 12)
+    source = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 7))
+    source[1].weight.data = source[1].weight.data.to(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    safetensors_torch.save_file(source.state_dict(), str(path))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 7))
+    model[1].weight.data = model[1].weight.data.to(torch.bfloat16)
+    before = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    calls = []
+    read = filling._read
+    monkeypatch.setattr(filling, "_read", lambda *a: calls.append(a[3]) or read(*a))
+    assert wt.load_into(model, path) == ([], [])
+    assert len(calls) > 10  # parallel reads, not copy_
+    for name, value in model.state_dict().items():
+        assert value.data_ptr() == before[name], name  # filled in place
+        assert torch.equal(value, source.state_dict()[name]), name
+
+
+def test_advise_huge_is_a_hint():
+    big = np.empty(8 << 20, np.uint8)
+    filling.advise_huge(big)
+    filling.advise_huge(big[:100])
+    big[:] = 1
+    assert int(big.sum()) == 8 << 20

@@ -1,0 +1,174 @@
+"""Owned copies of checkpoint bytes, filled in parallel. Framework-free.
+
+What ``tensor.clone()`` of a zero-copy view costs, per 4 KiB page: a fault on the file mapping
+(the source), a fault on fresh anonymous memory (the destination: the kernel zeroes the page
+first), and a share of one single-threaded ``memcpy``. On a 4 GiB model the faults cost several
+times the copy. `fill` does the same work another way:
+
+1. **Destinations** are allocated by the caller (``np.empty``, ``torch.empty``), one per tensor,
+   so that each result owns its memory. Large ones are advised to use transparent huge pages
+   (`advise_huge`: ``madvise(MADV_HUGEPAGE)`` on the 2 MiB-aligned interior; numpy does this for
+   its own arrays), one fault per 2 MiB instead of per 4 KiB.
+2. **Sources** that are views of a file's read-only mapping are not touched through the mapping:
+   their bytes are read with ``pread`` (``os.preadv``) from the file straight into the
+   destination, page cache to memory in the kernel, with no fault on the source. Other sources
+   (inflated members, converted arrays, closed checkpoints) are copied with ``np.copyto``.
+3. **Pieces** of at most `PIECE` bytes run on a pool of threads (both calls release the GIL):
+   destination faults, copies and, from a cold cache, disk reads overlap.
+
+Every check of the zero-copy path holds here: the file is checked before the reads (size and
+modification time, `weightio._io.MappedFile.check`) and again after them, so bytes read while it
+was rewritten are never returned; each piece is bounds-checked against the file's size; a short
+read (a file truncated under us) raises `CorruptFileError`. Reads go through a duplicate of the
+file's descriptor, so closing the checkpoint meanwhile does not break them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._io import mapped_source
+from ..errors import CorruptFileError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from .._io import MappedFile
+
+__all__ = ["HUGE_MIN", "PIECE", "advise_huge", "fill"]
+
+PIECE = 8 << 20  # bytes per task: small enough to spread a few large tensors over every thread
+HUGE_MIN = 4 << 20  # destinations from this size on are advised to use huge pages (as numpy does)
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14  # linux/mman.h
+# Threads: beyond the cores, more threads keep more reads in flight when the cache is cold (the
+# disk, not the CPU, is then the limit); warm, the extra threads wait on the memory bus.
+_THREADS = min(16, max(4, 2 * (os.cpu_count() or 1)))
+
+
+def fill(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy each source's bytes into its destination, in parallel.
+
+    Args:
+        pairs: ``(destination, source)``: the destination a writable, C-contiguous ``uint8`` array
+            (memory the caller owns), the source a C-contiguous array of the same byte count.
+
+    Raises:
+        CorruptFileError: a source's file changed since it was opened, or shrank during the reads.
+        WeightioError: a source's checkpoint was closed before its descriptor could be duplicated.
+    """
+    reads: dict[int, tuple[MappedFile, list[tuple[np.ndarray, int]]]] = {}
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+    for dst, src in pairs:
+        if src.nbytes == 0:
+            continue
+        located = mapped_source(src) if _PREAD else None
+        if located is None:
+            copies.append((dst, src.reshape(-1).view(np.uint8)))
+        else:
+            file, offset = located
+            reads.setdefault(id(file), (file, []))[1].append((dst, offset))
+    with contextlib.ExitStack() as stack:
+        tasks = [(np.copyto, d[a:b], s[a:b]) for d, s in copies for a, b in _pieces(d.nbytes)]
+        for file, jobs in reads.values():
+            fd = stack.enter_context(file.descriptor())  # checked now, and again when the reads are done
+            tasks += [(_read, fd, file, d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
+                      for a, b in _pieces(d.nbytes)]
+        _run(tasks)
+
+
+def _pieces(n: int) -> list[tuple[int, int]]:
+    return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
+
+
+def _read(fd: int, file: MappedFile, dst: np.ndarray, offset: int) -> None:
+    """``pread`` exactly ``len(dst)`` bytes at `offset` into `dst`."""
+    n = dst.nbytes
+    if offset < 0 or offset + n > file.size:
+        raise CorruptFileError(f"bytes {offset}..{offset + n} lie past the end of the file ({file.size} bytes)",
+                               path=file.path)
+    view, done = memoryview(dst), 0
+    while done < n:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise CorruptFileError(f"file shrank while reading it (now ends at {offset + done})", path=file.path)
+        done += got
+
+
+def _run(tasks: list[tuple[Any, ...]]) -> None:
+    """Run ``fn(*args)`` for every task; with one task or none, on this thread."""
+    if len(tasks) <= 1:
+        for fn, *args in tasks:
+            fn(*args)
+        return
+    pool = _pool()
+    futures: list[Future] = [pool.submit(fn, *args) for fn, *args in tasks]
+    try:
+        for future in futures:
+            future.result()
+    finally:  # an error: stop what has not started, and let nothing write into memory after we return
+        for future in futures:
+            future.cancel()
+        for future in futures:
+            if not future.cancelled():
+                with contextlib.suppress(BaseException):
+                    future.result()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_PREAD = hasattr(os, "preadv")  # not on Windows: there every source is copied from the mapping
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="weightio-fill")
+        return _POOL
+
+
+# ----------------------------------------------------------------------------- huge pages
+
+_MADVISE: Any = None
+
+
+def advise_huge(arr: np.ndarray) -> None:
+    """Ask for transparent huge pages under `arr`'s memory (Linux; a hint, errors ignored).
+
+    Only the 2 MiB-aligned interior of arrays of at least `HUGE_MIN` bytes: its first touch then
+    faults 2 MiB at a time. Where the kernel's THP setting is ``never``, or off Linux, nothing
+    happens. Call it before the memory is first written.
+    """
+    if arr.nbytes < HUGE_MIN or not sys.platform.startswith("linux"):
+        return
+    madvise = _madvise()
+    if madvise is None:
+        return
+    start = arr.__array_interface__["data"][0]
+    low, high = -(-start // _HUGE) * _HUGE, (start + arr.nbytes) // _HUGE * _HUGE
+    if high > low:
+        madvise(low, high - low, _MADV_HUGEPAGE)
+
+
+def _madvise() -> Any:
+    global _MADVISE
+    if _MADVISE is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _MADVISE = libc.madvise
+        except (OSError, AttributeError):
+            _MADVISE = False
+    return _MADVISE or None
