@@ -42,8 +42,8 @@ import pytest
 from weightio.cli import main
 
 import weightio as wio
-from weightio import _io
-from weightio._io import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
+from weightio import _outputs
+from weightio._outputs import TEMP_SUFFIX, atomic_write, remove_stale_temporaries
 from weightio.errors import WriteError
 
 from .conftest import FIXTURES
@@ -96,7 +96,7 @@ class _Crashing:
 
 def _instrument(events: _Events) -> None:
     """Route every file operation of the writers through `events` (in this forked child only)."""
-    real_atomic = _io.atomic_write
+    real_atomic = _outputs.atomic_write
 
     @contextlib.contextmanager
     def atomic(path, **kwargs) -> Iterator:
@@ -107,7 +107,7 @@ def _instrument(events: _Events) -> None:
     import weightio.formats.numpy
     import weightio.formats.safetensors
 
-    for module in (_io, weightio.formats.safetensors, weightio.formats.numpy, weightio.convert):
+    for module in (_outputs, weightio.formats.safetensors, weightio.formats.numpy, weightio.convert):
         module.atomic_write = atomic
     for module, name in ((os, "replace"), (os, "fsync"), (os, "unlink"), (os, "mkdir"), (tempfile, "mkstemp")):
         real = getattr(module, name)

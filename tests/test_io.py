@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio._io import MappedFile, atomic_write, write_all
+from weightio._io import MappedFile
+from weightio._outputs import atomic_write, write_all
 from weightio.errors import CorruptFileError, WriteError
 
 

@@ -1,7 +1,7 @@
 """Staged outputs: files written under temporary names, then put in place together or not at all.
 
 `convert` writes every output file (shards, the index) to a weightio temporary beside its
-destination (`stage_name`, the name `weightio._io.remove_stale_temporaries` recognises) and
+destination (`stage_name`, the name `weightio._outputs.remove_stale_temporaries` recognises) and
 renames them into place only when all are complete: `Staging` keeps that list, the locks that
 mark each complete file as alive, and the directories it created, so that a failure (Ctrl-C
 included) removes all of it. `Outputs` names the files of one single or sharded save.
@@ -16,7 +16,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from ._io import TEMP_SUFFIX, check_destination, fsync_directory, lock_temporary
+from ._outputs import TEMP_SUFFIX, check_destination, fsync_directory, lock_temporary
 from .errors import WriteError
 
 __all__ = ["Outputs", "Staging", "check_outputs", "stage_name"]

@@ -23,12 +23,11 @@ destination's suffix. Along the way it can:
   with the source's (after the same cast), before anything is put in place.
 
 Memory: each tensor's bytes are produced when its writer asks for them and the source pages are
-released (``madvise(MADV_DONTNEED)`` on the mapping) once the next tensor starts, so the peak is
-about the largest tensor (plus its cast copy), not the model. Deflated ``.npz`` members are the
-exception: their reader keeps each inflated member until the source is closed.
+released (``madvise(MADV_DONTNEED)``) once the next tensor starts: the peak is about the largest
+tensor (plus its cast copy), not the model (deflated ``.npz`` members stay until the source closes).
 
 Atomicity: every output file is written to a temporary name beside its destination and fsynced
-(`weightio._io.atomic_write`, staged by `weightio._staging`); only when all are complete (and
+(`weightio._outputs.atomic_write`, staged by `weightio._staging`); only when all are complete (and
 verified) are they renamed into place, the shards first and the index last, as the commit point.
 Any failure, Ctrl-C included, removes the temporary files and leaves the destination as it was.
 An existing destination is refused unless ``overwrite=True``; a destination that is one of the
@@ -53,7 +52,8 @@ import numpy as np
 
 from . import carry, model_files
 from . import limits as _limits
-from ._io import atomic_write, bytes_equal, check_parent, drop_array_pages, remove_stale_temporaries, write_all
+from ._io import bytes_equal, drop_array_pages
+from ._outputs import atomic_write, check_parent, remove_stale_temporaries, write_all
 from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import layout, limits
-from ._io import check_parent
 from ._json import parse_json_object
+from ._outputs import check_parent
 from ._remote import scrub
 from .errors import FormatError, InputError, WeightioError
 from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse

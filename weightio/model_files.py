@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from . import layout
-from ._io import atomic_write, write_all
+from ._outputs import atomic_write, write_all
 from ._remote import describe_failure, is_url, redact
 from ._staging import Staging
 from .errors import InputError, WeightioError

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._io import atomic_write, write_all
+from .._outputs import atomic_write, write_all
 from ..errors import FormatError, UnsupportedDTypeError, UsageError
 from ..quant import dequantize
 from ..quant.quantize import quantize_rows

@@ -59,7 +59,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from .._io import atomic_write, write_all
+from .._outputs import atomic_write, write_all
 from ..dtypes import dtype_name, is_number
 from ..errors import Advice, CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, UsageError
 from ..limits import Limits, exceeded

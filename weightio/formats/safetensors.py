@@ -49,8 +49,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._gc import collector_paused
-from .._io import atomic_write, write_all
 from .._json import decode_utf8, parse_json_object
+from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
 from ..limits import exceeded

@@ -1,0 +1,228 @@
+"""Outputs, written atomically: no reader ever sees half a file.
+
+Outputs are written to a temporary file beside the target (``.<name>.<random>.weightio-tmp``),
+locked (``flock``) while it is written, fsynced, then renamed over the target while still
+locked, and the directory fsynced: a crash or error leaves either the old file or the new one,
+plus at worst a temporary that `remove_stale_temporaries` can prove dead (no process holds its
+lock) and delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import IO, BinaryIO
+
+import numpy as np
+
+from .errors import OVERWRITE_ADVICE, PARENTS_ADVICE, WeightioError, WriteError
+
+__all__ = ["TEMP_SUFFIX", "atomic_write", "check_destination", "check_parent", "fsync_directory", "lock_temporary",
+           "remove_stale_temporaries", "write_all"]
+
+TEMP_SUFFIX = ".weightio-tmp"
+
+
+def fsync_directory(directory: str) -> None:
+    """Make renames in `directory` durable (a no-op where directories cannot be fsynced)."""
+    if os.name == "nt":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems (e.g. certain FUSE mounts) refuse directory fsync
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_destination(path: str, overwrite: bool) -> None:
+    """Refuse a destination that exists (unless `overwrite`) or is a directory."""
+    if os.path.isdir(path):
+        raise WriteError("is a directory; give a file name", path=path, errno=errno.EISDIR)
+    if os.path.lexists(path) and not overwrite:
+        raise WriteError("already exists", path=path, errno=errno.EEXIST, advice=OVERWRITE_ADVICE)
+
+
+def check_parent(dst: str, *, is_directory: bool = False, parents: bool = False) -> None:
+    """Unless `parents` (the caller will create missing parents: ``parents=True``, ``--parents``),
+    refuse an output whose directory does not exist, naming it; a directory `dst` itself may be new."""
+    directory = os.path.dirname(dst.rstrip("/" + os.sep) if is_directory else dst)
+    if parents or not directory or os.path.isdir(directory):
+        return
+    if os.path.exists(directory):
+        raise WriteError(f"cannot write into {directory}: not a directory", path=dst, errno=errno.ENOTDIR)
+    raise WriteError(f"the directory {directory} does not exist", path=dst, errno=errno.ENOENT,
+                     advice=PARENTS_ADVICE)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[BinaryIO]:
+    """Write `path` all at once or not at all.
+
+    Yields a binary file open on a temporary file in the same directory
+    (``.<name>.<random>.weightio-tmp``), locked for as long as it exists under that name. On
+    normal exit the data is fsynced, the file renamed over `path` and the directory fsynced; on
+    any exception (KeyboardInterrupt included) the temporary file is removed and `path` is left
+    untouched. OS errors (disk full, file too large, read-only) become `WriteError` with the
+    errno. If the process is killed, the temporary stays behind, unlocked:
+    `remove_stale_temporaries` deletes it.
+
+    Example:
+        >>> with atomic_write(tmp / "x.bin") as f:   # doctest: +SKIP
+        ...     f.write(b"payload")
+    """
+    import tempfile  # (with shutil, random, bz2, lzma…) only when writing: keeps `import weightio` cheap
+
+    path = os.fspath(path)
+    check_destination(path, overwrite)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=TEMP_SUFFIX)
+    except OSError as e:
+        raise WriteError(f"cannot create a file in {directory}: {e.strerror}", path=path, errno=e.errno) from e
+    try:
+        os.fchmod(fd, 0o666 & ~_umask()) if hasattr(os, "fchmod") else None  # mkstemp makes 0600
+        _hold(fd, tmp, path)
+        # buffered: its write() writes everything or raises, where a raw file's may write part (a
+        # full disk) and return the count, which every writer would have to check
+        with os.fdopen(fd, "wb") as raw:
+            yield raw  # type: ignore[misc]
+            raw.flush()
+            os.fsync(raw.fileno())
+            if not overwrite and os.path.lexists(path):  # someone created it while we wrote
+                raise WriteError("appeared while writing; not replaced", path=path, errno=errno.EEXIST)
+            if os.name != "nt":  # renamed while still open, so still locked: never a complete, unlocked temporary
+                os.replace(tmp, path)
+        if os.name == "nt":  # Windows cannot rename an open file (and has no flock to release)
+            os.replace(tmp, path)
+        fsync_directory(directory)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, WeightioError):
+            raise WriteError(f"write failed: {e.strerror or e}", path=path, errno=e.errno) from e
+        raise
+
+
+def _hold(fd: int, tmp: str, path: str) -> None:
+    """Lock a new temporary (``flock``, exclusive) for as long as `fd` is open.
+
+    The lock is how `remove_stale_temporaries` tells a temporary being written from one a
+    killed writer left: the kernel releases it when its holder exits, however it exits. A
+    cleaner may have taken the lock in the instant between creating the file and locking it:
+    then the name no longer leads to our file, and the write is refused rather than lost.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; temporaries there are never cleaned automatically
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ours = os.stat(tmp).st_ino == os.fstat(fd).st_ino
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return  # a filesystem without locks: its temporaries are never cleaned automatically
+        ours = False
+    if not ours:
+        raise WriteError("a concurrent cleanup removed the temporary file; write again", path=path,
+                         errno=errno.EAGAIN)
+
+
+def lock_temporary(path: str) -> int | None:
+    """Lock an existing weightio temporary (a complete staged output) for as long as the returned
+    descriptor is open; None where the file cannot be opened (the caller's later rename will say)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        _hold(fd, path, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale_temporaries(destination: str | os.PathLike[str]) -> list[str]:
+    """Delete the temporaries that killed writes of `destination` left behind; return their paths.
+
+    Candidates are the files beside `destination` named like weightio's temporaries for it
+    (``.<name>….weightio-tmp``, ``..<name>….weightio-tmp`` for the staged files of
+    `weightio.convert`, where <name> starts with the destination's name without its suffix, so
+    shards and the index count too), or for a directory destination every ``.*.weightio-tmp``
+    in it. A candidate is deleted only when this process can take its lock: every weightio
+    writer holds that lock until its temporary is renamed or removed, and the kernel releases it
+    when a writer dies, so a lock that can be taken proves the file is garbage. Files on
+    filesystems without ``flock`` (and on Windows) are never deleted. Nothing else is touched.
+    """
+    destination = os.fspath(destination)
+    if os.path.isdir(destination) or destination.endswith(("/", os.sep)):
+        directory, stem = destination, ""
+    else:
+        directory, name = os.path.split(os.path.abspath(destination))
+        stem = os.path.splitext(name)[0]
+    try:
+        names = [n for n in os.listdir(directory) if _is_temporary_of(n, stem)]
+    except OSError:
+        return []
+    return [path for path in (os.path.join(directory, n) for n in sorted(names)) if _remove_if_dead(path)]
+
+
+def _is_temporary_of(name: str, stem: str) -> bool:
+    """``.<stem>….weightio-tmp`` (atomic_write) or ``..<stem>….weightio-tmp`` (a staged file's)."""
+    bare = name.lstrip(".")
+    return name.endswith(TEMP_SUFFIX) and 1 <= len(name) - len(bare) <= 2 and bare.startswith(stem.lstrip("."))
+
+
+def _remove_if_dead(path: str) -> bool:
+    """Unlink `path` if its lock can be taken (its writer is gone) and it is still the file we locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or os.stat(path, follow_symlinks=False).st_ino != opened.st_ino:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:  # locked by a live writer, already gone, or no locks on this filesystem
+        return False
+    finally:
+        os.close(fd)
+
+
+def write_all(out: IO[bytes], data: np.ndarray | bytes | memoryview, chunk: int = 64 << 20) -> int:
+    """Write an array's (or buffer's) bytes in bounded chunks, looping on short writes.
+
+    Arrays are written in C order; any dtype works, ml_dtypes ones included.
+    """
+    if isinstance(data, np.ndarray):
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    view = memoryview(data).cast("B")
+    total = len(view)
+    pos = 0
+    while pos < total:
+        n = out.write(view[pos : pos + chunk])
+        if not n:
+            raise OSError(errno.EIO, "short write")
+        pos += n
+    return total
+
+
