@@ -53,10 +53,11 @@ _INTS = re.compile(_INT, re.DOTALL)
 # memo write: fixed layouts around the integers, read with one struct each.
 _WIDE_SHAPE = (rb"(\)|(?:" + _INT + rb"\x85|" + _INT * 2 + rb"\x86|" + _INT * 3 + rb"\x87|\((?:" + _INT
                + rb"){4,64}t)r(.{4}))")
-_WIDE1 = re.compile(rb"r.{4}h.\(\(h.h.X.{4}", re.DOTALL)
-_WIDE1_ARGS = struct.Struct("<xIxBxxxBxBxI").unpack_from  # p1, g_fn, g_s, g_ty, the storage key's length
-_WIDE2 = re.compile(rb"r.{4}h." + _INT + rb"tr(.{4})Q" + _INT + _WIDE_SHAPE + _WIDE_SHAPE
-                    + rb"[\x88\x89]h.\)Rr.{4}tr.{4}Rr.{4}", re.DOTALL)
+# One expression for the whole entry: torch's storage keys are decimal, so the storage key's text
+# is matched too (its length is checked against the digits matched).
+_WIDE = re.compile(rb"r.{4}h.\(\(h.h.X.\x00\x00\x00([0-9]+)r.{4}h." + _INT + rb"tr(.{4})Q" + _INT + _WIDE_SHAPE
+                   + _WIDE_SHAPE + rb"[\x88\x89]h.\)Rr.{4}tr.{4}Rr.{4}", re.DOTALL)
+_WIDE_HEAD = struct.Struct("<xIxBxxxBxBxB").unpack_from  # p1, g_fn, g_s, g_ty, the storage key's length
 _WIDE2_HEAD = struct.Struct("<xIxB").unpack_from  # p2, g_loc
 _WIDE2_TAIL = struct.Struct("<xxBxxxIxxIxxI")  # g_od, p4, p5, p6: the last 22 bytes
 _U32 = struct.Struct("<I").unpack_from
@@ -101,6 +102,15 @@ def _generic(data: Any, pos: int) -> tuple | None:
             _FIXED_OPS + _shape_ops(shape, psa) + _shape_ops(stride, pda))
 
 
+def _made(t_fn: int, t_s: int, t_ty: int, t_loc: int, t_od: int, sh: int, sd: int) -> tuple[int, int, int, int]:
+    """The items an entry makes from the items its GETs read (and its size and stride: `sh`, `sd`),
+    as the general loop makes them: (storage tuple, OrderedDict(), the arguments tuple, the tensor)."""
+    storage = (max(t_s, t_ty, 0, t_loc, 1) | 3) + 3  # TUPLE of (storage, type, key, location, numel)
+    od = (max(t_od, 1) | 3) - 1  # OrderedDict(): REDUCE of the class and an EMPTY_TUPLE
+    args = (max((storage | 3) - 2, 1, sh, sd, od) | 3) + 3  # TUPLE of BINPERSID's storage, offset, ...
+    return storage, od, args, (max(args, t_fn) | 3) - 1  # REDUCE
+
+
 def run(data: Any, pos: int, budget: int, stack: list[int], memo: dict[int, int], puts: int, marks: int,
         max_marks: int, max_stack: int, deepest: int, slack: int) -> tuple[int, int, int]:
     """Apply the entries starting at `pos`, the first with its key already pushed; return (position,
@@ -109,18 +119,21 @@ def run(data: Any, pos: int, budget: int, stack: list[int], memo: dict[int, int]
     `budget` is the opcodes left before the lexer's opcode limit; `marks` the open MARKs."""
     if marks + 2 > max_marks or deepest < 6:  # both MARKs of an entry, a tuple of ints: leave it to the loop
         return pos, 0, puts
-    u32, tuple_ops, wide1, wide2, tail = _U32, _TUPLE_OPS, _WIDE1.match, _WIDE2.match, _WIDE2_TAIL.unpack_from
+    u32, tuple_ops, wide, head, head2, tail = (_U32, _TUPLE_OPS, _WIDE.match, _WIDE_HEAD, _WIDE2_HEAD,
+                                              _WIDE2_TAIL.unpack_from)
+    items: dict[tuple[int, ...], tuple[int, int, int, int]] = {}  # the GETs' items -> the items made
     ran = 0
     key = 0  # opcodes of the entry's key: the first one's is pushed already
     start = pos
     end = len(data)
     while True:
-        if wide1(data, pos) is not None and (m2 := wide2(data, pos + 18 + u32(data, pos + 14)[0])) is not None:
-            p1, g_fn, g_s, g_ty, _ = _WIDE1_ARGS(data, pos)
-            p2, g_loc = _WIDE2_HEAD(data, m2.start())
-            after = m2.end()
+        m = wide(data, pos)
+        if m is not None and len(m.group(1)) == (fields := head(data, pos))[4]:
+            p1, g_fn, g_s, g_ty, n = fields
+            p2, g_loc = head2(data, pos + 18 + n)
+            after = m.end()
             g_od, p4, p5, p6 = tail(data, after - 22)
-            p3b, shape, psb, stride, pdb = m2.groups()
+            _, p3b, shape, psb, stride, pdb = m.groups()
             p3 = u32(p3b)[0]
             p_sh = -1 if psb is None else u32(psb)[0]
             p_sd = -1 if pdb is None else u32(pdb)[0]
@@ -140,12 +153,12 @@ def run(data: Any, pos: int, budget: int, stack: list[int], memo: dict[int, int]
                                         memo.get(g_od))
         if t_fn is None or t_s is None or t_ty is None or t_loc is None or t_od is None:
             break
-        storage = (max(t_s, t_ty, 0, t_loc, 1) | 3) + 3  # TUPLE of (storage, type, key, location, numel)
-        od = (max(t_od, 1) | 3) - 1  # OrderedDict(): REDUCE of the class and an EMPTY_TUPLE
         sh = 1 if p_sh < 0 else 6  # EMPTY_TUPLE, or a tuple of ints (SAFE items, one level down)
         sd = 1 if p_sd < 0 else 6
-        args = (max((storage | 3) - 2, 1, sh, sd, od) | 3) + 3  # TUPLE of BINPERSID's storage, offset, ...
-        value = (max(args, t_fn) | 3) - 1  # REDUCE
+        made = items.get((t_fn, t_s, t_ty, t_loc, t_od, sh, sd))
+        if made is None:
+            made = items[t_fn, t_s, t_ty, t_loc, t_od, sh, sd] = _made(t_fn, t_s, t_ty, t_loc, t_od, sh, sd)
+        storage, od, args, value = made
         limit = puts + slack
         if (storage > deepest or args > deepest or p1 > limit or p2 > limit or p3 > limit or p_sh > limit
                 or p_sd > limit or p4 > limit or p5 > limit or p6 > limit):
