@@ -22,7 +22,7 @@ slack, a MARK over the nesting limit, a tuple deeper than the depth limit, a sta
 limit at a check, the opcode limit — or where a GET reads a slot written earlier in the same
 entry, it stops before that entry and the general loop runs it, raising what it raises. So the
 fast path accepts exactly what the general loop accepts, in the same state (a differential test,
-`tests/formats/test_pickle_entries.py`, runs both on torch.save files and mutations of them).
+`tests/formats/test_pytorch_fast_paths.py`, runs both on torch.save files and mutations of them).
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""The prepass's fast path for torch.save's state-dict entries (weightio.formats.pytorch.entries,
-issue 16, PyTorch open): differential tests against the general loop. On real torch.save pickles
-and on mutations of them, the lexer with the fast path ends in exactly the state the general loop
-alone ends in (memo, stack, marks, memo writes, globals), or raises the same error with the same
-message; and it does run, over nearly every opcode of a large state dict."""
+"""The PyTorch reader's fast paths (issue 16, PyTorch open), each tested against the general path
+it stands in for:
+
+* the prepass's fast path for torch.save's state-dict entries (weightio.formats.pytorch.entries):
+  on real torch.save pickles and on mutations of them, the lexer with the fast path ends in exactly
+  the state the general loop alone ends in (memo, stack, marks, memo writes, globals), or raises
+  the same error with the same message; and it does run, over nearly every opcode of a large
+  state dict;
+* `flatten`'s fast path for a flat state dict: the same tensors, in the same order, or the walk's
+  own error."""
 
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from hypothesis import strategies as st
 
 from weightio import limits as _limits
 from weightio.errors import WeightioError
-from weightio.formats.pytorch import entries, lexer
+from weightio.formats.pytorch import entries, flatten, lexer
+from weightio.formats.pytorch.refs import StorageRef, TensorRef
 
 torch = pytest.importorskip("torch")
 
@@ -195,3 +201,51 @@ def test_a_pickle_of_plain_strings_is_unaffected(monkeypatch):
     data = pickle.dumps({f"key{i}": [f"v{i}", i, (i, "x")] for i in range(2000)}, protocol=2)
     fast, general = _both(monkeypatch, data)
     assert fast == general and fast[0] == len(data)
+
+
+# ----------------------------------------------------------------------------- flatten
+
+
+def _flattened(monkeypatch, root, **limits):
+    def run():
+        try:
+            return flatten.flatten(root, root_name="model", **{"budget": 10**6, **limits})
+        except WeightioError as e:
+            return type(e), str(e)
+
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setattr(flatten, "_state_dict", lambda *args: None)
+        walked = run()
+    return fast, walked
+
+
+def _ref(i: int = 0) -> TensorRef:
+    return TensorRef(StorageRef(str(i), "float32", 4), 0, (2, 2), (2, 1))
+
+
+def test_a_flat_state_dict_flattens_as_the_walk_does(monkeypatch):
+    refs = {f"layers.{i}.weight": _ref(i) for i in range(1000)}
+    fast, walked = _flattened(monkeypatch, refs)
+    assert fast == walked
+    assert list(fast[0]) == list(refs) and fast[1] == {}
+    assert all(fast[0][k] is v for k, v in refs.items())
+
+
+@pytest.mark.parametrize(("root", "limits"), [
+    ({"": _ref()}, {}),  # an empty key: named after the file
+    ({"a": _ref(), 1: _ref()}, {}),  # an int key
+    ({"a": _ref(), "b": [1, 2]}, {}),  # metadata
+    ({"a": _ref(), "b": {"c": _ref()}}, {}),  # nested
+    ({"a\ud800": _ref()}, {}),  # a lone surrogate
+    ({"x" * 100: _ref()}, {"max_name_bytes": 99}),  # a name over the limit
+    ({"\u00e9" * 40: _ref()}, {"max_name_bytes": 79}),  # over it in UTF-8 bytes only
+    ({"\u00e9" * 40: _ref()}, {"max_name_bytes": 80}),
+    ({f"k{i}": _ref() for i in range(10)}, {"budget": 9}),  # more entries than steps
+    ({f"k{i}": _ref() for i in range(10)}, {"budget": 10}),
+    ({"k" * 200: _ref()}, {"budget": 12}),  # names over 16 characters per step
+    ({}, {}),
+])
+def test_what_is_not_a_plain_state_dict_or_breaks_a_limit_is_the_walks(monkeypatch, root, limits):
+    fast, walked = _flattened(monkeypatch, root, **limits)
+    assert fast == walked
