@@ -111,12 +111,11 @@ def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMemb
     """Every member of the zip archive `file`, in central-directory order (`zipfile`'s ``namelist()``
     and miniz's index, whose first entry names torch's archive prefix), fully validated (module doc).
 
-    The member count is bounded by ``limits.tensors`` and the central directory's size by
-    ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
-    is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
-    Names that are equal once case is folded are kept (numpy reads them apart, as `zipfile` does);
-    the PyTorch reader, whose reference looks records up without regard to case, refuses them
-    through `case_collisions`.
+    The member count is bounded by ``limits.tensors`` and the central directory's size by ``limits.header_bytes``
+    (the current `weightio.limits` unless `limits` is given). The result is remembered for the life of `file`:
+    sniffing a file and then reading it walks the archive once. Names that are equal once case is folded are
+    kept (numpy reads them apart, as `zipfile` does); the PyTorch reader, whose reference looks records up
+    without regard to case, refuses them through `case_collisions`.
     """
     limits = limits or current_limits()
     cached = _CACHE.get(file)
@@ -139,6 +138,8 @@ def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
     members = _read_central_directory(file, cd_offset, cd_size, count)
     if getattr(file, "remote", False):
         return _walk_remote(file, members, cd_offset)
+    if (located := _zl.located(file, members, cd_offset, _member)) is not None:  # numpy, when regular
+        return located
     heads = _zl.local_headers(file, [(m.header_offset, _LOCAL.size + len(raw)) for m, raw, _ in members])
     located = [_locate(file, *entry, cd_offset, head) for entry, head in zip(members, heads, strict=True)]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
@@ -159,11 +160,10 @@ def case_collisions(members: list[ZipMember]) -> list[tuple[str, str]]:
 def crc_omitted(members: list[ZipMember]) -> bool:
     """Whether the writer computed no CRC-32 at all: every member declares 0.
 
-    ``torch.save`` under ``torch.serialization.set_crc32_options(False)`` writes 0 in every entry
-    (one setting per writer, so never for some members only), and torch's reader checks no CRC
-    (its miniz is built with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``). A CRC of 0 in an archive
-    whose other members carry real CRCs is checked like any other (it matches only data whose
-    CRC-32 is 0, an empty record among them).
+    ``torch.save`` under ``torch.serialization.set_crc32_options(False)`` writes 0 in every entry (one setting
+    per writer, so never for some members only), and torch's reader checks no CRC (its miniz is built with
+    ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``). A CRC of 0 in an archive whose other members carry real CRCs
+    is checked like any other (it matches only data whose CRC-32 is 0, an empty record among them).
     """
     return bool(members) and all(m.crc32 == 0 for m in members)
 

@@ -1,6 +1,7 @@
-"""The central directory read with numpy (weightio.formats._zip_central, issue 16, PyTorch open):
-on real archives and on mutated ones it gives exactly the members the entry-by-entry loop gives,
-and wherever the loop refuses a directory it steps aside, so the loop's error is what is raised."""
+"""The zip walk's numpy paths (issue 16, PyTorch open): the central directory
+(weightio.formats._zip_central.entries) and the local headers (weightio.formats._zip_local.located).
+On real archives and on mutated ones each gives exactly the members the entry-by-entry loop gives,
+and wherever the loop refuses an archive it steps aside, so the loop's error is what is raised."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from weightio._io import MappedFile
 from weightio.errors import WeightioError
-from weightio.formats import _zip, _zip_central
+from weightio.formats import _zip, _zip_central, _zip_local
 
 
 def _directory(path):
@@ -134,4 +135,81 @@ def test_mutated_directories_read_alike(archives, monkeypatch, tmp_path, changes
     raw = file.read(0, file.size, "all")
     path.write_bytes(raw[:offset] + bytes(cd) + raw[offset + size:])
     fast, loop = _both(monkeypatch, MappedFile(path), offset, size, count)
+    assert fast == loop
+
+
+# ----------------------------------------------------------------------------- local headers
+
+
+def _walked(monkeypatch, path):
+    """(members with the numpy check, members with the loop's), or (error type, message) for each."""
+    def walk():
+        try:
+            return _zip._walk(MappedFile(path), _zip.current_limits())
+        except WeightioError as e:
+            return type(e), str(e)
+
+    fast = walk()
+    with monkeypatch.context() as m:
+        m.setattr(_zip_local, "located", lambda *args: None)
+        loop = walk()
+    return fast, loop
+
+
+def test_real_archives_are_located_as_the_loop_locates_them(archives, monkeypatch):
+    used = []
+    located = _zip_local.located
+
+    def counted(*args):
+        result = located(*args)
+        used.append(result is not None)
+        return result
+
+    monkeypatch.setattr(_zip_local, "located", counted)
+    for path in archives:
+        fast, loop = _walked(monkeypatch, path)
+        assert fast == loop and isinstance(fast, list), path
+    assert dict(zip([p.name for p in archives], used, strict=True)) == {
+        "arrays.npz": True, "deflated.zip": True, "model.pt": True, "names.zip": True, "zip64.zip": True}
+
+
+def _local_offsets(path) -> list[int]:
+    with zipfile.ZipFile(path) as z:
+        return [info.header_offset for info in z.infolist()]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    (0, b"PK\x03\x05"),  # signature
+    (6, b"\x01\x00"),  # encrypted
+    (6, b"\x00\x08"),  # the UTF-8 flag, not the central entry's
+    (8, b"\x08\x00"),  # method
+    (26, b"\x05\x00"),  # name length
+    (28, b"\xff\xff"),  # extra length: data into the next member / the directory
+    (30, b"X"),  # a name byte
+    (31, b"\xc3"),
+])
+@pytest.mark.parametrize("entry", [0, 1, 2000, -1])
+def test_a_broken_local_header_is_refused_as_the_loop_refuses_it(archives, monkeypatch, tmp_path, field, value,
+                                                                 entry):
+    source = next(p for p in archives if p.name == "model.pt")
+    raw = source.read_bytes()
+    at = _local_offsets(source)[entry] + field
+    path = tmp_path / "broken.pt"
+    path.write_bytes(raw[:at] + value + raw[at + len(value):])
+    fast, loop = _walked(monkeypatch, path)
+    assert fast == loop
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 40), st.integers(0, 255)),
+                        min_size=1, max_size=3))
+def test_mutated_local_headers_are_located_alike(archives, monkeypatch, tmp_path, changes):
+    source = next(p for p in archives if p.name == "arrays.npz")
+    raw = bytearray(source.read_bytes())
+    offsets = _local_offsets(source)
+    for which, field, byte in changes:
+        raw[offsets[which % len(offsets)] + field] = byte
+    path = tmp_path / "mutated.npz"
+    path.write_bytes(bytes(raw))
+    fast, loop = _walked(monkeypatch, path)
     assert fast == loop
