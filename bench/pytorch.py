@@ -244,9 +244,10 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
         steps = results[case]["weightio"]["extra"]
         lines += ["", f"weightio's open of the zip file of {what}, step by step (last run): "
                   + ", ".join(f"{name} {ms:.2f} ms" for name, ms in steps.items()) + "."]
-    lines += ["", "The zip walk reads the central directory and then every local header (in runs of nearby "
-              "headers); the prepass (opcode checks before CPython's unpickler runs) is Python; the "
-              "unpickling itself is CPython's C unpickler calling weightio's stand-ins."]
+    lines += ["", "The zip walk reads the central directory (with numpy when it is regular) and then every local "
+              "header (in runs of nearby headers); the prepass (opcode checks before CPython's unpickler runs) "
+              "is Python, with a fast path for the entry torch.save repeats per tensor; the unpickling itself is "
+              "CPython's C unpickler calling weightio's stand-ins."]
     return "\n".join(lines)
 
 

@@ -59,6 +59,7 @@ from .._io import MappedFile
 from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
+from . import _zip_central as _zc
 from . import _zip_local as _zl
 from . import _zip_remote as _zr
 
@@ -69,9 +70,7 @@ METHOD_STORED, METHOD_DEFLATED = 0, 8
 _METHODS = (METHOD_STORED, METHOD_DEFLATED)
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
-_EOCD = struct.Struct("<IHHHHIIH")
-_LOCATOR = struct.Struct("<IIQI")
-_EOCD64 = struct.Struct("<IQHHIIQQQQ")
+_EOCD, _LOCATOR, _EOCD64 = struct.Struct("<IHHHHIIH"), struct.Struct("<IIQI"), struct.Struct("<IQHHIIQQQQ")
 _SIG_LOCAL, _SIG_CENTRAL, _SIG_EOCD = 0x04034B50, 0x02014B50, 0x06054B50
 _SIG_LOCATOR, _SIG_EOCD64 = 0x07064B50, 0x06064B50
 _FLAG_ENCRYPTED, _FLAG_DESCRIPTOR, _FLAG_UTF8 = 0x1, 0x8, 0x800
@@ -109,16 +108,14 @@ _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without 
 
 
 def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
-    """Every member of the zip archive `file`, in central-directory order (the order of `zipfile`'s
-    ``namelist()`` and of miniz's index, whose first entry names torch's archive prefix), fully
-    validated (see module doc).
+    """Every member of the zip archive `file`, in central-directory order (`zipfile`'s ``namelist()``
+    and miniz's index, whose first entry names torch's archive prefix), fully validated (module doc).
 
-    The member count is bounded by ``limits.tensors`` and the central directory's size by
-    ``limits.header_bytes`` (the current `weightio.limits` unless `limits` is given). The result
-    is remembered for the life of `file`: sniffing a file and then reading it walks the archive once.
-    Names that are equal once case is folded are kept (numpy reads them apart, as `zipfile` does);
-    the PyTorch reader, whose reference looks records up without regard to case, refuses them
-    through `case_collisions`.
+    The member count is bounded by ``limits.tensors`` and the central directory's size by ``limits.header_bytes``
+    (the current `weightio.limits` unless `limits` is given). The result is remembered for the life of `file`:
+    sniffing a file and then reading it walks the archive once. Names that are equal once case is folded are
+    kept (numpy reads them apart, as `zipfile` does); the PyTorch reader, whose reference looks records up
+    without regard to case, refuses them through `case_collisions`.
     """
     limits = limits or current_limits()
     cached = _CACHE.get(file)
@@ -141,6 +138,8 @@ def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
     members = _read_central_directory(file, cd_offset, cd_size, count)
     if getattr(file, "remote", False):
         return _walk_remote(file, members, cd_offset)
+    if (located := _zl.located(file, members, cd_offset, _member)) is not None:  # numpy, when regular
+        return located
     heads = _zl.local_headers(file, [(m.header_offset, _LOCAL.size + len(raw)) for m, raw, _ in members])
     located = [_locate(file, *entry, cd_offset, head) for entry, head in zip(members, heads, strict=True)]
     _check_layout(file, sorted(located, key=lambda m: m.header_offset))
@@ -161,11 +160,10 @@ def case_collisions(members: list[ZipMember]) -> list[tuple[str, str]]:
 def crc_omitted(members: list[ZipMember]) -> bool:
     """Whether the writer computed no CRC-32 at all: every member declares 0.
 
-    ``torch.save`` under ``torch.serialization.set_crc32_options(False)`` writes 0 in every entry
-    (one setting per writer, so never for some members only), and torch's reader checks no CRC
-    (its miniz is built with ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``). A CRC of 0 in an archive
-    whose other members carry real CRCs is checked like any other (it matches only data whose
-    CRC-32 is 0, an empty record among them).
+    ``torch.save`` under ``torch.serialization.set_crc32_options(False)`` writes 0 in every entry (one setting
+    per writer, so never for some members only), and torch's reader checks no CRC (its miniz is built with
+    ``MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS``). A CRC of 0 in an archive whose other members carry real CRCs
+    is checked like any other (it matches only data whose CRC-32 is 0, an empty record among them).
     """
     return bool(members) and all(m.crc32 == 0 for m in members)
 
@@ -290,6 +288,8 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
         slack = min(cd_offset, _zr.SLACK if _zr.torch_padded(_zr.first_extra(file)[1]) else 0)
         _zr.fetch(file, [(cd_offset - slack, cd_size + slack)], "the central directory")
     cd = _zr.read(file, cd_offset, cd_size, "the central directory")
+    if (regular := _zc.entries(cd, count, _member)) is not None:  # numpy, when regular; else the loop reports
+        return regular
     members, names, pos = [], set(), 0
     unpack = _CENTRAL.unpack_from
     for _ in range(count):

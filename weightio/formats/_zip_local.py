@@ -7,9 +7,19 @@ there). A checkpoint of 100k small tensors has its headers a few hundred bytes a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
 from .._io import MappedFile
 
-__all__ = ["RUN_GAP", "RUN_MOST", "local_headers"]
+__all__ = ["RUN_GAP", "RUN_MOST", "local_headers", "located"]
+
+_LOCAL = np.dtype([("sig", "<u4"), ("needed", "<u2"), ("flags", "<u2"), ("method", "<u2"), ("time", "<u2"),
+                   ("date", "<u2"), ("crc", "<u4"), ("csize", "<u4"), ("usize", "<u4"), ("nlen", "<u2"),
+                   ("xlen", "<u2")])  # 30 bytes, as _zip._LOCAL
+_SIG_LOCAL, _ENCRYPTED, _UTF8 = 0x04034B50, 0x1, 0x800
 
 RUN_GAP = 16 << 10  # bytes between two local headers that one read spans (copied, not faulted in)
 RUN_MOST = 1 << 20  # bytes of one such read, at most
@@ -44,3 +54,56 @@ def local_headers(file: MappedFile, wanted: list[tuple[int, int]]) -> list[bytes
             heads[i] = raw[at - start: at - start + n]
         k = last
     return heads
+
+
+def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: int,
+            member: Callable[[tuple], Any]) -> list[Any] | None:
+    """`weightio.formats._zip`'s central entries ((member, raw name, flags)) as members with their data
+    offsets, every local header read (in the same runs as `local_headers`) and checked at once with
+    numpy — or None where any is not regular: past the end of the file, a wrong signature, name
+    bytes, name-encoding flag or method that are not the central entry's, encryption, data running
+    into the central directory, a stored member whose two sizes differ, members not laid out one
+    after another from offset 0. Then ``_zip._locate`` checks each and says what is wrong. (None too
+    where the headers lie mostly far apart, a read each: there the loop is as quick.)"""
+    count = len(members)
+    if not count:
+        return None
+    offset = np.fromiter((m.header_offset for m, _, _ in members), np.int64, count)
+    nlen = np.fromiter((len(raw) for _, raw, _ in members), np.int64, count)
+    end = offset + 30 + nlen
+    if end.max() > file.size:
+        return None
+    order = np.argsort(offset, kind="stable")
+    at, reach = offset[order], np.maximum.accumulate(end[order])  # reach: the furthest end so far
+    gaps = np.flatnonzero(at[1:] > reach[:-1] + RUN_GAP) + 1
+    if 4 * len(gaps) > count:  # headers mostly far apart (large tensors), one read each: the loop is as quick
+        return None
+    heads: list[bytes] = []  # each local header and (below) name, cut from the reads (they span tensor data)
+    names: list[bytes] = []
+    for first, last in zip([0, *gaps.tolist()], [*gaps.tolist(), count], strict=True):
+        while first < last:  # runs of at most RUN_MOST bytes
+            start = int(at[first])
+            stop = max(first + 1, int(np.searchsorted(reach[first:last], start + RUN_MOST, "right")) + first)
+            raw = file.read(start, int(reach[stop - 1]) - start, "the local headers")
+            places = (at[first:stop] - start).tolist()
+            heads += [raw[a: a + 30] for a in places]
+            names += [raw[a + 30: b - start] for a, b in zip(places, end[order[first:stop]].tolist(), strict=True)]
+            first = stop
+    rows = np.empty(count, _LOCAL)
+    rows[order] = np.frombuffer(b"".join(heads), _LOCAL)
+    method = np.fromiter((m.method for m, _, _ in members), np.int64, count)
+    flags = np.fromiter((f for _, _, f in members), np.int64, count)
+    if ((rows["sig"] != _SIG_LOCAL).any() or not np.array_equal(rows["nlen"], nlen) or (rows["method"] != method).any()
+            or (rows["flags"] & _ENCRYPTED).any() or ((rows["flags"] ^ flags) & _UTF8).any()):
+        return None
+    if b"".join(names) != b"".join([members[i][1] for i in order.tolist()]):
+        return None
+    csize = np.fromiter((m.compressed_size for m, _, _ in members), np.int64, count)
+    size = np.fromiter((m.size for m, _, _ in members), np.int64, count)
+    data = end + rows["xlen"]
+    if (data + csize > cd_offset).any() or ((method == 0) & (csize != size)).any():
+        return None
+    if offset[order[0]] != 0 or ((data + csize)[order[:-1]] > offset[order[1:]]).any():
+        return None
+    return [member((m.name, m.method, m.crc32, m.compressed_size, m.size, m.header_offset, d, raw))
+            for (m, raw, _), d in zip(members, data.tolist(), strict=True)]

@@ -197,13 +197,17 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
 
 def _sniff_zip(file: MappedFile) -> str:
     members = _zip.read_members(file)
-    names = [m.name for m in members]
-    folded = [m.raw_name.lower() for m in members]  # torch finds records without regard to ASCII case
-    if any(n == b"constants.pkl" or n.endswith(b"/constants.pkl") for n in folded):
+    # torch finds records without regard to ASCII case. One search of all the names joined finds
+    # every name that is or ends in /constants.pkl (and, rarely, a name holding a NUL before it):
+    # only then are the names compared one by one.
+    joined = b"\0" + b"\0".join([m.raw_name for m in members]).lower() + b"\0"
+    if (b"/constants.pkl\0" in joined or b"\0constants.pkl\0" in joined) and any(
+            n == b"constants.pkl" or n.endswith(b"/constants.pkl") for n in (m.raw_name.lower() for m in members)):
         raise FormatError("is a TorchScript archive (torch.jit.save); TorchScript holds code and is not "
                           "loaded — save the module's state_dict() with torch.save instead", path=file.path)
-    if any(n == b"data.pkl" or n.endswith(b"/data.pkl") for n in folded):
-        return "pytorch"
+    if any(n == b"data.pkl" or n.endswith(b"/data.pkl") for n in (m.raw_name.lower() for m in members)):
+        return "pytorch"  # (torch writes data.pkl first)
+    names = [m.name for m in members]
     if all(n.endswith(".npy") for n in names):
         return "npz"
     shown = ", ".join(repr(n) for n in names[:5]) + (" …" if len(names) > 5 else "")

@@ -70,6 +70,9 @@ def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS
             Unicode (a lone surrogate, which pickles can carry and no output can hold).
         FormatError: two entries flatten to the same name.
     """
+    flat = _state_dict(root, budget, max_name_bytes)
+    if flat is not None:
+        return flat, {}
     tensors: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     for name, leaf in _walk(root, budget, max_depth, max_name_bytes):
@@ -88,6 +91,25 @@ def flatten(root: Any, *, budget: int, root_name: str, max_depth: int = DEFAULTS
         else:
             metadata[name] = plain_value(leaf)
     return tensors, metadata
+
+
+def _state_dict(root: Any, budget: int, max_name_bytes: int) -> dict[str, Any] | None:
+    """A state dict as torch.save writes one — a dict of non-empty str keys to tensors, nothing
+    else — as `flatten` would list it (a copy, in order), with the same limits met; else None
+    (then the walk lists it, or raises)."""
+    if not isinstance(root, dict) or not 0 < len(root) <= budget or "" in root:
+        return None
+    for key, value in root.items():
+        if type(key) is not str or type(value) is not TensorRef:
+            return None
+    lengths = list(map(len, root))
+    if sum(lengths) > 16 * budget or 4 * max(lengths) > max_name_bytes:  # (4: UTF-8 bytes per character, at most)
+        return None
+    try:
+        "".join(root).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the walk names it
+        return None
+    return dict(root)
 
 
 def _children(obj: Any) -> Iterator[tuple[str, Any]] | None:

@@ -53,6 +53,7 @@ from typing import Any
 
 from ... import limits as _limits
 from ...errors import CorruptFileError, UnsafePickleError, WeightioError
+from . import entries as _entries
 from .lexer_messages import Messages
 from .opcodes import (
     ARG,
@@ -158,12 +159,13 @@ class _Lexer(Messages):
         max_stack, max_marks = self.max_stack, self.max_marks
         deepest = self.max_depth * LEVEL + TAG_BITS  # the largest item allowed
         size = _chunk_size(self.max_opcodes, max_stack)
-        string, chunk = STR, range(size)
+        string, rounds, skip, cap = STR, 0, 0, -(-self.max_opcodes // size)
+        entry, entry_gate, slack = _entries.run, _entries.PUTS, MEMO_SLACK
         try:
-            for rounds in range(-(-self.max_opcodes // size)):
-                if len(stack) > max_stack:
+            while rounds < cap:
+                if not skip and len(stack) > max_stack:  # (a chunk entered by the fast path: checked by it)
                     raise self._limits(rounds * size)
-                for _ in chunk:
+                for i in range(skip, size):
                     op = data[pos]
                     last = pos
                     if op == LONG_BINPUT:
@@ -194,6 +196,12 @@ class _Lexer(Messages):
                         (n,) = u32(data, pos + 1)
                         pos += 5 + n
                         push(string)
+                        if data[pos] in entry_gate:  # maybe a state-dict entry's key: see .entries
+                            pos, ran, puts = entry(data, pos, cap * size - rounds * size - i - 1, stack, memo, puts,
+                                                   len(marks), max_marks, max_stack, deepest, slack)
+                            if ran:
+                                rounds, skip = divmod(rounds * size + i + 1 + ran, size)
+                                break
                     elif op == MARK:
                         if len(marks) >= max_marks:
                             raise self._too_deep(pos - first)
@@ -250,6 +258,8 @@ class _Lexer(Messages):
                         self.fence, self.puts = fence, puts
                         self._special(op, pos, first)
                         pos, fence, puts = self.pos, self.fence, self.puts
+                else:
+                    rounds, skip = rounds + 1, 0
         except (IndexError, struct.error):  # off the end of the data, or of the stack
             if last < len(data):
                 self._argument(data[last], last, first)  # raises if that opcode's argument runs past the end
