@@ -179,9 +179,12 @@ def test_load_into_reads_into_the_modules_own_memory(tmp_path, monkeypatch):
         assert torch.equal(value, source.state_dict()[name]), name
 
 
-def test_advise_huge_is_a_hint():
-    big = np.empty(8 << 20, np.uint8)
-    filling.advise_huge(big)
-    filling.advise_huge(big[:100])
-    big[:] = 1
-    assert int(big.sum()) == 8 << 20
+def test_populate_is_a_hint_that_keeps_the_memory_as_it_was():
+    big = np.full(8 << 20, 7, np.uint8)
+    filling.populate(big[1:])  # unaligned: the whole pages inside
+    filling.populate(big[:100])  # too small: nothing
+    assert int(big.sum()) == 7 * (8 << 20)  # populating never changes what is written
+    fresh = np.empty(1 << 20, np.uint8)
+    filling.populate(fresh)
+    fresh[:] = 1
+    assert int(fresh.sum()) == 1 << 20

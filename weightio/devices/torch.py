@@ -27,7 +27,7 @@ from .._io import writable_twin
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import ML_FLOATS, Device, import_framework
-from .filling import advise_huge, fill
+from .filling import fill
 from .staging import Extent, StagedLoader
 
 __all__ = ["TorchBackend", "to_numpy", "torch_from_numpy"]
@@ -63,8 +63,8 @@ class TorchBackend:
         return self.loader.load(arrays)
 
     def owned(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """Like `transfer`, but every CPU tensor in memory of its own (`torch.empty`, huge pages
-        asked for), filled in parallel (`weightio.devices.filling`); other devices copy anyway."""
+        """Like `transfer`, but every CPU tensor in memory of its own (`torch.empty`), filled in
+        parallel (`weightio.devices.filling`); other devices copy anyway."""
         if self.loader is not None:
             return self.loader.load(arrays)
         out, pairs = {}, []
@@ -73,7 +73,6 @@ class TorchBackend:
                 arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("="), copy=False))
             raw = self.torch.empty(arr.nbytes, dtype=self.torch.uint8)
             pairs.append((raw.numpy(), arr))
-            advise_huge(pairs[-1][0])
             out[key] = raw.view(_torch_dtype(self.torch, arr.dtype)).view(arr.shape)
         fill(pairs)
         return out
