@@ -140,10 +140,7 @@ def test_empty_tensors_at_one_offset_are_ordered_by_name(tmp_path):
 
 @pytest.mark.parametrize("orjson", [True, False])
 def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch, orjson):
-    if not orjson:
-        monkeypatch.setattr(_json, "_orjson", False)
-    else:
-        pytest.importorskip("orjson")
+    monkeypatch.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
     parse = _json.parse_json_object
     text = '{"metadata": {"total_size": 8, "note": "a:b"}, "weight_map": {"x:y": "s:1.safetensors", "w": "s"}}'
     assert parse(text, path="i", what="index") == json.loads(text)
@@ -170,8 +167,7 @@ def test_a_shape_of_floats_is_refused_by_either_parser(tmp_path, monkeypatch):
     messages = []
     for orjson in (True, False):
         with monkeypatch.context() as m:
-            if not orjson:
-                m.setattr(_json, "_orjson", False)
+            m.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
             with pytest.raises(CorruptFileError) as info:
                 wio.open(path)
             messages.append(str(info.value))
@@ -196,3 +192,22 @@ def test_varbuilder_get_on_numpy_checks_the_file_and_reports_the_use(tmp_path):
         os.truncate(path, 40)
         with pytest.raises(CorruptFileError, match="was truncated from .* since it was opened"):
             vb.get((2, 3), "enc.w")
+
+
+def test_orjson_is_imported_only_for_a_large_text_unless_already_there(monkeypatch):
+    from types import SimpleNamespace
+
+    orjson = pytest.importorskip("orjson")
+    monkeypatch.setattr(_json, "_orjson", None)
+    monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={}))  # as in a process that never imported it
+    small = json.dumps({"weight_map": {"a": "x"}})
+    assert _json.parse_json_object(small, path="i", what="index") == {"weight_map": {"a": "x"}}
+    assert _json._orjson is None  # the standard parser: orjson is not imported for a small text
+    large = json.dumps({"weight_map": {f"t.{i}": "model.safetensors" for i in range(20_000)}})
+    assert len(large) >= _json.ORJSON_FROM
+    assert len(_json.parse_json_object(large, path="i", what="index")["weight_map"]) == 20_000
+    assert _json._orjson is orjson
+    monkeypatch.setattr(_json, "_orjson", None)
+    monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={"orjson": orjson}))  # imported by anyone
+    assert _json.parse_json_object(small, path="i", what="index") == {"weight_map": {"a": "x"}}
+    assert _json._orjson is orjson  # then small texts go to it too

@@ -393,8 +393,7 @@ def _outcome(path, monkeypatch, slow: bool, orjson: bool = True):
     with monkeypatch.context() as m:
         if slow:
             m.setattr(module, "_plain_entries", lambda header, start, size: None)
-        if not orjson:
-            m.setattr(_json, "_orjson", False)
+        m.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", WeightioWarning)
             try:
