@@ -156,12 +156,13 @@ def test_a_read_past_the_end_or_a_short_read_is_corrupt(tmp_path):
                 filling._read(fd, file, dst, file.size - 16)
 
 
-def test_load_into_reads_into_the_modules_own_memory(tmp_path, monkeypatch):
+def test_load_into_copies_into_the_modules_own_memory(tmp_path):
+    """An initialised module is filled in place by ``copy_`` from the zero-copy views: parallel
+    preads into its (already faulted) memory measured 15% slower than one ``copy_`` here."""
     torch = pytest.importorskip("torch")
     safetensors_torch = pytest.importorskip("safetensors.torch")
     import weightio.torch as wt
 
-    monkeypatch.setattr(filling, "PIECE", 1 << 12)
     source = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 7))
     source[1].weight.data = source[1].weight.data.to(torch.bfloat16)
     path = tmp_path / "m.safetensors"
@@ -169,11 +170,7 @@ def test_load_into_reads_into_the_modules_own_memory(tmp_path, monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.LayerNorm(300), torch.nn.Linear(300, 7))
     model[1].weight.data = model[1].weight.data.to(torch.bfloat16)
     before = {k: v.data_ptr() for k, v in model.state_dict().items()}
-    calls = []
-    read = filling._read
-    monkeypatch.setattr(filling, "_read", lambda *a: calls.append(a[3]) or read(*a))
     assert wt.load_into(model, path) == ([], [])
-    assert len(calls) > 10  # parallel reads, not copy_
     for name, value in model.state_dict().items():
         assert value.data_ptr() == before[name], name  # filled in place
         assert torch.equal(value, source.state_dict()[name]), name

@@ -24,7 +24,6 @@ import torch
 
 from ..checkpoint import Checkpoint
 from ..devices import is_floating
-from ..devices.filling import fill
 from ..dtypes import by_numpy, parse_dtype
 from ..errors import ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
 from ..varbuilder import RenameSpec, VarBuilder, _listing
@@ -146,7 +145,6 @@ class _Load:
         self.refused: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []  # (name, module shape, stored shape)
         self.refused_stored: set[str] = set()
         self.loaded: dict[str, Any] = {}  # canonical -> tensor
-        self.filled: dict[str, Any] = {}  # canonical -> host array read into the module's tensor by _fill
 
     def resolve(self) -> None:
         targets = self.keys.targets
@@ -197,11 +195,6 @@ class _Load:
             wanted = self.wanted(canonical, stored_dtype)
             target = self.keys.targets[canonical]
             where = None if plan is None else device_of(plan, canonical)
-            if where is None and self._fills(target, stored_dtype):
-                host = cursors.setdefault("numpy", self.vb.to_device("numpy")).get(shape, name)
-                if host.dtype == stored_dtype:
-                    self.filled[canonical] = host  # read into the module's own memory in store()
-                    continue
             vb = self.vb
             if where is not None and where not in ("cpu", DISK):
                 vb = cursors.setdefault(where, self.vb.to_device(f"torch:{where}"))
@@ -212,32 +205,14 @@ class _Load:
                 value = value.to(target.device)
             self.loaded[canonical] = value
 
-    def _fills(self, target: Any, stored_dtype: Any) -> bool:
-        """Whether `target` (a module tensor) is filled straight from the file: copied into as it
-        is (no assign, no dtype change), on the CPU, contiguous."""
-        return (not self.assign and self.dtype is None and target.device.type == "cpu" and target.is_contiguous()
-                and str(target.dtype).removeprefix("torch.") == by_numpy(stored_dtype).torch)
-
-    def _fill(self) -> None:
-        """Every tensor of `filled` into its module tensor's memory, by parallel reads from the file
-        (`weightio.devices.filling`: no fault on the mapping, no single-threaded ``copy_``)."""
-        pairs = []
-        for canonical, host in self.filled.items():
-            target = self.keys.targets[canonical].detach()
-            pairs.append((target.reshape(-1).view(torch.uint8).numpy(), host))
-        fill(pairs)
-        for canonical in self.filled:
-            self.loaded[canonical] = self.keys.targets[canonical]
-
     def store(self) -> None:
-        self._fill()
         owners = {}
         for name, sub in self.module.named_modules(remove_duplicate=False):
             owners[name] = sub
         for group in self.keys.groups:
             value = self.loaded.get(group[0])
             current = self.keys.targets[group[0]]
-            if value is None or group[0] in self.filled:
+            if value is None:
                 tensor = current
             elif self.assign:
                 tensor = _as_kind(value, current)
