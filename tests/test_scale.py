@@ -211,3 +211,28 @@ def test_orjson_is_imported_only_for_a_large_text_unless_already_there(monkeypat
     monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={"orjson": orjson}))  # imported by anyone
     assert _json.parse_json_object(small, path="i", what="index") == {"weight_map": {"a": "x"}}
     assert _json._orjson is orjson  # then small texts go to it too
+
+
+def test_the_first_bytes_are_kept_only_while_a_reader_parses(tmp_path):
+    from weightio._io import MappedFile
+    from weightio.errors import WeightioError
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(64)))
+    f = MappedFile(path, head=True)
+    real = f._pread
+    f._pread = lambda o, n, w: (real(o, n, w), f.close())[0]  # another thread closes it during the first read
+    with pytest.raises(WeightioError, match="the checkpoint was closed"):
+        f.read(0, 4, "x")
+    f._pread = real
+    with pytest.raises(WeightioError, match="the checkpoint was closed"):
+        f.read(0, 8, "x")  # and no kept copy serves a later read
+    g = MappedFile(path, head=True)
+    real = g._pread
+    g._pread = lambda o, n, w: (real(o, n, w), g.release_head())[0]  # released during the first read
+    assert g.read(0, 4, "x") == bytes(range(4))
+    g._pread = real
+    with open(path, "r+b") as out:
+        out.write(b"XXXXXXXX")
+    assert g.read(0, 8, "x") == b"XXXXXXXX"  # read again, not from a copy kept after its release
+    g.close()

@@ -205,7 +205,12 @@ class MappedFile:
         head = self._head
         if head is not None and offset + length <= self.HEAD:
             if not head:
-                head = self._head = self._pread(0, min(self.size, self.HEAD), what)
+                head = self._pread(0, min(self.size, self.HEAD), what)
+                with self._lock:  # kept only while still wanted: not after close() or release_head()
+                    if self._closed:
+                        raise WeightioError(_CLOSED, path=self.path)
+                    if self._head == b"":
+                        self._head = head
             return head[offset : offset + length]
         return self._pread(offset, length, what)
 
@@ -225,7 +230,8 @@ class MappedFile:
 
     def release_head(self) -> None:
         """Forget the first bytes kept for header parsing (readers call this once they are open)."""
-        self._head = None
+        with self._lock:
+            self._head = None
 
     def ensure(self, offset: int, length: int, what: str) -> None:
         """Make bytes `offset`..`offset + length` of `data` readable: a mapped file's all are (a

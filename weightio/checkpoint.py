@@ -294,12 +294,13 @@ def _open_with_siblings(path: str, file: str) -> Checkpoint:
 
 
 def _open_sharded(directory: str, index_path: str, files: set[str] | None = None) -> Checkpoint:
-    """The shards `index_path` lists (`files`: the directory's files, when already listed)."""
+    """The shards `index_path` lists (`files`: the directory's files, when already listed: a shard
+    found there needs no stat; one that is not, in a subdirectory or spelt in another case on a
+    case-insensitive filesystem, is looked up)."""
     weight_map, index_metadata = layout.read_index(index_path)
     shard_names = layout.shards(weight_map)
     for shard in shard_names:
-        listed = files is not None and "/" not in shard and os.sep not in shard
-        if not (shard in files if listed else os.path.isfile(os.path.join(directory, shard))):  # type: ignore[operator]
+        if not (files is not None and shard in files) and not os.path.isfile(os.path.join(directory, shard)):
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
     shard_of = {os.path.join(directory, s): s for s in shard_names}
     readers = _open_readers(directory, list(shard_of)).readers
