@@ -5,12 +5,35 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def outcome(run: Callable[[], Any]) -> Any:
+    """What `run()` returns, or (type, message) of the `WeightioError` it raises: what a fast path
+    and the general one it stands in for must agree on."""
+    from weightio.errors import WeightioError
+
+    try:
+        return run()
+    except WeightioError as e:
+        return type(e), str(e)
+
+
+def both_ways(monkeypatch, module: Any, name: str, replacement: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
+    """`outcome` of `run()` with ``module.name`` as it is (the fast path), then with it replaced
+    by `replacement` (which sends the code to the general path)."""
+    fast = outcome(run)
+    with monkeypatch.context() as m:
+        m.setattr(module, name, replacement)
+        general = outcome(run)
+    return fast, general
 
 
 def manifest() -> dict[str, dict]:

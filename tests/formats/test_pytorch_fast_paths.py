@@ -27,6 +27,8 @@ from weightio.errors import WeightioError
 from weightio.formats.pytorch import entries, flatten, lexer
 from weightio.formats.pytorch.refs import StorageRef, TensorRef
 
+from ..conftest import both_ways
+
 torch = pytest.importorskip("torch")
 
 
@@ -207,17 +209,8 @@ def test_a_pickle_of_plain_strings_is_unaffected(monkeypatch):
 
 
 def _flattened(monkeypatch, root, **limits):
-    def run():
-        try:
-            return flatten.flatten(root, root_name="model", **{"budget": 10**6, **limits})
-        except WeightioError as e:
-            return type(e), str(e)
-
-    fast = run()
-    with monkeypatch.context() as m:
-        m.setattr(flatten, "_state_dict", lambda *args: None)
-        walked = run()
-    return fast, walked
+    return both_ways(monkeypatch, flatten, "_state_dict", lambda *args: None,
+                     lambda: flatten.flatten(root, root_name="model", **{"budget": 10**6, **limits}))
 
 
 def _ref(i: int = 0) -> TensorRef:

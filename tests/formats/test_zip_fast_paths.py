@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightio._io import MappedFile
-from weightio.errors import WeightioError
 from weightio.formats import _zip, _zip_central, _zip_local
+
+from ..conftest import both_ways
 
 
 def _directory(path):
@@ -26,19 +27,24 @@ def _directory(path):
     return file, offset, size, count, file.read(offset, size, "cd")
 
 
-def _outcome(file, offset, size, count):
-    try:
-        return _zip._read_central_directory(file, offset, size, count)
-    except WeightioError as e:
-        return type(e), str(e)
-
-
 def _both(monkeypatch, file, offset, size, count):
-    fast = _outcome(file, offset, size, count)
-    with monkeypatch.context() as m:
-        m.setattr(_zip_central, "entries", lambda *args: None)
-        loop = _outcome(file, offset, size, count)
-    return fast, loop
+    """(members read by the numpy path, by the loop), or (error type, message) for each."""
+    return both_ways(monkeypatch, _zip_central, "entries", lambda *args: None,
+                     lambda: _zip._read_central_directory(file, offset, size, count))
+
+
+def _counting(monkeypatch, module, name: str) -> list[bool]:
+    """Record, per call of ``module.name``, whether the fast path took the input (a result, not None)."""
+    used: list[bool] = []
+    real = getattr(module, name)
+
+    def counted(*args):
+        result = real(*args)
+        used.append(result is not None)
+        return result
+
+    monkeypatch.setattr(module, name, counted)
+    return used
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +69,7 @@ def archives(tmp_path_factory):
 
 
 def test_real_archives_give_the_loops_members(archives, monkeypatch):
-    used = []
-    entries = _zip_central.entries
-
-    def counted(*args):
-        result = entries(*args)
-        used.append(result is not None)
-        return result
-
-    monkeypatch.setattr(_zip_central, "entries", counted)
+    used = _counting(monkeypatch, _zip_central, "entries")
     for path in archives:
         fast, loop = _both(monkeypatch, *_directory(path)[:4])
         assert fast == loop, path
@@ -143,29 +141,12 @@ def test_mutated_directories_read_alike(archives, monkeypatch, tmp_path, changes
 
 def _walked(monkeypatch, path):
     """(members with the numpy check, members with the loop's), or (error type, message) for each."""
-    def walk():
-        try:
-            return _zip._walk(MappedFile(path), _zip.current_limits())
-        except WeightioError as e:
-            return type(e), str(e)
-
-    fast = walk()
-    with monkeypatch.context() as m:
-        m.setattr(_zip_local, "located", lambda *args: None)
-        loop = walk()
-    return fast, loop
+    return both_ways(monkeypatch, _zip_local, "located", lambda *args: None,
+                     lambda: _zip._walk(MappedFile(path), _zip.current_limits()))
 
 
 def test_real_archives_are_located_as_the_loop_locates_them(archives, monkeypatch):
-    used = []
-    located = _zip_local.located
-
-    def counted(*args):
-        result = located(*args)
-        used.append(result is not None)
-        return result
-
-    monkeypatch.setattr(_zip_local, "located", counted)
+    used = _counting(monkeypatch, _zip_local, "located")
     for path in archives:
         fast, loop = _walked(monkeypatch, path)
         assert fast == loop and isinstance(fast, list), path
