@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._threads import shared_pool
 from .errors import CorruptFileError, InputError, WeightioError
 
 if TYPE_CHECKING:
@@ -61,8 +62,6 @@ READ_AHEAD = 256 << 20  # bytes of the next tensors a loop over many keeps in fl
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@?#]*@")
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 
 def is_url(path: object) -> bool:
@@ -82,13 +81,7 @@ def redact(url: str) -> str:
 
 def pool() -> ThreadPoolExecutor:
     """The process's pool of range-fetching threads (created on first use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor  # only once something remote is read
-
-            _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="weightio-fetch")
-        return _pool
+    return shared_pool("fetch", WORKERS)
 
 
 class Traffic:

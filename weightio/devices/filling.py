@@ -30,17 +30,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._io import mapped_source
+from .._threads import shared_pool
 from ..errors import CorruptFileError
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import Future
 
     from .._io import MappedFile
 
@@ -115,7 +115,7 @@ def _run(tasks: list[tuple[Any, ...]]) -> None:
         for fn, *args in tasks:
             fn(*args)
         return
-    pool = _pool()
+    pool = shared_pool("fill", _THREADS)
     futures: list[Future] = [pool.submit(fn, *args) for fn, *args in tasks]
     try:
         for future in futures:
@@ -129,19 +129,7 @@ def _run(tasks: list[tuple[Any, ...]]) -> None:
                     future.result()
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 _PREAD = hasattr(os, "preadv")  # not on Windows: there every source is copied from the mapping
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="weightio-fill")
-        return _POOL
 
 
 # ----------------------------------------------------------------------------- populating

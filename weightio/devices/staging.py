@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .._threads import shared_pool
+
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
+    pass
 
 __all__ = ["RUN_ALIGN", "Engine", "Extent", "Run", "StagedLoader", "extent_of", "parallel_copy", "plan_runs"]
 
@@ -180,18 +182,8 @@ class _Slot:
             self.done.record()
 
 
-_COPY_POOL: ThreadPoolExecutor | None = None
 _COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
 _MIN_PIECE = 4 << 20  # below this a thread hand-off costs more than it saves
-
-
-def _copy_pool() -> ThreadPoolExecutor:
-    global _COPY_POOL
-    if _COPY_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor  # (imports logging): only when copying
-
-        _COPY_POOL = ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="weightio-copy")
-    return _COPY_POOL
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
@@ -206,7 +198,8 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
         return
     bounds = [n * i // pieces for i in range(pieces + 1)]
-    jobs = [_copy_pool().submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    pool = shared_pool("copy", _COPY_THREADS)
+    jobs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     for job in jobs:
         job.result()
 

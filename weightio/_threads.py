@@ -1,0 +1,30 @@
+"""The process's thread pools, one per kind of work, each created on first use.
+
+``concurrent.futures`` (which imports logging) is imported only when a pool is first asked for,
+so that ``import weightio`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["shared_pool"]
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+_lock = threading.Lock()
+
+
+def shared_pool(kind: str, workers: int) -> ThreadPoolExecutor:
+    """The pool for `kind` of work (its threads are named ``weightio-<kind>``), with `workers` threads
+    when this call creates it."""
+    with _lock:
+        pool = _pools.get(kind)
+        if pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = _pools[kind] = ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
+        return pool
