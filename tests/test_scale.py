@@ -236,3 +236,24 @@ def test_the_first_bytes_are_kept_only_while_a_reader_parses(tmp_path):
         out.write(b"XXXXXXXX")
     assert g.read(0, 8, "x") == b"XXXXXXXX"  # read again, not from a copy kept after its release
     g.close()
+
+
+def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):
+    import errno
+
+    from weightio._io import MappedFile
+    from weightio.errors import InputError
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(8))
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+    def broken(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fstat", broken)
+    with pytest.raises(InputError, match="cannot stat file: Input/output error"):
+        MappedFile(path)
+    monkeypatch.undo()
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before  # the descriptor was closed

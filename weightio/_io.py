@@ -68,34 +68,42 @@ def describe_file_type(mode: int) -> str:
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
-def _dup_regular(fd: int, path: str) -> int:
+def _dup_regular(fd: int, path: str) -> tuple[int, os.stat_result]:
     """A duplicate of the caller's descriptor `fd` (closing ours leaves theirs open), checked to be
-    a regular file."""
+    a regular file, and its ``fstat``."""
     try:
         dup = os.dup(fd)
     except OSError as e:
         raise InputError(f"cannot use file descriptor {fd}: {e.strerror}", path=path, errno=e.errno) from e
-    return _regular(dup, path)
+    return dup, _regular(dup, path)
 
 
-def _open_regular(path: str) -> int:
-    """Open `path` read-only without blocking (a FIFO would block a plain open) and check it is a file."""
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """Open `path` read-only without blocking (a FIFO would block a plain open), check it is a file;
+    the descriptor and its ``fstat``."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     flags |= getattr(os, "O_BINARY", 0)
     try:
         fd = os.open(path, flags)
     except OSError as e:
         raise InputError(f"cannot open: {e.strerror}", path=path, errno=e.errno) from e
-    return _regular(fd, path)
+    return fd, _regular(fd, path)
 
 
-def _regular(fd: int, path: str) -> int:
-    """`fd`, our own descriptor, when it is a regular file; else it is closed and `InputError` says what it is."""
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+def _regular(fd: int, path: str) -> os.stat_result:
+    """The ``fstat`` of `fd`, our own descriptor, when it is a regular file; else `fd` is closed and
+    `InputError` says what it is (or why it could not be looked at)."""
+    try:
+        found = os.fstat(fd)
+    except BaseException as e:
         os.close(fd)
-        raise InputError(f"is {describe_file_type(mode)}, not a checkpoint file", path=path)
-    return fd
+        if isinstance(e, OSError):
+            raise InputError(f"cannot stat file: {e.strerror or e}", path=path, errno=e.errno) from e
+        raise
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        raise InputError(f"is {describe_file_type(found.st_mode)}, not a checkpoint file", path=path)
+    return found
 
 
 class MappedFile:
@@ -122,12 +130,7 @@ class MappedFile:
         only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open.
         With `head`, reads in the first `HEAD` bytes come from one ``pread`` until `release_head`."""
         self.path = os.fspath(path)
-        self._fd = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
-        try:
-            opened = os.fstat(self._fd)
-        except BaseException:
-            os.close(self._fd)
-            raise
+        self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self.size = opened.st_size
         self._stamp = (opened.st_size, opened.st_mtime_ns)
         if self.size == 0:
@@ -184,6 +187,10 @@ class MappedFile:
             now = None
         if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
+        self._same(now)
+
+    def _same(self, now: os.stat_result) -> None:
+        """`CorruptFileError` unless `now` (an ``fstat`` of this file) has the size and mtime seen at open."""
         if (now.st_size, now.st_mtime_ns) != self._stamp:
             raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
 
@@ -301,9 +308,7 @@ class MappedFile:
             fd = os.dup(self._fd)
         try:
             yield fd
-            now = os.fstat(fd)  # (the checkpoint, and its own descriptor, may have been closed meanwhile)
-            if (now.st_size, now.st_mtime_ns) != self._stamp:
-                raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
+            self._same(os.fstat(fd))  # (the checkpoint, and its own descriptor, may have been closed meanwhile)
         finally:
             os.close(fd)
 
