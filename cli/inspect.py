@@ -16,7 +16,7 @@ from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
 
 from . import _tree
-from ._format import elide, human_bytes, human_count, json_text, json_value, kind_of, plural, shape_text, table
+from ._format import elide, human_bytes, human_count, json_text, json_value, kind, plural, shape_text, table
 from ._options import common_options, echo, limit_options, remote_options, unknown_globals_option
 from ._suggest import filter_hints
 
@@ -30,18 +30,18 @@ def _facts(ckpt: Checkpoint, names: Sequence[str]) -> list[Fact]:
     """What every listing, total and table below needs of each tensor, gathered once."""
     out = []
     for name in names:
-        info = ckpt[name].info
-        out.append((name, info.ggml_type or kind_of(info.dtype), info.shape, info.nbytes))
+        view = ckpt[name]
+        out.append((name, kind(view), view.info.shape, view.info.nbytes))
     return out
 
 
 def _by_kind(facts: Sequence[Fact]) -> dict[str, dict[str, int]]:
     """Per dtype (or ggml block type): tensors, parameters and bytes, largest share first."""
     totals: dict[str, dict[str, int]] = {}
-    for _, name, shape, nbytes in facts:
-        row = totals.get(name)
+    for _, stored_as, shape, nbytes in facts:
+        row = totals.get(stored_as)
         if row is None:
-            row = totals[name] = {"tensors": 0, "parameters": 0, "nbytes": 0}
+            row = totals[stored_as] = {"tensors": 0, "parameters": 0, "nbytes": 0}
         row["tensors"] += 1
         row["parameters"] += math.prod(shape)
         row["nbytes"] += nbytes

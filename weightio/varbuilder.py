@@ -267,16 +267,7 @@ class VarBuilder:
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
         full, stored, value = self._find(name)
-        expected = _shape_arg(shape)
-        if type(value) is TensorView and dtype is None and self._device.framework == "numpy" and (
-                self._dtype is None or not devices.is_floating(value.info.dtype)):
-            # the common case, a stored tensor as it is on numpy: what _check_shape and _place do, inline
-            if value.info.shape != expected:
-                self._check_shape(full, stored, value, expected)
-            out = value.numpy()
-            self._shared.usage.hit(full, stored, value.info.nbytes)
-            return out
-        self._check_shape(full, stored, value, expected)
+        self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
 
     def get_unchecked(self, name: str, dtype: Any = None) -> Any:
@@ -451,6 +442,10 @@ class VarBuilder:
     def _place(self, full: str, stored: str, value: Any, dtype: Any, key: tuple | None = None,
                parts: int = 1) -> Any:
         wanted = self._cast_to(value, dtype)
+        if wanted is None and key is None and type(value) is TensorView and self._device.framework == "numpy":
+            out = value.numpy()  # the common case, a stored tensor as it is on numpy: no generic placement
+            self._shared.usage.hit(full, stored, value.info.nbytes // parts)
+            return out
         source = value if key is None else _select(value, key)
         out = devices.place(source, self._device, wanted)
         self._shared.usage.hit(full, stored, _nbytes(value) // parts)
