@@ -70,8 +70,10 @@ def same_as_local(local, remote) -> None:  # noqa: ANN001
 
 def reads_the_same_by_url(remote_files: Served, path) -> None:  # noqa: ANN001
     """A fixture file opened by URL reads as it does locally (`same_as_local`), fetching no byte
-    twice; one refused locally is refused by URL with the same error type, naming the URL."""
+    twice (but for the last bytes a zip-like name has fetched with its first, which overlap them in a
+    file smaller than both); one refused locally is refused by URL with the same error type, naming the URL."""
     from weightio.errors import WeightioError
+    from weightio.remote import first_reads
 
     data = path.read_bytes()
     url = remote_files.put(path.name, data)
@@ -83,7 +85,7 @@ def reads_the_same_by_url(remote_files: Served, path) -> None:  # noqa: ANN001
         assert url in str(caught.value)
         return
     with local, wio.open(url) as remote:
-        assert traffic(remote)[1] <= len(data)
+        assert traffic(remote)[1] <= len(data) + first_reads(path.name, sized=False)[1]
         same_as_local(local, remote)
 
 

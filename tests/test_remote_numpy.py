@@ -87,7 +87,7 @@ def test_npy_opens_from_its_prefix(remote_files, tmp_path):
     array = np.arange(1 << 20, dtype=np.float64).reshape(1024, 1024)
     np.save(path, array)
     with wio.open(remote_files.put("big.npy", path.read_bytes())) as remote:
-        assert traffic(remote) == (1, 64 * KIB)
+        assert traffic(remote) == (1, 4 * KIB)  # an .npy's first 4 KiB hold its header: no more is asked
         name = next(iter(remote.keys()))
         before = traffic(remote)[1]
         assert remote[name][100:102].tobytes() == array[100:102].tobytes()
@@ -116,3 +116,55 @@ def test_central_directory_past_the_remote_size_is_refused(remote_files, tmp_pat
     with pytest.raises(CorruptFileError, match="central directory") as caught:
         wio.open(url)
     assert url in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- the opening plan by name
+
+
+@pytest.mark.parametrize(("name", "sized", "expected"), [
+    ("model.safetensors", True, (64 * KIB, 0)),
+    ("model.gguf", False, (64 * KIB, 0)),
+    ("weights.npz", False, (4 * KIB, 16 * KIB)),
+    ("embed.NPY", True, (4 * KIB, 0)),
+    ("model.pt", False, (64 * KIB, 16 * KIB)),
+    ("last.ckpt?versionId=3", True, (64 * KIB, 16 * KIB)),
+    ("pytorch_model.bin", True, (64 * KIB, 98)),  # torch's zip or ggml's: the end records alone
+    ("pytorch_model.bin", False, (64 * KIB, 0)),  # the size unknown: a suffix could overlap the first bytes
+])
+def test_first_reads_follow_the_name(name, sized, expected):
+    from weightio.remote import first_reads
+
+    assert first_reads(name, sized=sized) == expected
+
+
+def test_npz_brings_its_end_with_its_first_bytes(remote_files, tmp_path):
+    """An .npz's first 4 KiB and last 16 KiB are asked together (its central directory is in them),
+    then each member's local header: three members, two more requests, and no tensor data."""
+    arrays = {k: v for k, v in list(_ARRAYS.items())[:3]}
+    path = tmp_path / "three.npz"
+    np.savez(path, **arrays)
+    data = path.read_bytes()
+    url = remote_files.put("three.npz", data)
+    remote_files.reset()
+    with wio.open(url) as remote:
+        log = list(remote_files.server.matching())
+        assert {r.range for r in log[:2]} == {"bytes=-16384", "bytes=0-4095"}
+        assert len(log) == 2 + 2  # the first member's local header came with the first 4 KiB
+        assert traffic(remote)[1] == 4 * KIB + 16 * KIB + sum(r.bytes for r in log[2:])
+        assert traffic(remote)[1] <= 4 * KIB + 16 * KIB + 2 * 256
+        assert {n: remote[n].shape for n in remote} == {n: a.shape for n, a in arrays.items()}
+        assert remote["layer2"].numpy().tobytes() == arrays["layer2"].tobytes()
+
+
+def test_s3_npz_asks_its_first_and_last_bytes_together(s3_server, tmp_path):
+    arrays = {k: v for k, v in list(_ARRAYS.items())[:2]}
+    path = tmp_path / "two.npz"
+    np.savez(path, **arrays)
+    data = path.read_bytes()
+    url = s3_server.put("models", "two.npz", data)
+    s3_server.reset()
+    with wio.open(url, storage_options=s3_server.storage_options) as remote:
+        gets = [r.range for r in s3_server.matching("GET")]
+        assert set(gets[:2]) == {f"bytes={len(data) - 16 * KIB}-{len(data) - 1}", "bytes=0-4095"}
+        assert len(gets) == 2 + 1
+        assert remote["layer1"].numpy().tobytes() == arrays["layer1"].tobytes()

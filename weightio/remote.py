@@ -37,6 +37,25 @@ __all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", 
            "traffic"]
 
 _OPENERS = 128  # files opened (their headers fetched) at once
+_SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
+# more only for record dtypes) and an archive's first local header; the rest of the first block is data
+_TAIL = 16 << 10  # the last bytes fetched with the first of a file named as a zip: its end records and, up
+# to a few hundred members, its whole central directory (the rest of a larger one comes next, exactly)
+_END = 22 + 20 + 56  # a zip's end records (the ZIP64 ones included): all a .bin gets (torch's, or ggml's)
+_ZIP_NAMES = (".npz", ".pt", ".pth", ".ckpt", ".zip")  # what torch.save and numpy.savez are named
+_SHORT_NAMES = (".npz", ".npy")
+
+
+def first_reads(name: str, *, sized: bool = True) -> tuple[int, int]:
+    """(first bytes, last bytes) to fetch of a remote file named `name` when it is found, in flight
+    together: a whole `BLOCK` first (a safetensors or GGUF header, a torch archive's ``data.pkl``),
+    only `_SHORT_HEAD` of numpy's files; the last `_TAIL` bytes too of a name a zip archive has (its
+    end is read next), and the end records alone of a ``.bin`` (torch's zip, or a ggml file: few
+    bytes wasted) where the size is known first (`sized`: the last bytes then never overlap the
+    first). Only a guess from the name: a reader asks for anything else it needs."""
+    name = name.lower().rsplit("?", 1)[0]
+    head = _SHORT_HEAD if name.endswith(_SHORT_NAMES) else BLOCK
+    return head, (_TAIL if name.endswith(_ZIP_NAMES) else _END if sized and name.endswith(".bin") else 0)
 
 
 @dataclass
@@ -131,22 +150,34 @@ def _shard_name(source: Any) -> str:
     return posixpath.basename(source if isinstance(source, str) else source.filename)
 
 
-def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str] | None]:
-    """The first `BLOCK` of every `weightio.hub.HubFile`, and where the Hub redirected each (its
-    CDN), all asked at once on one event loop (huggingface_hub's async client: one wave of requests,
-    sent before any answer is parsed). None where one failed: that file is read alone, with retries."""
+def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str, bytes | None] | None]:
+    """The first bytes of every `weightio.hub.HubFile` (and its last, as `first_reads` says), and
+    where the Hub redirected each (its CDN), all asked at once on one event loop (huggingface_hub's
+    async client: one wave of requests, sent before any answer is parsed). None where one failed:
+    that file is read alone, with retries."""
     try:
         from huggingface_hub.utils import build_hf_headers, get_async_session
     except ImportError:  # a huggingface_hub without an async client: each file is read alone
         return [None] * len(files)
     headers = build_hf_headers()
 
-    async def one(client: Any, file: Any) -> tuple[bytes, str] | None:
-        ask = headers | {"Range": f"bytes=0-{min(BLOCK, file.size) - 1}"}
+    async def part(client: Any, file: Any, start: int, stop: int) -> tuple[bytes, str] | None:
+        ask = headers | {"Range": f"bytes={start}-{stop - 1}"}
         async with client.stream("GET", file.url(), headers=ask, follow_redirects=True) as response:
             if response.status_code != 206:
                 return None
-            return await response.aread(), str(response.url)
+            got = await response.aread()
+            return (got, str(response.url)) if len(got) == stop - start else None
+
+    async def one(client: Any, file: Any) -> tuple[bytes, str, bytes | None] | None:
+        head, tail = first_reads(file.filename)
+        tail = max(0, min(tail, file.size - head))  # never the first bytes again
+        asked = [part(client, file, 0, min(head, file.size))] + ([part(client, file, file.size - tail, file.size)]
+                                                                 if tail else [])
+        got = await asyncio.gather(*asked)
+        if any(g is None for g in got):
+            return None
+        return got[0][0], got[0][1], got[1][0] if tail else None  # type: ignore[index]
 
     async def every() -> list[Any]:
         async with get_async_session() as client:
@@ -157,7 +188,7 @@ def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str] | None]:
     return [r if isinstance(r, tuple) else None for r in results]
 
 
-def _hub_file(file: Any, found: tuple[bytes, str] | None = None) -> RemoteFile:
+def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -> RemoteFile:
     """A `weightio.hub.HubFile` read by range through huggingface_hub's HTTP session (`found`: its
     first block and CDN address, where `_hub_probe_all` fetched them)."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -193,9 +224,23 @@ def _hub_file(file: Any, found: tuple[bytes, str] | None = None) -> RemoteFile:
                 got += len(chunk)
             return got
 
-    return RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
-                      fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
-                      first=None if found is None else found[0])
+    head, tail = first_reads(file.filename)
+    remote = RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
+                        fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
+                        first=None if found is None else found[0], first_asked=head,
+                        last=None if found is None else found[2])
+    if found is None and (tail or head < BLOCK):
+        _primed(remote, head, tail)
+    return remote
+
+
+def _primed(file: RemoteFile, head: int, tail: int) -> None:
+    """`RemoteFile.prime`, closing the file when it fails."""
+    try:
+        file.prime(head, tail)
+    except BaseException:
+        file.close()
+        raise
 
 
 # ----------------------------------------------------------------------------- fsspec
@@ -239,10 +284,13 @@ def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
 @dataclass
 class _Found:
     """What finding a file told: its filesystem's info (``size``, ``ETag``, ``type``, ``mimetype``)
-    and, where the request that found it brought them, its first bytes (see `_probe`)."""
+    and, where the requests that found it brought them, its first bytes (``asked``: how many were
+    asked) and last bytes (see `_probe`)."""
 
     info: dict[str, Any]
     first: bytes | None = None
+    asked: int = BLOCK
+    last: bytes | None = None
 
 
 def _find(fs: Any, path: str, url: str) -> _Found:
@@ -274,9 +322,49 @@ def _probe_all(fs: Any, items: list[tuple[str, str]]) -> list[_Found | None]:
 
 
 async def _probe_async(fs: Any, path: str, url: str) -> _Found:
+    """`_probe`; for a name that may be a zip (`first_reads`), the file's last bytes are asked at
+    the same time by a suffix range (``bytes=-n``, which needs no size), and kept when that answer
+    agrees with the first's (the same size and ETag)."""
+    head, tail = first_reads(path, sized=False)
+    if not tail:
+        return await _probe_first(fs, path, url, head)
+    found, last = await asyncio.gather(_probe_first(fs, path, url, head), _probe_last(fs, path, tail),
+                                       return_exceptions=True)
+    if isinstance(found, BaseException):
+        raise found
+    if isinstance(last, tuple) and last[1] == found.info.get("size") and last[2] == found.info.get("ETag") \
+            and len(last[0]) == min(tail, last[1]):
+        found.last = last[0]
+    return found
+
+
+async def _probe_last(fs: Any, path: str, tail: int) -> tuple[bytes, int, str | None] | None:
+    """(the last `tail` bytes, the file's size, its ETag) by a suffix range; None when not answered so."""
     session = await fs.set_session()
     kwargs = dict(fs.kwargs)
-    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{BLOCK - 1}"}
+    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=-{tail}"}
+    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
+        size = _total_size(response.headers.get("Content-Range", "")) if response.status == 206 else None
+        if size is None:
+            return None  # not read: an unranged answer is not fetched whole
+        return await _body(response, min(tail, size) + 1), size, response.headers.get("ETag")
+
+
+async def _body(response: Any, limit: int) -> bytes:
+    """Up to `limit` bytes of an aiohttp answer's body (fewer when it ends first)."""
+    got = b""
+    while len(got) < limit:
+        more = await response.content.read(limit - len(got))
+        if not more:
+            break
+        got += more
+    return got
+
+
+async def _probe_first(fs: Any, path: str, url: str, first: int) -> _Found:
+    session = await fs.set_session()
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{first - 1}"}
     try:
         request = session.get(fs.encode_url(path), headers=headers, **kwargs)
     except TypeError as e:  # an option aiohttp does not take
@@ -295,20 +383,15 @@ async def _probe_async(fs: Any, path: str, url: str) -> _Found:
             if size is None:
                 raise InputError("the server answered a range without the file's size (Content-Range "
                                  f"{response.headers.get('Content-Range')!r})", path=redact(url))
-        elif length is not None and length.isdigit() and int(length) <= BLOCK:
-            size = int(length)  # the whole file is smaller than the block: that is its size
+        elif length is not None and length.isdigit() and int(length) <= first:
+            size = int(length)  # the whole file is smaller than the range: that is its size
         else:
             raise Failure(None, "", transient=False, ignores_range=True).error(redact(url))
-        if length is not None and length.isdigit() and int(length) > min(BLOCK, size):
-            raise InputError(f"the server answered {int(length):,} bytes to a range of {min(BLOCK, size):,}",
+        if length is not None and length.isdigit() and int(length) > min(first, size):
+            raise InputError(f"the server answered {int(length):,} bytes to a range of {min(first, size):,}",
                              path=redact(url))
-        first, want = b"", min(BLOCK, size)
-        while len(first) < want:  # a short body is caught by RemoteFile (the file changed)
-            more = await response.content.read(want - len(first))
-            if not more:
-                break
-            first += more
-        return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, first)
+        got = await _body(response, min(first, size))  # a short body is caught by RemoteFile (the file changed)
+        return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, got, first)
 
 
 def _total_size(content_range: str) -> int | None:
@@ -346,11 +429,16 @@ def _fsspec_file(fs: Any, path: str, url: str, found: _Found | None = None) -> R
         if etag and isinstance(getattr(handle, "read_kw", None), dict) and not getattr(fs, "local_expiry_check", 1):
             handle.read_kw = handle.read_kw | {"IfMatch": etag}  # as s3fs does when it HEADs itself
     fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
+    given = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
     if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
         handle.close()
-        return RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, etag=etag,
-                          first=found.first)
-    return RemoteFile(url, fetch, size, etag=etag, close=handle.close, first=found.first)
+        file = RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, **given)
+    else:
+        file = RemoteFile(url, fetch, size, close=handle.close, **given)
+    head, tail = first_reads(path)
+    if found.first is None and (tail or head < BLOCK):  # found by a listing or HEAD: both asked now, together
+        _primed(file, head, tail)
+    return file
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

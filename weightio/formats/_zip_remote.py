@@ -117,6 +117,8 @@ def held(file: Any) -> Held:
         found = _HELD.get(file)
         if found is None:
             found = _HELD[file] = Held()
+            if getattr(file, "last", None) is not None:  # the end, fetched with the first bytes
+                found.add(*file.last)
         return found
 
 
@@ -136,10 +138,10 @@ def fetch(file: Any, ranges: list[tuple[int, int]], what: str) -> None:
     close together share a request, the others are in flight together), and hold them."""
     store = held(file)
     runs = sorted({run for offset, length in ranges for run in store.missing(offset, offset + length)})
-    first = [run for run in runs if run[0] + run[1] <= BLOCK]  # sniffing fetched the first block: no request
-    for offset, length in first:
+    here = [run for run in runs if file.holds(*run)]  # in the first bytes sniffing read: no request
+    for offset, length in here:
         store.add(offset, file.read(offset, length, what))
-    runs = runs[len(first):] if first == runs[:len(first)] else [run for run in runs if run not in first]
+    runs = [run for run in runs if run not in here] if here else runs
     if not runs:
         return
     raw = file.gather(runs, what).tobytes()
@@ -179,7 +181,8 @@ def prefixes(file: Any) -> Any:
     field (an ``0xD935`` record) so the data starts on a multiple of 64: computed per member."""
     start, extra = first_extra(file)
     npy = 0
-    if start and start + 12 <= min(file.size, BLOCK) and read(file, start, 6, "an .npy header") == b"\x93NUMPY":
+    if start and start + 12 <= file.size and file.holds(start, 12) \
+            and read(file, start, 6, "an .npy header") == b"\x93NUMPY":
         wide = read(file, start + 6, 1, "an .npy header")[0] > 1  # versions 2.0, 3.0: a 4-byte length
         length = read(file, start + 8, 4 if wide else 2, "an .npy header")
         npy = min(8 + len(length) + int.from_bytes(length, "little"), 4096)

@@ -102,6 +102,17 @@ class NpyHeader:
         return TensorInfo(self.dtype, self.shape, base_offset + self.data_offset, self.nbytes, strides)
 
 
+def header_length(preamble: bytes) -> int | None:
+    """The bytes an npy header takes (preamble included), from its first 12 bytes; None when they
+    are no preamble weightio reads (`parse_header` then says what is wrong)."""
+    version = tuple(preamble[6:8])
+    if preamble[:6] != MAGIC or version not in _PREAMBLE:
+        return None
+    length_field = _PREAMBLE[version][0]  # type: ignore[index]
+    start = 8 + length_field.size
+    return start + length_field.unpack_from(preamble, 8)[0] if len(preamble) >= start else None
+
+
 def parse_header(prefix: bytes, total: int, *, path: str, tensor: str | None = None,
                  limits: Limits | None = None) -> NpyHeader:
     """Parse and validate an npy header.
@@ -206,7 +217,9 @@ class NpyReader(Reader):
         self._validate(self._read_header)
 
     def _read_header(self) -> None:
-        prefix = self.file.read(0, min(self.file.size, 12 + self.limits.npy_header), "the .npy header")
+        most = min(self.file.size, 12 + self.limits.npy_header)  # its length is read first: a remote file's
+        length = header_length(self.file.read(0, min(most, 12), "the .npy header"))  # first bytes hold it
+        prefix = self.file.read(0, most if length is None else min(most, length), "the .npy header")
         header = parse_header(prefix, self.file.size, path=self.path, limits=self.limits)
         name = os.path.basename(self.path)
         name = name[:-4] if name.endswith(".npy") else name
