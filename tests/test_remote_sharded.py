@@ -18,13 +18,13 @@ SHARDS = 6
 COMMIT = "b" * 40
 
 
-def _shards(rows: int = 64) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
-    """A model of `SHARDS` shards (two tensors each: ``w`` of `rows` x 96, ``b``) and its index:
+def _shards(rows: int = 64, count: int = SHARDS) -> tuple[dict[str, np.ndarray], dict[str, bytes]]:
+    """A model of `count` shards (two tensors each: ``w`` of `rows` x 96, ``b``) and its index:
     tensors, and files by name."""
     rng = np.random.default_rng(7)
     tensors, files, weight_map = {}, {}, {}
-    for k in range(SHARDS):
-        name = f"model-{k + 1:05d}-of-{SHARDS:05d}.safetensors"
+    for k in range(count):
+        name = f"model-{k + 1:05d}-of-{count:05d}.safetensors"
         part = {f"layers.{k}.w": rng.standard_normal((rows, 96)).astype(np.float32),
                 f"layers.{k}.b": np.arange(96, dtype=np.float32) + k}
         tensors |= part
@@ -110,6 +110,25 @@ def test_hf_sharded_open_lists_once_and_downloads_nothing(serve_hub, tmp_path):
         assert hub.count(contains="model.safetensors.index.json") == 1  # read by range, once
     snapshot = tmp_path / "hf-cache" / "models--org--sharded" / "snapshots"
     assert not snapshot.exists() or not any(p.is_file() for p in snapshot.rglob("*"))  # not even the index
+
+
+@pytest.mark.parametrize("count", [3, 12])
+def test_hf_shards_are_probed_together(serve_hub, count):
+    """A few Hub shards open on threads, many in one wave on an event loop (its client costs more to
+    make): either way every shard's first range is out before any is answered, and read once."""
+    from weightio import remote
+
+    assert 3 <= remote._WAVE < 12  # the two cases take the two ways
+    tensors, files = _shards(count=count)
+    hub = serve_hub({("model", "org/many"): Repo({COMMIT: files}, {"main": COMMIT})})
+    hub.delay = 0.05
+    with wio.open("hf://org/many") as ckpt:
+        hub.idle()
+        assert sorted(ckpt) == sorted(tensors) and len(ckpt.files) == count
+        firsts = hub.matching(contains="/cdn/")
+        assert len(firsts) == count and {r.range for r in firsts} <= {f"bytes=0-{len(d) - 1}" for d in files.values()}
+        assert hub.peak_in_flight >= count  # every shard's request out before any answered
+        assert np.array_equal(ckpt[f"layers.{count - 1}.w"].numpy(), tensors[f"layers.{count - 1}.w"])
 
 
 @pytest.mark.parametrize("scheme", ["http", "hf"])

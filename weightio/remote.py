@@ -37,6 +37,8 @@ __all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", 
            "traffic"]
 
 _OPENERS = 128  # files opened (their headers fetched) at once
+_WAVE = 8  # more Hub files than this are probed on an event loop (its client costs ~20 ms to make: worth it
+# for many shards, not for a few, which threads open as fast on the HTTP session the listing already made)
 _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
 # more only for record dtypes) and an archive's first local header; the rest of the first block is data
 _TAIL = 16 << 10  # the last bytes fetched with the first of a file named as a zip: its end records and, up
@@ -137,7 +139,8 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
         return Opened(url, [], local=hub.download(url))
     sources, index = hub.remote_sources(url)
     remote = [s for s in sources if not isinstance(s, str)]
-    found = dict(zip((s.filename for s in remote), _hub_probe_all(remote), strict=True)) if len(remote) > 1 else {}
+    found = dict(zip((s.filename for s in remote), _hub_probe_all(remote), strict=True)) \
+        if len(remote) > _WAVE else {}  # a few files: each on a thread of its own, on the session the listing made
     files: list[Callable[[], Any]] = [
         (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(s.filename))) for s in sources]
     if index is None:
