@@ -44,7 +44,8 @@ Common to all three (attributes of the running server, changeable while it runs)
 - ``delay``: seconds slept before answering each request (the bench injects 0.02 s of latency).
 - ``ignore_range``: answer ``200`` and the whole body even when ``Range`` is asked.
 - ``failures``: ``{path substring: [status, ...]}`` answers those statuses to the next matching
-  requests, one each, then serves normally again (transient errors); ``{substring: status}`` (an int)
+  requests, one each (a None in the list serves that one), then serves normally again (transient
+  errors); ``{substring: status}`` (an int)
   answers it to every matching request until removed. Matching is on the request path with its query.
 
 Example::
@@ -172,7 +173,7 @@ class LoopbackServer:
         self.requests: list[Request] = []
         self.delay = 0.0
         self.ignore_range = False
-        self.failures: dict[str, list[int] | int] = {}
+        self.failures: dict[str, list[int | None] | int] = {}  # None in a list: that request is served
         self.peak_in_flight = 0
         self._in_flight = 0
         self._connections: set[socket.socket] = set()
@@ -273,7 +274,8 @@ class LoopbackServer:
             self._in_flight -= 1
 
     def _next_failure(self, path: str) -> int | None:
-        """The status an injected failure answers to `path`, consuming one of a list (None: serve normally)."""
+        """The status an injected failure answers to `path`, consuming one of a list (None: serve normally,
+        whether nothing matches or the list's next entry is None)."""
         with self.lock:
             for pattern, statuses in self.failures.items():
                 if pattern not in path:

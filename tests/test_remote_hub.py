@@ -90,3 +90,20 @@ def test_offline_without_the_file_cached_says_so(serve_hub, monkeypatch):
 def test_storage_options_do_not_apply_to_the_hub():
     with pytest.raises(wio.UsageError, match="do not apply to hf://"):
         wio.open("hf://org/model", storage_options={"token": "x"})
+
+
+def test_hub_npz_headers_go_to_the_cdn_in_one_wave(serve_hub, tmp_path):
+    """An .npz on the Hub: its first 4 KiB and last 16 KiB follow the Hub's redirect together; its
+    members' local headers then go straight to the CDN, in one wave (no second redirect)."""
+    arrays = {f"a{k}": np.arange(k, k + 20000, dtype=np.float32) for k in range(5)}
+    path = tmp_path / "five.npz"
+    np.savez(path, **arrays)
+    hub = serve_hub({("model", "org/npz"): Repo({"c" * 40: {"five.npz": path.read_bytes()}}, {"main": "c" * 40})})
+    hub.delay = 0.05
+    with wio.open("hf://org/npz/five.npz") as ckpt:
+        hub.idle()
+        assert sorted(ckpt) == sorted(arrays)
+        assert hub.count(contains="/resolve/") == 2  # the first and last bytes, redirected together
+        cdn = hub.matching(contains="/cdn/")
+        assert len(cdn) == 2 + 4 and hub.peak_in_flight >= 4  # four local headers past the first 4 KiB, at once
+        assert np.array_equal(ckpt["a3"].numpy(), arrays["a3"])

@@ -168,3 +168,24 @@ def test_s3_npz_asks_its_first_and_last_bytes_together(s3_server, tmp_path):
         assert set(gets[:2]) == {f"bytes={len(data) - 16 * KIB}-{len(data) - 1}", "bytes=0-4095"}
         assert len(gets) == 2 + 1
         assert remote["layer1"].numpy().tobytes() == arrays["layer1"].tobytes()
+
+
+def test_local_headers_go_out_in_one_wave_and_a_failed_one_is_asked_again(remote_files, tmp_path):
+    """The local headers of an .npz's members are asked in one wave (every request out before any
+    is answered); one answered 503 in that wave is asked again alone, and the archive opens."""
+    arrays = dict(list(_ARRAYS.items())[:6])
+    path = tmp_path / "six.npz"
+    np.savez(path, **arrays)
+    url = remote_files.put("six.npz", path.read_bytes())
+    remote_files.reset()
+    remote_files.server.delay = 0.05
+    with wio.open(url) as remote:
+        remote_files.server.idle()
+        assert remote_files.server.peak_in_flight >= 5  # the five local headers past the first 4 KiB, at once
+    remote_files.reset()
+    remote_files.server.failures["six.npz"] = [None, None, 503]  # the first and last bytes pass, a header fails
+    with wio.open(url) as remote:
+        remote_files.server.idle()
+        statuses = [r.status for r in remote_files.server.matching()]
+        assert statuses.count(503) == 1 and len(statuses) == 2 + 5 + 1  # the failed header asked again, once
+        assert {n: remote[n].numpy().tobytes() for n in remote} == {n: a.tobytes() for n, a in arrays.items()}

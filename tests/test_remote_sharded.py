@@ -112,13 +112,16 @@ def test_hf_sharded_open_lists_once_and_downloads_nothing(serve_hub, tmp_path):
     assert not snapshot.exists() or not any(p.is_file() for p in snapshot.rglob("*"))  # not even the index
 
 
-@pytest.mark.parametrize("count", [3, 12])
-def test_hf_shards_are_probed_together(serve_hub, count):
+@pytest.mark.parametrize(("count", "aiohttp"), [(3, True), (12, True), (12, False)])
+def test_hf_shards_are_probed_together(serve_hub, monkeypatch, count, aiohttp):
     """A few Hub shards open on threads, many in one wave on an event loop (its client costs more to
-    make): either way every shard's first range is out before any is answered, and read once."""
+    make), or on threads without aiohttp: every shard's first range is out before any is answered,
+    and read once."""
     from weightio import remote
 
-    assert 3 <= remote._WAVE < 12  # the two cases take the two ways
+    assert 3 <= remote._WAVE < 12  # the two counts take the two ways
+    if not aiohttp:
+        monkeypatch.setattr(remote, "http_filesystem", lambda: None)
     tensors, files = _shards(count=count)
     hub = serve_hub({("model", "org/many"): Repo({COMMIT: files}, {"main": COMMIT})})
     hub.delay = 0.05

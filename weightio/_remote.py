@@ -56,6 +56,7 @@ PART = 32 << 20  # a large range is fetched as parts of this size, several in fl
 GAP = 1 << 10  # two runs of a selection closer than this are fetched as one range (the bytes between dropped)
 CACHE_BYTES = 32 << 20  # the header block cache of one file (LRU)
 WORKERS = 64  # ranges in flight at once (all files of the process together)
+MANY = 4096  # at most this many ranges are asked in one wave (fetch_many): more go on threads
 RETRIES = 4  # tries of one range before its error is raised
 BACKOFF = 0.25  # seconds before the first retry; doubles each time
 READ_AHEAD = 64 << 20  # bytes of the next tensors a loop over many keeps in flight (weightio.view.reading_ahead)
@@ -138,7 +139,8 @@ class RemoteFile:
     def __init__(self, url: str, fetcher: Callable[[int, int], bytes], size: int, *, etag: str | None = None,
                  close: Callable[[], None] | None = None, cache_bytes: int = CACHE_BYTES,
                  first: bytes | None = None, first_asked: int = BLOCK, last: bytes | None = None,
-                 fetch_into: Callable[[int, int, memoryview], int] | None = None) -> None:
+                 fetch_into: Callable[[int, int, memoryview], int] | None = None,
+                 fetch_many: Callable[[list[tuple[int, int]]], list[bytes | None]] | None = None) -> None:
         self.path = redact(url)
         problem = ("empty file (0 bytes)" if size <= 0 else
                    f"changed since it was opened: its first bytes came back {len(first)} bytes long (the file is "
@@ -154,6 +156,7 @@ class RemoteFile:
         self.traffic = Traffic()
         self._fetcher = fetcher
         self._fetch_into = fetch_into
+        self._fetch_many = fetch_many
         self._on_close = close
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._cache_blocks = max(2, cache_bytes // BLOCK)
@@ -405,15 +408,28 @@ class RemoteFile:
         self._check_length(offset, length, got)
 
     def _get_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Each range, exactly: in one wave on an event loop where the transport has one
+        (``fetch_many``), those it did not bring (any failure) asked again alone, with retries."""
         if len(ranges) == 1:
             return [self._get(*ranges[0])]
-        results: list[bytes] = [b""] * len(ranges)
+        results: list[bytes | None] = [None] * len(ranges)
+        if self._fetch_many is not None and len(ranges) <= MANY:
+            self.check()
+            try:
+                results = list(self._fetch_many(ranges))
+            except Exception:  # noqa: BLE001 - every range is asked again alone below, its error reported there
+                results = [None] * len(ranges)
+            for (_, length), got in zip(ranges, results, strict=True):
+                if got is not None and len(got) == length:
+                    self.traffic.add(length)
+        missing = [k for k, (got, (_, length)) in enumerate(zip(results, ranges, strict=True))
+                   if got is None or len(got) != length]
 
         def one(k: int) -> None:
             results[k] = self._get(*ranges[k])
 
-        self._run(one, range(len(ranges)))
-        return results
+        self._run(one, missing)
+        return results  # type: ignore[return-value]
 
     def _run(self, job: Callable[[Any], None], items: Iterable[Any]) -> None:
         """`job` on every item: here when one, else on the fetch pool (not from a pool thread: that could

@@ -19,7 +19,6 @@ repo's config and tokenizer files, and maps them: what transformers then finds o
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import posixpath
 from collections.abc import Callable, Mapping
@@ -29,36 +28,17 @@ from typing import Any
 
 from . import layout
 from ._json import parse_json_object
-from ._remote import BLOCK, Failure, RemoteFile, is_url, pool, redact, retrying
+from ._remote import BLOCK, RemoteFile, is_url, pool, redact, retrying
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
+from .remote_http import Found, first_reads, http_filesystem, probe, probe_all, wave
 
-__all__ = ["Opened", "filesystem", "is_folder", "is_url", "open_url", "redact", "remote_file",
+__all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
 
 _OPENERS = 128  # files opened (their headers fetched) at once
 _WAVE = 8  # more Hub files than this are probed on an event loop (its client costs ~20 ms to make: worth it
 # for many shards, not for a few, which threads open as fast on the HTTP session the listing already made)
-_SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
-# more only for record dtypes) and an archive's first local header; the rest of the first block is data
-_TAIL = 16 << 10  # the last bytes fetched with the first of a file named as a zip: its end records and, up
-# to a few hundred members, its whole central directory (the rest of a larger one comes next, exactly)
-_END = 22 + 20 + 56  # a zip's end records (the ZIP64 ones included): all a .bin gets (torch's, or ggml's)
-_ZIP_NAMES = (".npz", ".pt", ".pth", ".ckpt", ".zip")  # what torch.save and numpy.savez are named
-_SHORT_NAMES = (".npz", ".npy")
-
-
-def first_reads(name: str, *, sized: bool = True) -> tuple[int, int]:
-    """(first bytes, last bytes) to fetch of a remote file named `name` when it is found, in flight
-    together: a whole `BLOCK` first (a safetensors or GGUF header, a torch archive's ``data.pkl``),
-    only `_SHORT_HEAD` of numpy's files; the last `_TAIL` bytes too of a name a zip archive has (its
-    end is read next), and the end records alone of a ``.bin`` (torch's zip, or a ggml file: few
-    bytes wasted) where the size is known first (`sized`: the last bytes then never overlap the
-    first). Only a guess from the name: a reader asks for anything else it needs."""
-    name = name.lower().rsplit("?", 1)[0]
-    head = _SHORT_HEAD if name.endswith(_SHORT_NAMES) else BLOCK
-    return head, (_TAIL if name.endswith(_ZIP_NAMES) else _END if sized and name.endswith(".bin") else 0)
-
 
 @dataclass
 class Opened:
@@ -155,40 +135,27 @@ def _shard_name(source: Any) -> str:
 
 def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str, bytes | None] | None]:
     """The first bytes of every `weightio.hub.HubFile` (and its last, as `first_reads` says), and
-    where the Hub redirected each (its CDN), all asked at once on one event loop (huggingface_hub's
-    async client: one wave of requests, sent before any answer is parsed). None where one failed:
-    that file is read alone, with retries."""
-    try:
-        from huggingface_hub.utils import build_hf_headers, get_async_session
-    except ImportError:  # a huggingface_hub without an async client: each file is read alone
+    where the Hub redirected each (its CDN), all asked at once on one event loop (`remote_http.wave`:
+    one wave of requests, sent before any answer is parsed). None where one failed, and for all
+    without aiohttp: those files are read alone, on threads, with retries."""
+    fs = http_filesystem()
+    if fs is None:
         return [None] * len(files)
-    headers = build_hf_headers()
+    from huggingface_hub.utils import build_hf_headers
 
-    async def part(client: Any, file: Any, start: int, stop: int) -> tuple[bytes, str] | None:
-        ask = headers | {"Range": f"bytes={start}-{stop - 1}"}
-        async with client.stream("GET", file.url(), headers=ask, follow_redirects=True) as response:
-            if response.status_code != 206:
-                return None
-            got = await response.aread()
-            return (got, str(response.url)) if len(got) == stop - start else None
-
-    async def one(client: Any, file: Any) -> tuple[bytes, str, bytes | None] | None:
+    headers = build_hf_headers()  # the token, for the Hub; aiohttp drops it on the redirect to the CDN
+    asks, tails = [], []
+    for file in files:
         head, tail = first_reads(file.filename)
-        tail = max(0, min(tail, file.size - head))  # never the first bytes again
-        asked = [part(client, file, 0, min(head, file.size))] + ([part(client, file, file.size - tail, file.size)]
-                                                                 if tail else [])
-        got = await asyncio.gather(*asked)
-        if any(g is None for g in got):
-            return None
-        return got[0][0], got[0][1], got[1][0] if tail else None  # type: ignore[index]
-
-    async def every() -> list[Any]:
-        async with get_async_session() as client:
-            return await asyncio.gather(*(one(client, f) for f in files), return_exceptions=True)
-
-    with ThreadPoolExecutor(1, thread_name_prefix="weightio-open") as loop:  # a loop of its own: the
-        results = loop.submit(asyncio.run, every()).result()  # caller may be inside one (a notebook)
-    return [r if isinstance(r, tuple) else None for r in results]
+        tails.append(max(0, min(tail, file.size - head)))  # never the first bytes again
+        asks.append((file.url(), headers, 0, min(head, file.size)))
+        if tails[-1]:
+            asks.append((file.url(), headers, file.size - tails[-1], file.size))
+    got, found = iter(wave(fs, asks)), []
+    for tail in tails:
+        first, last = next(got), (next(got) if tail else (b"", ""))
+        found.append(None if first is None or last is None else (first[0], first[1], last[0] if tail else None))
+    return found
 
 
 def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -> RemoteFile:
@@ -227,11 +194,22 @@ def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -
                 got += len(chunk)
             return got
 
+    loop = http_filesystem()
+
+    def many(ranges: list[tuple[int, int]]) -> list[bytes | None]:
+        """Many ranges in one wave (see `RemoteFile`), to the CDN once known, else the Hub's URL."""
+        target, ask = (direct[0], {}) if direct else (url, headers)
+        got = wave(loop, [(target, ask, a, a + n) for a, n in ranges])
+        redirected = {r[1] for r in got if r is not None} - {url}
+        if not direct and redirected:
+            direct.append(redirected.pop())
+        return [None if r is None else r[0] for r in got]
+
     head, tail = first_reads(file.filename)
     remote = RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
                         fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
                         first=None if found is None else found[0], first_asked=head,
-                        last=None if found is None else found[2])
+                        last=None if found is None else found[2], fetch_many=None if loop is None else many)
     if found is None and (tail or head < BLOCK):
         _primed(remote, head, tail)
     return remote
@@ -284,131 +262,19 @@ def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
     return retrying(lambda: fs.info(path), url)
 
 
-@dataclass
-class _Found:
-    """What finding a file told: its filesystem's info (``size``, ``ETag``, ``type``, ``mimetype``)
-    and, where the requests that found it brought them, its first bytes (``asked``: how many were
-    asked) and last bytes (see `_probe`)."""
-
-    info: dict[str, Any]
-    first: bytes | None = None
-    asked: int = BLOCK
-    last: bytes | None = None
-
-
-def _find(fs: Any, path: str, url: str) -> _Found:
-    """Size and ETag of a file: over HTTP by its first ranged GET (`_probe`: one request instead of
+def _find(fs: Any, path: str, url: str) -> Found:
+    """Size and ETag of a file: over HTTP by its first ranged GET (`remote_http.probe`: one request instead of
     a HEAD and a GET), elsewhere by the filesystem's ``info``."""
     if _is_http(fs):
-        return retrying(lambda: _probe(fs, path, url), url)
-    return _Found(_info(fs, path, url))
-
-
-def _probe(fs: Any, path: str, url: str) -> _Found:
-    """GET the first `BLOCK` of an HTTP file through fsspec's own session: its ``Content-Range``
-    gives the size, so the file is found and its header block fetched in one round trip. A server
-    that answers 200 with a body larger than the block ignores ``Range``: refused, body unread."""
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, _probe_async, fs, path, url)
-
-
-def _probe_all(fs: Any, items: list[tuple[str, str]]) -> list[_Found | None]:
-    """`_probe` of every ``(path, url)`` at once, on fsspec's event loop: one wave of requests, sent
-    before any answer is parsed. None where one failed (it is found again alone, with retries)."""
-    from fsspec.asyn import sync
-
-    async def every() -> list[Any]:
-        return await asyncio.gather(*(_probe_async(fs, p, u) for p, u in items), return_exceptions=True)
-
-    return [r if isinstance(r, _Found) else None for r in sync(fs.loop, every)]
-
-
-async def _probe_async(fs: Any, path: str, url: str) -> _Found:
-    """`_probe`; for a name that may be a zip (`first_reads`), the file's last bytes are asked at
-    the same time by a suffix range (``bytes=-n``, which needs no size), and kept when that answer
-    agrees with the first's (the same size and ETag)."""
-    head, tail = first_reads(path, sized=False)
-    if not tail:
-        return await _probe_first(fs, path, url, head)
-    found, last = await asyncio.gather(_probe_first(fs, path, url, head), _probe_last(fs, path, tail),
-                                       return_exceptions=True)
-    if isinstance(found, BaseException):
-        raise found
-    if isinstance(last, tuple) and last[1] == found.info.get("size") and last[2] == found.info.get("ETag") \
-            and len(last[0]) == min(tail, last[1]):
-        found.last = last[0]
-    return found
-
-
-async def _probe_last(fs: Any, path: str, tail: int) -> tuple[bytes, int, str | None] | None:
-    """(the last `tail` bytes, the file's size, its ETag) by a suffix range; None when not answered so."""
-    session = await fs.set_session()
-    kwargs = dict(fs.kwargs)
-    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=-{tail}"}
-    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
-        size = _total_size(response.headers.get("Content-Range", "")) if response.status == 206 else None
-        if size is None:
-            return None  # not read: an unranged answer is not fetched whole
-        return await _body(response, min(tail, size) + 1), size, response.headers.get("ETag")
-
-
-async def _body(response: Any, limit: int) -> bytes:
-    """Up to `limit` bytes of an aiohttp answer's body (fewer when it ends first)."""
-    got = b""
-    while len(got) < limit:
-        more = await response.content.read(limit - len(got))
-        if not more:
-            break
-        got += more
-    return got
-
-
-async def _probe_first(fs: Any, path: str, url: str, first: int) -> _Found:
-    session = await fs.set_session()
-    kwargs = dict(fs.kwargs)
-    headers = dict(kwargs.pop("headers", None) or {}) | {"Range": f"bytes=0-{first - 1}"}
-    try:
-        request = session.get(fs.encode_url(path), headers=headers, **kwargs)
-    except TypeError as e:  # an option aiohttp does not take
-        raise UsageError(f"storage_options rejected by the HTTP filesystem: {e}", path=redact(url)) from None
-    async with request as response:
-        if response.status == 416:  # nothing satisfies bytes=0-: an empty file
-            return _Found({"size": 0, "type": "file"})
-        response.raise_for_status()
-        kind = response.headers.get("Content-Type", "")
-        etag = response.headers.get("ETag")
-        if response.status != 206 and kind.startswith("text/html"):  # an index page: a folder, not read
-            return _Found({"type": "file", "mimetype": kind, "size": None})
-        length = response.headers.get("Content-Length")
-        if response.status == 206:
-            size = _total_size(response.headers.get("Content-Range", ""))
-            if size is None:
-                raise InputError("the server answered a range without the file's size (Content-Range "
-                                 f"{response.headers.get('Content-Range')!r})", path=redact(url))
-        elif length is not None and length.isdigit() and int(length) <= first:
-            size = int(length)  # the whole file is smaller than the range: that is its size
-        else:
-            raise Failure(None, "", transient=False, ignores_range=True).error(redact(url))
-        if length is not None and length.isdigit() and int(length) > min(first, size):
-            raise InputError(f"the server answered {int(length):,} bytes to a range of {min(first, size):,}",
-                             path=redact(url))
-        got = await _body(response, min(first, size))  # a short body is caught by RemoteFile (the file changed)
-        return _Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, got, first)
-
-
-def _total_size(content_range: str) -> int | None:
-    """The size after the slash of ``Content-Range: bytes a-b/size``; None when absent or ``*``."""
-    unit, _, rest = content_range.partition(" ")
-    total = rest.rpartition("/")[2]
-    return int(total) if unit == "bytes" and total.isdigit() else None
+        return retrying(lambda: probe(fs, path, url), url)
+    return Found(_info(fs, path, url))
 
 
 def _is_http(fs: Any) -> bool:
     return "http" in _protocols(fs)
 
 
-def _fsspec_file(fs: Any, path: str, url: str, found: _Found | None = None) -> RemoteFile:
+def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> RemoteFile:
     """A file of an fsspec filesystem read by range through its own file object's range fetcher."""
     found = found if found is not None else _find(fs, path, url)
     info = found.info
@@ -433,6 +299,10 @@ def _fsspec_file(fs: Any, path: str, url: str, found: _Found | None = None) -> R
             handle.read_kw = handle.read_kw | {"IfMatch": etag}  # as s3fs does when it HEADs itself
     fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
     given = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
+    if _is_http(fs) and set(fs.kwargs) <= {"headers"}:  # many ranges in one wave on fsspec's own session
+        target, ask = fs.encode_url(path), options["headers"]
+        given["fetch_many"] = lambda ranges: [None if r is None else r[0] for r in
+                                              wave(fs, [(target, ask, a, a + n) for a, n in ranges])]
     if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
         handle.close()
         file = RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, **given)
@@ -460,10 +330,10 @@ def _url_of(fs: Any, path: str, like: str) -> str:
     return like.split("://", 1)[0] + "://" + path
 
 
-def _sized(entry: dict[str, Any]) -> _Found | None:
+def _sized(entry: dict[str, Any]) -> Found | None:
     """A listing's entry as what finding its file would tell, when it gives the size (s3, gcs…; an
     HTTP index page does not)."""
-    return _Found(entry) if entry.get("type") == "file" and isinstance(entry.get("size"), int) else None
+    return Found(entry) if entry.get("type") == "file" and isinstance(entry.get("size"), int) else None
 
 
 def _open_folder(fs: Any, path: str, url: str) -> Opened:
@@ -485,7 +355,7 @@ def _open_folder(fs: Any, path: str, url: str) -> Opened:
     return Opened(redact(url), [first, *siblings])
 
 
-def _open_index(fs: Any, path: str, url: str, found: _Found | None = None,
+def _open_index(fs: Any, path: str, url: str, found: Found | None = None,
                 listing: dict[str, dict[str, Any]] | None = None) -> Opened:
     """A sharded set by its index: the index read while its folder is listed (sizes and ETags of
     every shard in one request, where the filesystem lists them), then every shard opened at once,
@@ -506,7 +376,7 @@ def _open_index(fs: Any, path: str, url: str, found: _Found | None = None,
     urls = {f"{folder}/{s}": s for s in shards}
     known = {u: _sized((listing or {}).get(s, {})) for u, s in urls.items()}
     if _is_http(fs) and len(urls) > 1:  # every shard's first GET out at once, then parsed
-        known = dict(zip(urls, _probe_all(fs, [(_fs_path(fs, u), u) for u in urls]), strict=True))
+        known = dict(zip(urls, probe_all(fs, [(_fs_path(fs, u), u) for u in urls]), strict=True))
     files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u, known[u])) for u in urls]
     return Opened(redact(folder), _open_all(files),
                   (redact(url), weight_map, metadata, {redact(u): s for u, s in urls.items()}))
