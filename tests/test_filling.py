@@ -185,3 +185,13 @@ def test_populate_is_a_hint_that_keeps_the_memory_as_it_was():
     filling.populate(fresh)
     fresh[:] = 1
     assert int(fresh.sum()) == 1 << 20
+
+
+def test_fresh_memory_is_a_new_writable_array_of_its_size():
+    from weightio._memory import fresh
+
+    for n in (0, 100, 3 << 20):
+        out = fresh(n)
+        assert out.dtype == np.uint8 and out.shape == (n,) and out.flags.writeable and out.flags.owndata
+        out[:] = 5
+        assert int(out.sum()) == 5 * n

@@ -122,6 +122,7 @@ def test_hf_shards_are_probed_together(serve_hub, monkeypatch, count, aiohttp):
     assert 3 <= remote._WAVE < 12  # the two counts take the two ways
     if not aiohttp:
         monkeypatch.setattr(remote, "http_filesystem", lambda: None)
+        monkeypatch.setattr(remote, "has_aiohttp", lambda: False)
     tensors, files = _shards(count=count)
     hub = serve_hub({("model", "org/many"): Repo({COMMIT: files}, {"main": COMMIT})})
     hub.delay = 0.05

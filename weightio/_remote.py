@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._memory import fresh
 from ._threads import shared_pool
 from .errors import CorruptFileError, InputError, WeightioError
 
@@ -296,7 +297,7 @@ class RemoteFile:
                     raise error
             out.flags.writeable = False
             return out
-        out = np.empty(length, np.uint8)  # the caller's own memory (torch may wrap it and write)
+        out = fresh(length)  # the caller's own memory (torch may wrap it and write), faulted in one call
         if length <= BLOCK:
             out[:] = np.frombuffer(self.read(offset, length, what), np.uint8)
         else:
@@ -316,7 +317,7 @@ class RemoteFile:
                 return 0
             if length <= BLOCK and self.holds(offset, length):
                 return 0
-        out = np.empty(length, np.uint8)
+        out = fresh(length)
         futures = [pool().submit(self._part, out, part) for part in _parts([(offset, length, 0)])]
         with self._lock:
             self._ahead[(offset, length)] = (out, futures)

@@ -31,7 +31,7 @@ from ._json import parse_json_object
 from ._remote import BLOCK, RemoteFile, is_url, pool, redact, retrying
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
-from .remote_http import Found, first_reads, http_filesystem, probe, probe_all, wave
+from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, wave
 
 __all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
@@ -194,12 +194,10 @@ def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -
                 got += len(chunk)
             return got
 
-    loop = http_filesystem()
-
     def many(ranges: list[tuple[int, int]]) -> list[bytes | None]:
         """Many ranges in one wave (see `RemoteFile`), to the CDN once known, else the Hub's URL."""
         target, ask = (direct[0], {}) if direct else (url, headers)
-        got = wave(loop, [(target, ask, a, a + n) for a, n in ranges])
+        got = wave(http_filesystem(), [(target, ask, a, a + n) for a, n in ranges])
         redirected = {r[1] for r in got if r is not None} - {url}
         if not direct and redirected:
             direct.append(redirected.pop())
@@ -209,7 +207,7 @@ def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -
     remote = RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
                         fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
                         first=None if found is None else found[0], first_asked=head,
-                        last=None if found is None else found[2], fetch_many=None if loop is None else many)
+                        last=None if found is None else found[2], fetch_many=many if has_aiohttp() else None)
     if found is None and (tail or head < BLOCK):
         _primed(remote, head, tail)
     return remote

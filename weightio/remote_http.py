@@ -22,7 +22,8 @@ from typing import Any
 from ._remote import BLOCK, Failure, redact
 from .errors import InputError, UsageError
 
-__all__ = ["Found", "first_reads", "http_filesystem", "probe", "probe_all", "probe_async", "total_size", "wave"]
+__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "total_size",
+           "wave"]
 
 _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
 # more only for record dtypes) and an archive's first local header; the rest of the first block is data
@@ -157,13 +158,19 @@ def total_size(content_range: str) -> int | None:
     return int(total) if unit == "bytes" and total.isdigit() else None
 
 
+def has_aiohttp() -> bool:
+    """Whether aiohttp is installed (found, not imported: its import costs ~80 ms, paid at first use)."""
+    import importlib.util
+
+    return importlib.util.find_spec("aiohttp") is not None
+
+
 def http_filesystem() -> Any | None:
     """fsspec's HTTP filesystem (its event loop and aiohttp session), or None without aiohttp."""
-    try:
-        import aiohttp  # noqa: F401 - fsspec's HTTP filesystem needs it
-        import fsspec
-    except ImportError:
+    if not has_aiohttp():
         return None
+    import fsspec
+
     return fsspec.filesystem("http")
 
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._io import mapped_source
+from .._memory import populate
 from .._threads import shared_pool
 from ..errors import CorruptFileError
 
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["PIECE", "fill", "populate"]
 
 PIECE = 8 << 20  # bytes per task: small enough to spread a few large tensors over every thread
-_PAGE = 4096
-_MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
 # Threads: beyond the cores, more threads keep more reads in flight when the cache is cold (the
 # disk, not the CPU, is then the limit); warm, the extra threads wait on the memory bus.
 _THREADS = min(16, max(4, 2 * (os.cpu_count() or 1)))
@@ -130,36 +128,3 @@ def _run(tasks: list[tuple[Any, ...]]) -> None:
 
 
 _PREAD = hasattr(os, "preadv")  # not on Windows: there every source is copied from the mapping
-
-
-# ----------------------------------------------------------------------------- populating
-
-_MADVISE: Any = None
-
-
-def populate(arr: np.ndarray) -> None:
-    """Fault in the whole pages under `arr` for writing, in one call (Linux 5.14+
-    ``MADV_POPULATE_WRITE``; a hint: elsewhere, or refused, the first writes fault them)."""
-    if arr.nbytes < 16 * _PAGE or not sys.platform.startswith("linux"):
-        return
-    madvise = _madvise()
-    if madvise is None:
-        return
-    start = arr.__array_interface__["data"][0]
-    low, high = -(-start // _PAGE) * _PAGE, (start + arr.nbytes) // _PAGE * _PAGE
-    if high > low:
-        madvise(low, high - low, _MADV_POPULATE_WRITE)
-
-
-def _madvise() -> Any:
-    global _MADVISE
-    if _MADVISE is None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _MADVISE = libc.madvise
-        except (OSError, AttributeError):
-            _MADVISE = False
-    return _MADVISE or None
