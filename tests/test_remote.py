@@ -259,3 +259,18 @@ def test_s3_object_replaced_while_open_is_refused(s3_server):
         s3_server.put("models", "model.safetensors", blob[:-1] + b"\x00")
         with pytest.raises(CorruptFileError, match="changed since it was opened"):
             ckpt["embed"].numpy()
+
+
+def test_s3_object_is_found_by_its_first_get_and_a_prefix_as_a_folder(s3_server):
+    """An S3 object's first ranged GET brings its size and ETag (no HEAD); a prefix named without
+    its slash answers that GET no object, and is then found as a folder."""
+    tensors = _tensors()
+    blob = save(tensors)
+    url = s3_server.put("models", "plain/model.safetensors", blob)
+    s3_server.reset()
+    with wio.open(url, storage_options=s3_server.storage_options) as ckpt:
+        s3_server.idle()
+        assert [(r.method, r.range) for r in s3_server.requests] == [("GET", "bytes=0-65535")]
+        assert np.array_equal(ckpt["embed"].numpy(), tensors["embed"])
+    with wio.open("s3://models/plain", storage_options=s3_server.storage_options) as ckpt:
+        assert sorted(ckpt) == sorted(tensors)

@@ -80,7 +80,9 @@ def test_s3_shards_are_sized_by_one_listing_not_one_head_each(s3_server):
     s3_server.idle()
     heads = [r for r in s3_server.requests if r.method == "HEAD"]
     listings = [r for r in s3_server.requests if r.method == "GET" and "list-type=2" in r.path]
-    assert len(heads) == 1 and heads[0].path.endswith("/m/model.safetensors.index.json")  # the URL itself only
+    assert heads == []  # the index is found by its first ranged GET, which brings its size and ETag
+    index_gets = [r for r in s3_server.matching("GET") if r.path.endswith("/m/model.safetensors.index.json")]
+    assert len(index_gets) == 1 and index_gets[0].range == "bytes=0-65535"
     assert len(listings) == 1
     shard_gets = [r for r in s3_server.requests if r.method == "GET" and "/m/model-" in r.path]
     assert len(shard_gets) == SHARDS  # each shard's first block (here the whole shard: the tensor read asks nothing)
@@ -95,7 +97,9 @@ def test_s3_shards_open_where_listing_is_denied(s3_server):
     with wio.open("s3://models/m/model.safetensors.index.json") as ckpt:
         _check(ckpt, tensors)
         assert np.array_equal(ckpt["layers.5.b"].numpy(), tensors["layers.5.b"])
-    assert s3_server.count(method="HEAD", contains="/m/model-") == SHARDS  # found one by one instead
+    s3_server.idle()
+    assert s3_server.count(method="HEAD") == 0
+    assert s3_server.count(method="GET", contains="/m/model-") == SHARDS  # each found by its first ranged GET
 
 
 def test_hf_sharded_open_lists_once_and_downloads_nothing(serve_hub, tmp_path):

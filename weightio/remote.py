@@ -19,6 +19,7 @@ repo's config and tokenizer files, and maps them: what transformers then finds o
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import posixpath
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ from ._json import parse_json_object
 from ._remote import BLOCK, RemoteFile, is_url, pool, redact, retrying
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
-from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, wave
+from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
 
 __all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
@@ -261,11 +262,61 @@ def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
 
 
 def _find(fs: Any, path: str, url: str) -> Found:
-    """Size and ETag of a file: over HTTP by its first ranged GET (`remote_http.probe`: one request instead of
-    a HEAD and a GET), elsewhere by the filesystem's ``info``."""
+    """Size and ETag of a file: over HTTP(S) and S3 by its first ranged GET (`remote_http.probe`,
+    `_s3_probe`: one request instead of a HEAD and a GET), elsewhere by the filesystem's ``info``
+    (on S3 too where that GET did not answer: a prefix, an error, which ``info`` then reports)."""
     if _is_http(fs):
         return retrying(lambda: probe(fs, path, url), url)
-    return Found(_info(fs, path, url))
+    found = _s3_probe(fs, path) if _protocols(fs)[0] in ("s3", "s3a") else None
+    return found or Found(_info(fs, path, url))
+
+
+def _s3_probe(fs: Any, path: str) -> Found | None:
+    """An S3 object found by ranged GETs of its first bytes (and its last, as `first_reads` says),
+    in flight together on s3fs's event loop: its ``ContentRange`` gives the size, the answer its
+    ETag. None where the first GET did not answer a range of an object (no such key, a prefix,
+    access denied, an empty object)."""
+    from fsspec.asyn import sync
+
+    head, tail = first_reads(path, sized=False)
+    try:
+        bucket, key, version = fs.split_path(path)
+        call = fs._call_s3  # s3fs's request method (credentials, retries, its client)
+    except Exception:  # noqa: BLE001 - not s3fs as known: found by info
+        return None
+    if not key:
+        return None
+
+    async def get(asked: str, most: int) -> tuple[dict, bytes]:
+        answer = await call("get_object", Bucket=bucket, Key=key, Range=asked, **({"VersionId": version} if version
+                                                                                 else {}))
+        try:
+            return answer, await answer["Body"].read(most + 1)  # more than asked is caught below, not read
+        finally:
+            answer["Body"].close()
+
+    async def both() -> list[Any]:
+        asked = [get(f"bytes=0-{head - 1}", head)] + ([get(f"bytes=-{tail}", tail)] if tail else [])
+        return await asyncio.gather(*asked, return_exceptions=True)
+
+    try:
+        got = sync(fs.loop, both)
+    except Exception:  # noqa: BLE001 - found by info, which reports what is wrong
+        return None
+    if isinstance(got[0], BaseException):
+        return None
+    answer, first = got[0]
+    size, etag = total_size(answer.get("ContentRange") or ""), answer.get("ETag")
+    if size is None or len(first) != min(head, size):
+        return None
+    last = None
+    if tail and not isinstance(got[1], BaseException):
+        end, raw = got[1]
+        same = total_size(end.get("ContentRange") or "") == size and end.get("ETag") == etag
+        last = raw if same and len(raw) == min(tail, size) else None
+    info = {"name": path, "size": size, "type": "file", "ETag": etag, "VersionId": answer.get("VersionId"),
+            "LastModified": answer.get("LastModified"), "ContentType": answer.get("ContentType")}
+    return Found(info, first, head, last)
 
 
 def _is_http(fs: Any) -> bool:
