@@ -23,7 +23,7 @@ PACKAGES = {"weightio": ROOT / "weightio", "weightio.cli": ROOT / "cli"}
 # The layers, bottom first (docs/architecture.md). A module may import from its own layer
 # group and from the groups listed for it; nothing else of weightio.
 CORE = {"weightio.errors", "weightio.dtypes", "weightio.limits", "weightio.records", "weightio._io", "weightio._remote",
-        "weightio._memory",
+        "weightio._memory", "weightio._failures", "weightio._streaming",
         "weightio._json", "weightio._gc", "weightio._outputs", "weightio._threads", "weightio.layout",
         "weightio.text"}
 ALLOWED = {  # prefix -> what modules under it may import (besides themselves and their own package)

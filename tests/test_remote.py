@@ -14,7 +14,7 @@ from safetensors.numpy import save
 
 import weightio as wio
 from tests.remote_fixtures import traffic
-from weightio import _remote
+from weightio import _failures, _remote
 from weightio.errors import CorruptFileError, InputError, UsageError
 
 BLOCK = _remote.BLOCK
@@ -161,7 +161,7 @@ def test_a_server_ignoring_range_is_refused_not_downloaded(remote_files, model):
 
 def test_missing_denied_and_failing_urls(remote_files, model, monkeypatch):
     url, *_ = model
-    monkeypatch.setattr(_remote, "BACKOFF", 0.01)
+    monkeypatch.setattr(_failures, "BACKOFF", 0.01)
     with pytest.raises(InputError, match=r"not found \(HTTP 404\)") as e:
         wio.open(remote_files.url("m/absent.safetensors"))
     assert isinstance(e.value, FileNotFoundError) and e.value.path == remote_files.url("m/absent.safetensors")
@@ -169,12 +169,12 @@ def test_missing_denied_and_failing_urls(remote_files, model, monkeypatch):
     with pytest.raises(InputError, match="the server answered HTTP 500"):
         wio.open(url)
     # retried, then given up (one ranged GET each time)
-    assert remote_files.server.count(contains="model.safetensors") == _remote.RETRIES
+    assert remote_files.server.count(contains="model.safetensors") == _failures.RETRIES
 
 
 def test_transient_failures_are_retried(remote_files, model, monkeypatch):
     url, tensors, _ = model
-    monkeypatch.setattr(_remote, "BACKOFF", 0.01)
+    monkeypatch.setattr(_failures, "BACKOFF", 0.01)
     with wio.open(url) as ckpt:
         remote_files.reset()
         remote_files.server.failures["model.safetensors"] = [503, 502]

@@ -12,7 +12,7 @@ from safetensors.numpy import save
 import weightio as wio
 from tests.hubserver import Repo
 from tests.remote_fixtures import traffic
-from weightio import _remote
+from weightio import _remote, _streaming
 
 SHARDS = 6
 COMMIT = "b" * 40
@@ -69,24 +69,27 @@ def test_http_shards_are_opened_at_once(remote_files):
     assert remote_files.server.peak_in_flight == SHARDS  # one wave: every shard asked before any answered
 
 
-def test_s3_shards_are_sized_by_one_listing_not_one_head_each(s3_server):
-    tensors, files = _shards()
+def test_s3_shards_are_found_by_one_wave_of_ranged_gets_no_head_no_listing(s3_server):
+    tensors, files = _shards(rows=512)  # each w 192 KiB: its read is a request after the open's
     for name, data in files.items():
         s3_server.put("models", f"m/{name}", data)
     s3_server.reset()
+    s3_server.delay = 0.1
     with wio.open("s3://models/m/model.safetensors.index.json") as ckpt:
         _check(ckpt, tensors)
+        s3_server.idle()
+        assert s3_server.peak_in_flight == SHARDS  # one wave: every shard asked before any answered
+        s3_server.delay = 0.0
         assert np.array_equal(ckpt["layers.3.w"].numpy(), tensors["layers.3.w"])
     s3_server.idle()
-    heads = [r for r in s3_server.requests if r.method == "HEAD"]
-    listings = [r for r in s3_server.requests if r.method == "GET" and "list-type=2" in r.path]
-    assert heads == []  # the index is found by its first ranged GET, which brings its size and ETag
+    assert s3_server.count(method="HEAD") == 0  # every object found by its first ranged GET: size and ETag
+    assert s3_server.count(method="GET", contains="list-type=2") == 0
     index_gets = [r for r in s3_server.matching("GET") if r.path.endswith("/m/model.safetensors.index.json")]
     assert len(index_gets) == 1 and index_gets[0].range == "bytes=0-65535"
-    assert len(listings) == 1
     shard_gets = [r for r in s3_server.requests if r.method == "GET" and "/m/model-" in r.path]
-    assert len(shard_gets) == SHARDS  # each shard's first block (here the whole shard: the tensor read asks nothing)
-    assert all(r.headers.get("if-match") for r in shard_gets)  # the listed ETag guards every read
+    assert len(shard_gets) == SHARDS + 1  # each shard's first block, then the tensor read
+    assert [r.range for r in shard_gets[:SHARDS]] == ["bytes=0-65535"] * SHARDS
+    assert shard_gets[-1].headers.get("if-match")  # the ETag its first GET brought guards later reads
 
 
 def test_s3_shards_open_where_listing_is_denied(s3_server):
@@ -153,7 +156,7 @@ def test_a_streamed_load_keeps_the_next_tensors_in_flight(remote_files, serve_hu
         server.idle()
         server.reset()
         server.delay = 0.1
-        loaded = {name: view.numpy() for name, view in zip(ckpt, _remote.reading_ahead(ckpt.values()), strict=True)}
+        loaded = {name: view.numpy() for name, view in zip(ckpt, _streaming.reading_ahead(ckpt.values()), strict=True)}
         server.idle()
         assert server.peak_in_flight > 2  # the next tensors' requests were out while one was read
         fetched = sum(r.bytes for r in server.requests)
@@ -190,3 +193,90 @@ def test_prefetch_is_taken_by_the_next_read_and_local_views_ask_nothing(remote_f
         assert traffic(ckpt) == (before[0] + 1, before[1] + big.nbytes)  # fetched once; numpy() took it
         assert np.array_equal(view.numpy(), big)  # taken once: a later read asks again
         assert traffic(ckpt) == (before[0] + 2, before[1] + 2 * big.nbytes)
+
+
+def _many_tensors(count: int = 8, rows: int = 512) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(11)
+    return {f"t{k}": rng.standard_normal((rows, 96)).astype(np.float32) for k in range(count)}  # 192 KiB each
+
+
+def _gguf(tensors: dict[str, np.ndarray]) -> bytes:
+    """A GGUF file of `tensors` (written by gguf-py: each tensor's data aligned to 32 bytes, padding between)."""
+    gguf = pytest.importorskip("gguf")
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "m.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        for name, array in tensors.items():
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path.read_bytes()
+
+
+@pytest.mark.parametrize("scheme", ["http", "hf"])  # hf: the answer streamed into the arrays; http: copied from it
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])  # gguf: padding between tensors, dropped
+def test_neighbouring_tensors_streamed_in_file_order_share_one_request(remote_files, serve_hub, scheme, fmt):
+    tensors = _many_tensors()
+    tensors["t3"] = np.ascontiguousarray(tensors["t3"][:511, :95])  # 194,180 bytes: gguf pads it to 32
+    data = save(tensors) if fmt == "safetensors" else _gguf(tensors)
+    name = f"m.{fmt}"
+    if scheme == "http":
+        server, url = remote_files.server, remote_files.put(f"m/{name}", data)
+    else:
+        server = serve_hub({("model", "org/one"): Repo({COMMIT: {name: data}}, {"main": COMMIT})})
+        url = f"hf://org/one/{name}"
+    with wio.open(url) as ckpt:
+        server.idle()
+        server.reset()
+        views = list(ckpt.values())
+        start, stop = min(v.stored_remote()[1] for v in views), max(sum(v.stored_remote()[1:]) for v in views)
+        loaded = {view.name: view.numpy() for view in _streaming.reading_ahead(views)}
+        server.idle()
+        assert [r.range for r in server.requests] == [f"bytes={start}-{stop - 1}"]  # one request, all of them
+        assert server.bytes_sent == stop - start
+        padded = stop - start - sum(v.nbytes for v in views)
+        assert padded == (28 if fmt == "gguf" else 0)
+    assert loaded.keys() == tensors.keys()
+    for key, array in tensors.items():
+        assert np.array_equal(loaded[key], array) and not loaded[key].flags.writeable, key
+
+
+def test_a_budget_smaller_than_the_model_keeps_at_most_that_much_on_its_way(remote_files):
+    tensors = _many_tensors(count=16)
+    url = remote_files.put("m/big.safetensors", save(tensors))
+    budget = 4 * tensors["t0"].nbytes
+    with wio.open(url) as ckpt:
+        remote_files.reset()
+        loaded = {view.name: view.numpy() for view in _streaming.reading_ahead(ckpt.values(), budget=budget)}
+        sizes = sorted(int(r.range.split("=")[1].split("-")[1]) + 1 - int(r.range.split("=")[1].split("-")[0])
+                       for r in remote_files.server.requests)
+    assert all(np.array_equal(loaded[k], a) for k, a in tensors.items())
+    assert sum(sizes) == sum(a.nbytes for a in tensors.values())  # every byte once
+    assert 3 <= len(sizes) < len(tensors) and max(sizes) <= budget  # batches of neighbours, within the budget
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_shared_answer_lands_in_each_array_whatever_its_chunks(seed):
+    """`_Scatter` (what a shared request writes through): pieces with gaps between them, chunks cut anywhere."""
+    rng = np.random.default_rng(seed)
+    answer = rng.integers(0, 256, 5000, dtype=np.uint8)
+    pieces, offset = [], 100  # the answer covers file bytes 100..5100
+    while offset < 5100:
+        length = int(rng.integers(1, 600))
+        length = min(length, 5100 - offset)
+        out = np.zeros(length + 7, np.uint8)  # written at position 7
+        pieces.append((offset, length, out, 7))
+        offset += length + int(rng.integers(0, 40))  # a gap (padding) dropped
+    pieces = [p for p in pieces if p[0] + p[1] <= 5100]
+    scatter = _remote._Scatter(100, pieces[-1][0] + pieces[-1][1], pieces)
+    cuts = sorted({0, len(scatter), *rng.integers(0, len(scatter), 30).tolist()})
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        scatter[a:b] = answer[a:b].tobytes()
+    for offset, length, out, at in pieces:
+        assert np.array_equal(out[at: at + length], answer[offset - 100: offset - 100 + length])
+        assert not out[:at].any()

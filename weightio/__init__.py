@@ -138,7 +138,7 @@ def load(path: str | os.PathLike[str], *, limits: Limits | None = None,
     they stay valid after this returns (the mapping lives as long as they do). Use
     ``.copy()`` for a writable array. `limits` and `unknown_globals` as for `open`.
     """
-    from ._remote import reading_ahead
+    from ._streaming import reading_ahead
     from .checkpoint import open_checkpoint
 
     with open_checkpoint(path, limits, unknown_globals=unknown_globals) as ckpt:

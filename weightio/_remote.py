@@ -12,7 +12,9 @@ format's reader opens a remote file unchanged, and only the bytes it asks for cr
   fetched as their exact byte ranges into memory the caller owns — large ones in `PART`-sized
   requests in flight at once, a selection (``view[:, a:b]``, a tensor-parallel shard) as its
   runs, coalesced where they nearly touch — and never kept: reading a model tensor by tensor holds
-  one tensor, not the model.
+  one tensor, not the model. Tensors asked ahead together (`read_ahead_many`, what
+  `weightio._streaming.reading_ahead` calls) share a request with their neighbours in the file,
+  its answer written into each tensor's memory as it arrives (`_Scatter`).
 
 ``data`` is an *image* of the file: an anonymous mapping of the file's size (``MAP_NORESERVE``:
 address space only, no memory committed until written) in which the blocks `ensure` fetched are
@@ -21,36 +23,34 @@ file's bytes; parsers that take a ``memoryview`` of it call `ensure` for what th
 
 Transport is fsspec's: each file is opened once with its filesystem (``HfFileSystem`` for the
 Hub, fsspec's HTTP filesystem, ``s3fs``, any other installed) and ranges are fetched with the
-file object's own range fetcher, from a pool of threads. Retries: transient failures (5xx, 429,
-connection errors, timeouts) are retried with exponential backoff (`RETRIES` tries). A server
-that ignores ``Range`` and answers the whole body is refused (`InputError`), never read whole. A
-file whose size or ETag changed since it was opened raises `CorruptFileError`. Credentials never
-appear in a message: `redact` strips them from every URL shown.
+file object's own range fetcher, from a pool of threads. Failures go through
+`weightio._failures.retrying` (transient ones retried with backoff, the others sorted into
+weightio's errors, URLs shown without credentials). A server that ignores ``Range`` and answers
+the whole body is refused (`InputError`), never read whole. A file whose size or ETag changed since
+it was opened raises `CorruptFileError`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import mmap
-import re
 import struct
 import threading
-import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._memory import fresh
+from ._failures import redact, retrying
+from ._memory import fresh, populate
 from ._threads import shared_pool
 from .errors import CorruptFileError, InputError, WeightioError
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
 
-__all__ = ["BLOCK", "PART", "READ_AHEAD", "RemoteFile", "RemoteImage", "Traffic", "describe_failure", "is_url", "pool",
-           "reading_ahead", "redact", "retrying", "scrub"]
+__all__ = ["BLOCK", "PART", "RemoteFile", "RemoteImage", "Traffic", "pool"]
 
 BLOCK = 64 << 10  # header cache granularity: a header read moves at most one block more than it needs
 PART = 32 << 20  # a large range is fetched as parts of this size, several in flight
@@ -58,28 +58,6 @@ GAP = 1 << 10  # two runs of a selection closer than this are fetched as one ran
 CACHE_BYTES = 32 << 20  # the header block cache of one file (LRU)
 WORKERS = 64  # ranges in flight at once (all files of the process together)
 MANY = 4096  # at most this many ranges are asked in one wave (fetch_many): more go on threads
-RETRIES = 4  # tries of one range before its error is raised
-BACKOFF = 0.25  # seconds before the first retry; doubles each time
-READ_AHEAD = 64 << 20  # bytes of the next tensors a loop over many keeps in flight (weightio.view.reading_ahead)
-# (2 parts: on a 2-CPU client against a loopback Hub, 8 MiB parts 256 MiB ahead streamed 1.3x slower)
-
-_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@?#]*@")
-
-
-def is_url(path: object) -> bool:
-    """Whether `path` is a URL weightio reads remotely (``hf://``, ``https://``, ``s3://`` …; not ``file://``)."""
-    if not isinstance(path, str):
-        return False
-    match = _URL.match(path)
-    return match is not None and match.group(1).lower() != "file"
-
-
-def redact(url: str) -> str:
-    """`url` as shown in messages: no ``user:password@``, no query string (presigned URLs carry keys there)."""
-    url = _USERINFO.sub(r"\1", url)
-    base, sep, _ = url.partition("?")
-    return base + ("?…" if sep else "")
 
 
 def pool() -> ThreadPoolExecutor:
@@ -306,22 +284,39 @@ class RemoteFile:
         return out
 
     def read_ahead(self, offset: int, length: int, what: str = "the bytes asked for") -> int:
-        """Start fetching bytes `offset`..`offset + length` now, on the fetch pool, in `PART`s: the
-        next `fetch` of exactly this range takes them (waiting for what is still on its way) instead
-        of asking. What a loop over many tensors calls for the next ones, so that the requests of
-        several tensors are in flight while one is converted (`reading_ahead`). Returns the bytes
-        asked for: 0 when they are on their way already or in the header block cache."""
-        self._bounds(offset, length, what)
+        """Start fetching bytes `offset`..`offset + length` now, on the fetch pool: the next `fetch`
+        of exactly this range takes them (waiting for what is still on its way) instead of asking.
+        Returns the bytes asked for: 0 when they are on their way already or in the header block
+        cache. `read_ahead_many` for several ranges at once."""
+        return self.read_ahead_many([(offset, length)], what)[0]
+
+    def read_ahead_many(self, ranges: Sequence[tuple[int, int]], what: str = "the bytes asked for") -> list[int]:
+        """`read_ahead` of every ``(offset, length)``, ranges that follow each other in the file
+        (closer than `GAP`) fetched together as one request of up to `PART` bytes whose answer is
+        spread over their arrays as it arrives: a model streamed in file order costs a request per
+        `PART`, not per tensor, and its bytes are copied once. What a loop over many tensors calls
+        for the next ones (`reading_ahead`). Returns the bytes asked for, per range."""
+        asked, todo, seen = [], [], set()
+        for offset, length in ranges:
+            self._bounds(offset, length, what)
+            with self._lock:
+                skip = length == 0 or (offset, length) in self._ahead or (offset, length) in seen or \
+                    (length <= BLOCK and self.holds(offset, length))
+            asked.append(0 if skip else length)
+            if not skip:
+                seen.add((offset, length))
+                todo.append((offset, length, np.empty(length, np.uint8)))  # faulted in by the thread that fills it
+        if not todo:
+            return asked
+        futures: dict[int, list[Future[None]]] = {id(out): [] for _, _, out in todo}
+        for segment in _segments(todo):
+            future = pool().submit(self._segment, segment)
+            for out in {id(piece[2]): piece[2] for piece in segment}.values():
+                futures[id(out)].append(future)
         with self._lock:
-            if length == 0 or (offset, length) in self._ahead:
-                return 0
-            if length <= BLOCK and self.holds(offset, length):
-                return 0
-        out = fresh(length)
-        futures = [pool().submit(self._part, out, part) for part in _parts([(offset, length, 0)])]
-        with self._lock:
-            self._ahead[(offset, length)] = (out, futures)
-        return length
+            for offset, length, out in todo:
+                self._ahead[(offset, length)] = (out, futures[id(out)])
+        return asked
 
     def gather(self, runs: Sequence[tuple[int, int]], what: str = "the bytes asked for") -> np.ndarray:
         """The bytes of `runs` (``(offset, length)`` pairs) one after the other, as a new ``uint8`` array.
@@ -408,6 +403,28 @@ class RemoteFile:
         self.traffic.add(got)
         self._check_length(offset, length, got)
 
+    def _segment(self, pieces: list[tuple[int, int, np.ndarray, int]]) -> None:
+        """Fetch one range that covers `pieces` (``(offset, length, array, position)``, in file order)
+        into their arrays: the arrays' pages faulted in first, then one request, its answer written
+        into them as it arrives (bytes between pieces dropped)."""
+        for _, length, out, at in pieces:
+            populate(out[at: at + length])
+        if len(pieces) == 1:
+            offset, length, out, at = pieces[0]
+            self._part(out, (offset, length, at))
+            return
+        start, stop = pieces[0][0], pieces[-1][0] + pieces[-1][1]
+        if self._fetch_into is None:
+            raw = np.frombuffer(self._get(start, stop - start), np.uint8)
+            for offset, length, out, at in pieces:
+                out[at: at + length] = raw[offset - start: offset - start + length]
+            return
+        self.check()
+        got = retrying(lambda: self._fetch_into(start, stop, _Scatter(start, stop, pieces)), self.path, start,
+                       stop - start)
+        self.traffic.add(got)
+        self._check_length(start, stop - start, got)
+
     def _get_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Each range, exactly: in one wave on an event loop where the transport has one
         (``fetch_many``), those it did not bring (any failure) asked again alone, with retries."""
@@ -463,22 +480,53 @@ class RemoteFile:
                                    f"{got} bytes long (the file was {self.size} bytes); open it again", path=self.path)
 
 
-def reading_ahead(views: Iterable[Any], budget: int | None = None) -> Iterator[Any]:
-    """`views`, in order, for a loop that reads each whole: the next ones are prefetched
-    (``view.prefetch()``, where a view has it: remote files only) while at most `budget` bytes
-    (`READ_AHEAD`) beyond the one being read are on their way, so that a model streams at the
-    link's speed instead of one tensor's round trip at a time. Local views pass through untouched."""
-    views = list(views)
-    budget = READ_AHEAD if budget is None else budget
-    asked: deque[int] = deque()  # bytes asked ahead, per view from the current one on
-    ahead = 0  # the next view to ask ahead for
-    for k, view in enumerate(views):
-        while ahead < len(views) and (ahead == k or sum(asked) < budget):
-            prefetch = getattr(views[ahead], "prefetch", None)
-            asked.append(prefetch() if prefetch is not None else 0)
-            ahead += 1
-        yield view
-        asked.popleft()
+class _Scatter:
+    """Where one request's answer goes when it covers several arrays: ``scatter[a:b] = chunk``
+    writes the answer's bytes ``a..b`` into the arrays that hold them (bytes between them dropped);
+    ``len()`` is the answer's length. Chunks arrive in order, so a cursor finds their arrays."""
+
+    def __init__(self, start: int, stop: int, pieces: list[tuple[int, int, np.ndarray, int]]) -> None:
+        self._length = stop - start
+        self._pieces = [(offset - start, offset - start + length, memoryview(out)[at: at + length])  # type: ignore[index]
+                        for offset, length, out, at in pieces]
+        self._next = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __setitem__(self, where: slice, chunk: bytes | memoryview) -> None:
+        a, b = where.start, where.stop
+        pieces = self._pieces
+        k = self._next if self._next < len(pieces) and pieces[self._next][0] <= a else 0
+        while k < len(pieces) and pieces[k][1] <= a:
+            k += 1
+        self._next = k
+        source = memoryview(chunk)
+        while k < len(pieces) and pieces[k][0] < b:
+            low, high, target = pieces[k]
+            x, y = max(a, low), min(b, high)
+            target[x - low: y - low] = source[x - a: y - a]
+            if high > b:
+                break
+            k += 1
+
+
+def _segments(ranges: list[tuple[int, int, np.ndarray]]) -> list[list[tuple[int, int, np.ndarray, int]]]:
+    """``(offset, length, array)`` ranges as requests: each cut into `PART`-sized pieces
+    ``(offset, length, array, position)``, then pieces that follow each other in the file (closer
+    than `GAP`) joined while the request stays within `PART` bytes."""
+    segments: list[list[tuple[int, int, np.ndarray, int]]] = []
+    for offset, length, out in ranges:
+        for k in range(0, length, PART):
+            piece = (offset + k, min(PART, length - k), out, k)
+            if segments:
+                first, last = segments[-1][0], segments[-1][-1]
+                end = last[0] + last[1]
+                if 0 <= piece[0] - end <= GAP and piece[0] + piece[1] - first[0] <= PART:
+                    segments[-1].append(piece)
+                    continue
+            segments.append([piece])
+    return segments
 
 
 def _parts(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -487,114 +535,3 @@ def _parts(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]
             for offset, length, at in ranges for k in range(0, length, PART)]
 
 
-def retrying(call: Callable[[], Any], url: str, offset: int | None = None, length: int | None = None) -> Any:
-    """`call()`, retried with exponential backoff on transient failures (`RETRIES` tries); any
-    other failure, or the last, becomes the `WeightioError` `describe_failure` gives (naming `url`)."""
-    for attempt in range(RETRIES):
-        try:
-            return call()
-        except WeightioError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every transport's errors are sorted here
-            problem = describe_failure(e)
-            if not (problem.transient and attempt + 1 < RETRIES):
-                raise problem.error(redact(url), offset, length) from None
-        time.sleep(BACKOFF * 2 ** attempt)
-    raise AssertionError("unreachable")
-
-
-class Failure:
-    """A transport error sorted: whether to retry it, and the `WeightioError` it becomes."""
-
-    def __init__(self, status: int | None, detail: str, *, transient: bool, changed: bool = False,
-                 ignores_range: bool = False) -> None:
-        self.status, self.detail, self.transient = status, detail, transient
-        self.changed, self.ignores_range = changed, ignores_range
-
-    def error(self, url: str, offset: int | None = None, length: int | None = None) -> WeightioError:
-        where = f" (bytes {offset}..{offset + length})" if offset is not None and length is not None else ""
-        if self.changed:
-            return CorruptFileError(f"changed since it was opened{where}: the server answered HTTP {self.status} "
-                                    "(its ETag no longer matches); open it again", path=url)
-        if self.ignores_range:
-            return InputError("the server ignores Range requests (it answers the whole file to a range request); "
-                              "weightio reads remote files by range only: download the file first", path=url)
-        status = self.status
-        if status in (401, 403):
-            return InputError(f"access denied (HTTP {status}){where}: check your credentials (HF_TOKEN, the AWS "
-                              "credential chain, or storage_options=)", path=url, errno=13)
-        if status == 404:
-            return InputError(f"not found (HTTP 404){where}", path=url, errno=2)
-        if status is not None:
-            return InputError(f"the server answered HTTP {status}{where}: {self.detail}", path=url)
-        return InputError(f"cannot read{where}: {self.detail}", path=url)
-
-
-_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
-
-
-def describe_failure(error: BaseException) -> Failure:
-    """Sort an exception of any transport (aiohttp, httpx, botocore, fsspec, OSError) into a `Failure`."""
-    status = _status_of(error)
-    detail = scrub(_first_line(error))
-    if status == 412 or type(error).__name__ == "FileExpired":  # s3fs's word for a failed If-Match
-        return Failure(status or 412, detail, transient=False, changed=True)
-    if isinstance(error, ValueError) and "support range requests" in str(error):
-        return Failure(None, detail, transient=False, ignores_range=True)
-    if status is not None:
-        return Failure(status, detail, transient=status in _TRANSIENT_STATUS)
-    if isinstance(error, FileNotFoundError):
-        return Failure(404, detail, transient=False)
-    if isinstance(error, PermissionError):
-        return Failure(403, detail, transient=False)
-    names = {cls.__name__ for cls in type(error).__mro__}
-    transient = bool(names & {"ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError",
-                              "TimeoutError", "TimeoutException", "NetworkError", "ConnectError", "ReadTimeout",
-                              "ConnectTimeout", "RemoteProtocolError", "ConnectionError", "EndpointConnectionError",
-                              "ReadTimeoutError", "IncompleteReadError", "ConnectionResetError",
-                              "ResponseStreamingError"})
-    return Failure(None, f"{type(error).__name__}: {detail}", transient=transient)
-
-
-def _status_of(error: BaseException) -> int | None:
-    """The HTTP status an exception carries, whatever its library."""
-    for candidate in (error, getattr(error, "__cause__", None), getattr(error, "__context__", None)):
-        if candidate is None:
-            continue
-        status = getattr(candidate, "status", None)  # aiohttp
-        if isinstance(status, int):
-            return status
-        response = getattr(candidate, "response", None)
-        code = getattr(response, "status_code", None)  # httpx / requests
-        if isinstance(code, int):
-            return code
-        if isinstance(response, dict):  # botocore ClientError
-            meta = response.get("ResponseMetadata", {})
-            code = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
-            if isinstance(code, int):
-                return code
-            err = response.get("Error", {})
-            if isinstance(err, dict) and str(err.get("Code", "")).isdigit():
-                return int(err["Code"])
-            if isinstance(err, dict) and err.get("Code") in ("PreconditionFailed",):
-                return 412
-            if isinstance(err, dict) and err.get("Code") in ("NoSuchKey", "NoSuchBucket", "404"):
-                return 404
-            if isinstance(err, dict) and err.get("Code") in ("AccessDenied", "InvalidAccessKeyId",
-                                                               "SignatureDoesNotMatch", "403"):
-                return 403
-    return None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
-
-
-_SECRETS = re.compile(r"(hf_[A-Za-z0-9]{6,}|(?i:signature|token|x-amz-[a-z-]+|sig|key)=[^&\s]+|//[^/@\s]+@)")
-
-
-def scrub(text: str) -> str:
-    """Remove tokens, signatures and URL credentials from a message."""
-    return _SECRETS.sub(lambda m: "//***@" if m.group(0).startswith("//") else
-                        (m.group(0).split("=")[0] + "=***" if "=" in m.group(0) else "hf_***"), text)

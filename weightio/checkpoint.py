@@ -14,8 +14,8 @@ from types import TracebackType
 from typing import Any
 
 from . import layout
+from ._failures import is_url
 from ._io import MappedFile
-from ._remote import is_url
 from .errors import (
     DOWNLOAD_ADVICE,
     STORAGE_OPTIONS_ADVICE,

@@ -52,9 +52,9 @@ import numpy as np
 
 from . import carry, model_files
 from . import limits as _limits
+from ._failures import is_url, redact
 from ._io import bytes_equal, drop_array_pages
 from ._outputs import atomic_write, check_parent, remove_stale_temporaries, write_all
-from ._remote import is_url, redact
 from ._staging import Outputs, Staging, check_outputs
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import PACKED, TABLE, dtype_name, is_number, parse_dtype

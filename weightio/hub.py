@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import layout, limits
+from ._failures import scrub
 from ._json import parse_json_object
 from ._outputs import check_parent
-from ._remote import scrub
 from .errors import FormatError, InputError, WeightioError
 from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse
 

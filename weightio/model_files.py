@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from . import layout
+from ._failures import describe_failure, is_url, redact
 from ._outputs import atomic_write, write_all
-from ._remote import describe_failure, is_url, redact
 from ._staging import Staging
 from .errors import InputError, WeightioError
 from .layout import is_weights

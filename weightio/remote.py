@@ -22,14 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import posixpath
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from . import layout
+from ._failures import is_url, redact, retrying
+from ._gc import collector_paused
 from ._json import parse_json_object
-from ._remote import BLOCK, RemoteFile, is_url, pool, redact, retrying
+from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
 from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
@@ -67,7 +70,11 @@ def open_url(url: str, *, storage_options: Mapping[str, Any] | None = None, down
         MissingDependencyError: the scheme's fsspec filesystem is not installed.
         UsageError: an unknown scheme, or ``download=True`` for a URL that is not ``hf://``.
     """
-    options = dict(storage_options or {})
+    with collector_paused():  # a wave of a hundred requests and their answers' parses: no cycles, much garbage
+        return _open_url(url, dict(storage_options or {}), download)
+
+
+def _open_url(url: str, options: dict[str, Any], download: bool) -> Opened:
     if url.startswith("hf://"):
         return _open_hub(url, options, download)
     if download:
@@ -267,7 +274,7 @@ def _find(fs: Any, path: str, url: str) -> Found:
     (on S3 too where that GET did not answer: a prefix, an error, which ``info`` then reports)."""
     if _is_http(fs):
         return retrying(lambda: probe(fs, path, url), url)
-    found = _s3_probe(fs, path) if _protocols(fs)[0] in ("s3", "s3a") else None
+    found = _s3_probe(fs, path) if _is_s3(fs) else None
     return found or Found(_info(fs, path, url))
 
 
@@ -276,14 +283,33 @@ def _s3_probe(fs: Any, path: str) -> Found | None:
     in flight together on s3fs's event loop: its ``ContentRange`` gives the size, the answer its
     ETag. None where the first GET did not answer a range of an object (no such key, a prefix,
     access denied, an empty object)."""
+    return _s3_probe_all(fs, [path])[0]
+
+
+def _s3_probe_all(fs: Any, paths: list[str]) -> list[Found | None]:
+    """`_s3_probe` of every path at once, in one wave on s3fs's event loop (None for all where
+    s3fs is not as known: each is then found by ``info``)."""
     from fsspec.asyn import sync
 
-    head, tail = first_reads(path, sized=False)
     try:
-        bucket, key, version = fs.split_path(path)
         call = fs._call_s3  # s3fs's request method (credentials, retries, its client)
+        keys = [fs.split_path(path) for path in paths]
     except Exception:  # noqa: BLE001 - not s3fs as known: found by info
-        return None
+        return [None] * len(paths)
+
+    async def every() -> list[Any]:
+        return await asyncio.gather(*(_s3_probe_async(call, path, *key) for path, key in zip(paths, keys, strict=True)),
+                                    return_exceptions=True)
+
+    try:
+        got = sync(fs.loop, every)
+    except Exception:  # noqa: BLE001 - found by info, which reports what is wrong
+        return [None] * len(paths)
+    return [r if isinstance(r, Found) else None for r in got]
+
+
+async def _s3_probe_async(call: Any, path: str, bucket: str, key: str, version: str | None) -> Found | None:
+    head, tail = first_reads(path, sized=False)
     if not key:
         return None
 
@@ -295,14 +321,8 @@ def _s3_probe(fs: Any, path: str) -> Found | None:
         finally:
             answer["Body"].close()
 
-    async def both() -> list[Any]:
-        asked = [get(f"bytes=0-{head - 1}", head)] + ([get(f"bytes=-{tail}", tail)] if tail else [])
-        return await asyncio.gather(*asked, return_exceptions=True)
-
-    try:
-        got = sync(fs.loop, both)
-    except Exception:  # noqa: BLE001 - found by info, which reports what is wrong
-        return None
+    asked = [get(f"bytes=0-{head - 1}", head)] + ([get(f"bytes=-{tail}", tail)] if tail else [])
+    got = await asyncio.gather(*asked, return_exceptions=True)
     if isinstance(got[0], BaseException):
         return None
     answer, first = got[0]
@@ -323,6 +343,10 @@ def _is_http(fs: Any) -> bool:
     return "http" in _protocols(fs)
 
 
+def _is_s3(fs: Any) -> bool:
+    return _protocols(fs)[0] in ("s3", "s3a")
+
+
 def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> RemoteFile:
     """A file of an fsspec filesystem read by range through its own file object's range fetcher."""
     found = found if found is not None else _find(fs, path, url)
@@ -334,33 +358,62 @@ def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> Re
         raise InputError("the server does not say how large the file is (no Content-Length): weightio reads "
                          "remote files by range only", path=redact(url))
     etag = info.get("ETag") or info.get("etag")
-    options: dict[str, Any] = {}
+    given = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
     if _is_http(fs):
         # size given: no HEAD; If-Match: a file replaced on the server answers 412, not new bytes
-        headers = dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})
-        options = {"size": size, "headers": headers}
-    elif _protocols(fs)[0] in ("s3", "s3a"):
-        options = {"size": size}  # s3fs's files take the size, and (below) the info, instead of a HEAD
-    handle = retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url)
-    if not _is_http(fs) and "name" in info and getattr(handle, "_details", False) is None:
-        handle.details = info  # what the file would HEAD for on its first read
-        if etag and isinstance(getattr(handle, "read_kw", None), dict) and not getattr(fs, "local_expiry_check", 1):
-            handle.read_kw = handle.read_kw | {"IfMatch": etag}  # as s3fs does when it HEADs itself
-    fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
-    given = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
-    if _is_http(fs) and set(fs.kwargs) <= {"headers"}:  # many ranges in one wave on fsspec's own session
-        target, ask = fs.encode_url(path), options["headers"]
-        given["fetch_many"] = lambda ranges: [None if r is None else r[0] for r in
-                                              wave(fs, [(target, ask, a, a + n) for a, n in ranges])]
-    if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
-        handle.close()
-        file = RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), size, **given)
-    else:
-        file = RemoteFile(url, fetch, size, close=handle.close, **given)
+        options = {"size": size, "headers": dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})}
+        if set(fs.kwargs) <= {"headers"}:  # many ranges in one wave on fsspec's own session
+            target, ask = fs.encode_url(path), options["headers"]
+            given["fetch_many"] = lambda ranges: [None if r is None else r[0] for r in
+                                                  wave(fs, [(target, ask, a, a + n) for a, n in ranges])]
+        opened = _OnFirstUse(lambda: retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url))
+        file = RemoteFile(url, opened.fetch_range, size, close=opened.close, **given)
+    else:  # s3fs's files take the size, and the info, instead of a HEAD
+        options = {"size": size} if _is_s3(fs) else {}
+        file = _fsspec_handle_file(fs, path, url, info, options, given)
     head, tail = first_reads(path)
     if found.first is None and (tail or head < BLOCK):  # found by a listing or HEAD: both asked now, together
         _primed(file, head, tail)
     return file
+
+
+class _OnFirstUse:
+    """An fsspec HTTP file object made when a single range is first asked of it: making one asks
+    fsspec's event loop for its session (a round trip between threads), which a shard whose header
+    came with the request that found it never needs."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make, self._handle, self._lock = make, None, threading.Lock()
+
+    def fetch_range(self, start: int, stop: int) -> bytes:
+        with self._lock:
+            if self._handle is None:
+                self._handle = self._make()
+            handle = self._handle
+        return handle._fetch_range(start, stop)
+
+    def close(self) -> None:
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
+
+
+def _fsspec_handle_file(fs: Any, path: str, url: str, info: dict[str, Any], options: dict[str, Any],
+                        given: dict[str, Any]) -> RemoteFile:
+    """A file of a filesystem other than HTTP, read by its own file object's range fetcher (or,
+    where its files have none, by ``cat_file`` with a range)."""
+    etag = given["etag"]
+    handle = retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url)
+    if "name" in info and getattr(handle, "_details", False) is None:
+        handle.details = info  # what the file would HEAD for on its first read
+        if etag and isinstance(getattr(handle, "read_kw", None), dict) and not getattr(fs, "local_expiry_check", 1):
+            handle.read_kw = handle.read_kw | {"IfMatch": etag}  # as s3fs does when it HEADs itself
+    fetch = getattr(handle, "_fetch_range", None)  # fsspec's buffered files all have one
+    if fetch is None:  # a filesystem whose files do not: its cat_file takes a range
+        handle.close()
+        return RemoteFile(url, lambda start, stop: fs.cat_file(path, start=start, end=stop), info["size"], **given)
+    return RemoteFile(url, fetch, info["size"], close=handle.close, **given)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -406,12 +459,14 @@ def _open_folder(fs: Any, path: str, url: str) -> Opened:
 
 def _open_index(fs: Any, path: str, url: str, found: Found | None = None,
                 listing: dict[str, dict[str, Any]] | None = None) -> Opened:
-    """A sharded set by its index: the index read while its folder is listed (sizes and ETags of
-    every shard in one request, where the filesystem lists them), then every shard opened at once,
-    each in one request (a listed size, or over HTTP a first ranged GET that brings it)."""
+    """A sharded set by its index: the index read (while its folder is listed, on a filesystem
+    other than HTTP and S3: sizes and ETags of every shard in one request), then every shard opened
+    at once, each in one request: over HTTP and S3 a wave of first ranged GETs, which bring each
+    shard's size and ETag with its first bytes; elsewhere its listed size."""
     folder = url.rsplit("/", 1)[0]
     listed = None
-    if listing is None and not _is_http(fs):
+    waves = _is_http(fs) or _is_s3(fs)
+    if listing is None and not waves:
         listed = pool().submit(_listing, fs, path.rsplit("/", 1)[0])
     index = _fsspec_file(fs, path, url, found)
     try:
@@ -424,8 +479,10 @@ def _open_index(fs: Any, path: str, url: str, found: Found | None = None,
     shards = layout.shards(weight_map)
     urls = {f"{folder}/{s}": s for s in shards}
     known = {u: _sized((listing or {}).get(s, {})) for u, s in urls.items()}
-    if _is_http(fs) and len(urls) > 1:  # every shard's first GET out at once, then parsed
-        known = dict(zip(urls, probe_all(fs, [(_fs_path(fs, u), u) for u in urls]), strict=True))
+    if waves and len(urls) > 1:  # every shard's first GET out at once, then parsed
+        paths = [(_fs_path(fs, u), u) for u in urls]
+        probed = probe_all(fs, paths) if _is_http(fs) else _s3_probe_all(fs, [p for p, _ in paths])
+        known = {u: found or known[u] for u, found in zip(urls, probed, strict=True)}  # None: found alone
     files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u, known[u])) for u in urls]
     return Opened(redact(folder), _open_all(files),
                   (redact(url), weight_map, metadata, {redact(u): s for u, s in urls.items()}))

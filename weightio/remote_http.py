@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._remote import BLOCK, Failure, redact
+from ._failures import Failure, redact
+from ._remote import BLOCK
 from .errors import InputError, UsageError
 
 __all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "total_size",

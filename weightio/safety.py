@@ -53,8 +53,8 @@ import posixpath
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ._failures import describe_failure, is_url
 from ._io import MappedFile
-from ._remote import describe_failure, is_url
 from .errors import STORAGE_OPTIONS_ADVICE, Advice, CorruptFileError, FormatError, InputError, UsageError, WeightioError
 from .formats import _zip, open_file
 from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._remote import RemoteImage
+from ._remote import RemoteFile, RemoteImage
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, WeightioError
 from .text import dims
@@ -126,19 +126,25 @@ class TensorView:
         pool, several requests in flight); the next `numpy()` or `raw()` takes them instead of
         asking. Returns the bytes asked for: 0 for a local file (its pages are mapped, not
         fetched), for bytes fetched or on their way already, or for a tensor whose read refuses
-        (that read says why). Loops over many tensors call it for the next ones
-        (`weightio._remote.reading_ahead`)."""
+        (that read says why). Loops over many tensors fetch the next ones together
+        (`weightio._streaming.reading_ahead`)."""
+        where = self.stored_remote()
+        return 0 if where is None else where[0].read_ahead(where[1], where[2], f"tensor {self.name!r}")
+
+    def stored_remote(self) -> tuple[RemoteFile, int, int] | None:
+        """``(remote file, offset, length)`` of the tensor's stored bytes; None for a local file or
+        a tensor whose read refuses (that read says why)."""
         info = self.info
         if not getattr(self._reader.file, "remote", False) or info.dtype.hasobject:
-            return 0
+            return None
         try:
             buf = self._reader.buffer(self.name)
         except WeightioError:
-            return 0
+            return None
         if not isinstance(buf, RemoteImage):
-            return 0
+            return None
         start, stop = info.stored_range()
-        return buf.file.read_ahead(start, stop - start, f"tensor {self.name!r}")
+        return buf.file, start, stop - start
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """``view[a:b]``, ``view[:, a:b]``: the selected part as a read-only array.

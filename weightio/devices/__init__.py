@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._remote import reading_ahead
+from .._streaming import reading_ahead
 from ..dtypes import by_torch, dtype_name, is_number, parse_dtype
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import Device, import_framework, is_floating, parse_device

@@ -79,7 +79,8 @@ from typing import Any
 import numpy as np
 
 from .. import layout
-from .._remote import BLOCK, is_url
+from .._failures import is_url
+from .._remote import BLOCK
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import DEFAULTS, exceeded
 from ..quant.types import GGMLType, by_id
