@@ -85,7 +85,7 @@ def reads_the_same_by_url(remote_files: Served, path) -> None:  # noqa: ANN001
         assert url in str(caught.value)
         return
     with local, wio.open(url) as remote:
-        assert traffic(remote)[1] <= len(data) + first_reads(path.name, sized=False)[1]
+        assert traffic(remote)[1] <= len(data) + first_reads(path.name)[1]
         same_as_local(local, remote)
 
 

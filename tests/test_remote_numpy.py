@@ -121,20 +121,19 @@ def test_central_directory_past_the_remote_size_is_refused(remote_files, tmp_pat
 # ----------------------------------------------------------------------------- the opening plan by name
 
 
-@pytest.mark.parametrize(("name", "sized", "expected"), [
-    ("model.safetensors", True, (64 * KIB, 0)),
-    ("model.gguf", False, (64 * KIB, 0)),
-    ("weights.npz", False, (4 * KIB, 16 * KIB)),
-    ("embed.NPY", True, (4 * KIB, 0)),
-    ("model.pt", False, (64 * KIB, 16 * KIB)),
-    ("last.ckpt?versionId=3", True, (64 * KIB, 16 * KIB)),
-    ("pytorch_model.bin", True, (64 * KIB, 98)),  # torch's zip or ggml's: the end records alone
-    ("pytorch_model.bin", False, (64 * KIB, 0)),  # the size unknown: a suffix could overlap the first bytes
+@pytest.mark.parametrize(("name", "expected"), [
+    ("model.safetensors", (64 * KIB, 0)),
+    ("model.gguf", (64 * KIB, 0)),
+    ("weights.npz", (4 * KIB, 16 * KIB)),
+    ("embed.NPY", (4 * KIB, 0)),
+    ("model.pt", (64 * KIB, 16 * KIB)),
+    ("last.ckpt?versionId=3", (64 * KIB, 16 * KIB)),
+    ("pytorch_model.bin", (64 * KIB, 16 * KIB)),  # torch's zip, most often (ggml's or a pickle: 16 KiB wasted)
 ])
-def test_first_reads_follow_the_name(name, sized, expected):
+def test_first_reads_follow_the_name(name, expected):
     from weightio.remote import first_reads
 
-    assert first_reads(name, sized=sized) == expected
+    assert first_reads(name) == expected
 
 
 def test_npz_brings_its_end_with_its_first_bytes(remote_files, tmp_path):
@@ -189,4 +188,27 @@ def test_local_headers_go_out_in_one_wave_and_a_failed_one_is_asked_again(remote
         remote_files.server.idle()
         statuses = [r.status for r in remote_files.server.matching()]
         assert statuses.count(503) == 1 and len(statuses) == 2 + 5 + 1  # the failed header asked again, once
+        assert {n: remote[n].numpy().tobytes() for n in remote} == {n: a.tobytes() for n, a in arrays.items()}
+
+
+def test_s3_local_headers_go_out_in_one_wave_and_a_failed_one_is_asked_again(s3_server, tmp_path):
+    """The same over S3: one wave on s3fs's event loop, each range guarded by the object's ETag."""
+    arrays = dict(list(_ARRAYS.items())[:6])
+    path = tmp_path / "six.npz"
+    np.savez(path, **arrays)
+    url = s3_server.put("models", "six.npz", path.read_bytes())
+    s3_server.reset()
+    s3_server.delay = 0.05
+    with wio.open(url, storage_options=s3_server.storage_options):
+        s3_server.idle()
+        assert s3_server.peak_in_flight >= 5  # the five local headers past the first 4 KiB, at once
+        headers = s3_server.matching("GET")[2:]
+        assert len(headers) == 5 and all(r.headers.get("if-match") for r in headers)
+    s3_server.reset()
+    s3_server.delay = 0.0
+    s3_server.failures["six.npz"] = [None, None, 503]  # the first and last bytes pass, a header fails
+    with wio.open(url, storage_options=s3_server.storage_options) as remote:
+        s3_server.idle()
+        statuses = [r.status for r in s3_server.matching("GET")]
+        assert 503 in statuses and statuses.count(206) == 2 + 5  # the failed header asked again until answered
         assert {n: remote[n].numpy().tobytes() for n in remote} == {n: a.tobytes() for n, a in arrays.items()}

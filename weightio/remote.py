@@ -19,7 +19,6 @@ repo's config and tokenizer files, and maps them: what transformers then finds o
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import posixpath
 import threading
@@ -28,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import layout
+from . import layout, remote_s3
 from ._failures import is_url, redact, retrying
 from ._gc import collector_paused
 from ._json import parse_json_object
 from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
-from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
+from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, wave
 
 __all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
@@ -270,73 +269,12 @@ def _info(fs: Any, path: str, url: str) -> dict[str, Any]:
 
 def _find(fs: Any, path: str, url: str) -> Found:
     """Size and ETag of a file: over HTTP(S) and S3 by its first ranged GET (`remote_http.probe`,
-    `_s3_probe`: one request instead of a HEAD and a GET), elsewhere by the filesystem's ``info``
+    `remote_s3.probe`: one request instead of a HEAD and a GET), elsewhere by the filesystem's ``info``
     (on S3 too where that GET did not answer: a prefix, an error, which ``info`` then reports)."""
     if _is_http(fs):
         return retrying(lambda: probe(fs, path, url), url)
-    found = _s3_probe(fs, path) if _is_s3(fs) else None
+    found = remote_s3.probe(fs, path) if _is_s3(fs) else None
     return found or Found(_info(fs, path, url))
-
-
-def _s3_probe(fs: Any, path: str) -> Found | None:
-    """An S3 object found by ranged GETs of its first bytes (and its last, as `first_reads` says),
-    in flight together on s3fs's event loop: its ``ContentRange`` gives the size, the answer its
-    ETag. None where the first GET did not answer a range of an object (no such key, a prefix,
-    access denied, an empty object)."""
-    return _s3_probe_all(fs, [path])[0]
-
-
-def _s3_probe_all(fs: Any, paths: list[str]) -> list[Found | None]:
-    """`_s3_probe` of every path at once, in one wave on s3fs's event loop (None for all where
-    s3fs is not as known: each is then found by ``info``)."""
-    from fsspec.asyn import sync
-
-    try:
-        call = fs._call_s3  # s3fs's request method (credentials, retries, its client)
-        keys = [fs.split_path(path) for path in paths]
-    except Exception:  # noqa: BLE001 - not s3fs as known: found by info
-        return [None] * len(paths)
-
-    async def every() -> list[Any]:
-        return await asyncio.gather(*(_s3_probe_async(call, path, *key) for path, key in zip(paths, keys, strict=True)),
-                                    return_exceptions=True)
-
-    try:
-        got = sync(fs.loop, every)
-    except Exception:  # noqa: BLE001 - found by info, which reports what is wrong
-        return [None] * len(paths)
-    return [r if isinstance(r, Found) else None for r in got]
-
-
-async def _s3_probe_async(call: Any, path: str, bucket: str, key: str, version: str | None) -> Found | None:
-    head, tail = first_reads(path, sized=False)
-    if not key:
-        return None
-
-    async def get(asked: str, most: int) -> tuple[dict, bytes]:
-        answer = await call("get_object", Bucket=bucket, Key=key, Range=asked, **({"VersionId": version} if version
-                                                                                 else {}))
-        try:
-            return answer, await answer["Body"].read(most + 1)  # more than asked is caught below, not read
-        finally:
-            answer["Body"].close()
-
-    asked = [get(f"bytes=0-{head - 1}", head)] + ([get(f"bytes=-{tail}", tail)] if tail else [])
-    got = await asyncio.gather(*asked, return_exceptions=True)
-    if isinstance(got[0], BaseException):
-        return None
-    answer, first = got[0]
-    size, etag = total_size(answer.get("ContentRange") or ""), answer.get("ETag")
-    if size is None or len(first) != min(head, size):
-        return None
-    last = None
-    if tail and not isinstance(got[1], BaseException):
-        end, raw = got[1]
-        same = total_size(end.get("ContentRange") or "") == size and end.get("ETag") == etag
-        last = raw if same and len(raw) == min(tail, size) else None
-    info = {"name": path, "size": size, "type": "file", "ETag": etag, "VersionId": answer.get("VersionId"),
-            "LastModified": answer.get("LastModified"), "ContentType": answer.get("ContentType")}
-    return Found(info, first, head, last)
 
 
 def _is_http(fs: Any) -> bool:
@@ -370,6 +308,8 @@ def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> Re
         file = RemoteFile(url, opened.fetch_range, size, close=opened.close, **given)
     else:  # s3fs's files take the size, and the info, instead of a HEAD
         options = {"size": size} if _is_s3(fs) else {}
+        if _is_s3(fs):  # many ranges in one wave on s3fs's event loop
+            given["fetch_many"] = lambda ranges: remote_s3.wave(fs, path, etag, ranges)
         file = _fsspec_handle_file(fs, path, url, info, options, given)
     head, tail = first_reads(path)
     if found.first is None and (tail or head < BLOCK):  # found by a listing or HEAD: both asked now, together
@@ -481,7 +421,7 @@ def _open_index(fs: Any, path: str, url: str, found: Found | None = None,
     known = {u: _sized((listing or {}).get(s, {})) for u, s in urls.items()}
     if waves and len(urls) > 1:  # every shard's first GET out at once, then parsed
         paths = [(_fs_path(fs, u), u) for u in urls]
-        probed = probe_all(fs, paths) if _is_http(fs) else _s3_probe_all(fs, [p for p, _ in paths])
+        probed = probe_all(fs, paths) if _is_http(fs) else remote_s3.probe_all(fs, [p for p, _ in paths])
         known = {u: found or known[u] for u, found in zip(urls, probed, strict=True)}  # None: found alone
     files = [(lambda u=u: _fsspec_file(fs, _fs_path(fs, u), u, known[u])) for u in urls]
     return Opened(redact(folder), _open_all(files),

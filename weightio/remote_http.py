@@ -30,21 +30,21 @@ _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy heade
 # more only for record dtypes) and an archive's first local header; the rest of the first block is data
 _TAIL = 16 << 10  # the last bytes fetched with the first of a file named as a zip: its end records and, up
 # to a few hundred members, its whole central directory (the rest of a larger one comes next, exactly)
-_END = 22 + 20 + 56  # a zip's end records (the ZIP64 ones included): all a .bin gets (torch's, or ggml's)
-_ZIP_NAMES = (".npz", ".pt", ".pth", ".ckpt", ".zip")  # what torch.save and numpy.savez are named
+_ZIP_NAMES = (".npz", ".pt", ".pth", ".ckpt", ".zip", ".bin")  # what torch.save and numpy.savez are named (a
+# .bin may be ggml's or a legacy pickle instead: 16 KiB wasted then, against two round trips saved for torch's)
 _SHORT_NAMES = (".npz", ".npy")
 
 
-def first_reads(name: str, *, sized: bool = True) -> tuple[int, int]:
+def first_reads(name: str) -> tuple[int, int]:
     """(first bytes, last bytes) to fetch of a remote file named `name` when it is found, in flight
     together: a whole `BLOCK` first (a safetensors or GGUF header, a torch archive's ``data.pkl``),
     only `_SHORT_HEAD` of numpy's files; the last `_TAIL` bytes too of a name a zip archive has (its
-    end is read next), and the end records alone of a ``.bin`` (torch's zip, or a ggml file: few
-    bytes wasted) where the size is known first (`sized`: the last bytes then never overlap the
-    first). Only a guess from the name: a reader asks for anything else it needs."""
+    end is read next: ``pytorch_model.bin`` included). Only a guess from the name: a reader asks for
+    anything else it needs. Where the size is known first, the caller asks only the last bytes that
+    do not overlap the first."""
     name = name.lower().rsplit("?", 1)[0]
     head = _SHORT_HEAD if name.endswith(_SHORT_NAMES) else BLOCK
-    return head, (_TAIL if name.endswith(_ZIP_NAMES) else _END if sized and name.endswith(".bin") else 0)
+    return head, (_TAIL if name.endswith(_ZIP_NAMES) else 0)
 
 
 @dataclass
@@ -83,7 +83,7 @@ async def probe_async(fs: Any, path: str, url: str) -> Found:
     """`probe`; for a name that may be a zip (`first_reads`), the file's last bytes are asked at
     the same time by a suffix range (``bytes=-n``, which needs no size), and kept when that answer
     agrees with the first's (the same size and ETag)."""
-    head, tail = first_reads(path, sized=False)
+    head, tail = first_reads(path)
     if not tail:
         return await _probe_first(fs, path, url, head)
     found, last = await asyncio.gather(_probe_first(fs, path, url, head), _probe_last(fs, path, tail),
