@@ -107,3 +107,52 @@ def test_hub_npz_headers_go_to_the_cdn_in_one_wave(serve_hub, tmp_path):
         cdn = hub.matching(contains="/cdn/")
         assert len(cdn) == 2 + 4 and hub.peak_in_flight >= 4  # four local headers past the first 4 KiB, at once
         assert np.array_equal(ckpt["a3"].numpy(), arrays["a3"])
+
+
+def test_a_named_file_is_asked_for_while_the_repo_is_listed(serve_hub):
+    """hf://org/repo/file: its first bytes (and an archive's last) go out at the revision together
+    with the listing, and are used once the listing says they came from its commit and size: one
+    round trip less than listing first."""
+    arrays = {"w": np.arange(30000, dtype=np.float32), "b": np.ones(7, np.int64)}
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    blob = buffer.getvalue()
+    hub = serve_hub({("model", "org/model"): Repo({COMMIT: {"w.npz": blob}}, {"main": COMMIT})})
+    hub.delay = 0.1
+    with wio.open("hf://org/model/w.npz") as ckpt:
+        hub.idle()
+        log = sorted(hub.requests, key=lambda r: r.started)
+        listing = next(r for r in log if r.path.startswith("/api/"))
+        firsts = [r for r in log if r.range in ("bytes=0-4095", "bytes=-16384") and "/resolve/main/" in r.path]
+        assert len(firsts) == 2 and all(r.started < listing.finished for r in firsts)  # in flight with the listing
+        assert not [r for r in log if f"/resolve/{COMMIT}/" in r.path]  # never asked again at the commit
+        assert {n: ckpt[n].numpy().tobytes() for n in ckpt} == {n: a.tobytes() for n, a in arrays.items()}
+
+
+def test_first_bytes_from_another_commit_are_not_used():
+    from weightio import remote
+    from weightio.hub import HubFile
+
+    listed = HubFile("org/model", "model", COMMIT, "model.safetensors", "http://hub", 100_000, "hf://org/model")
+    early = (b"x" * BLOCK, "http://cdn/1", None, COMMIT, 100_000)
+    assert remote._taken(early, listed) == {"model.safetensors": (b"x" * BLOCK, "http://cdn/1", None)}
+    assert remote._taken((*early[:3], "b" * 40, 100_000), listed) == {}  # the revision moved meanwhile
+    assert remote._taken((*early[:4], 99_999), listed) == {}  # another size
+    assert remote._taken((b"x" * 10, *early[1:]), listed) == {}  # a short first answer
+    assert remote._taken(None, listed) == {}
+
+
+def test_a_folder_or_a_cached_file_is_not_asked_for_before_the_listing(serve_hub):
+    from weightio import hub as hubs
+
+    tensors = _tensors()
+    serve_hub({("model", "org/model"): _repo(save(tensors))})
+    assert hubs.named_file("hf://org/model") is None
+    assert hubs.named_file("hf://org/model/sub") is None
+    assert hubs.named_file("hf://org/model/model.safetensors.index.json") is None
+    assert hubs.named_file("hf://org/model/m-00001-of-00002.gguf") is None
+    assert hubs.named_file("hf://org/model@v1/model.safetensors").commit == "v1"
+    wio.open("hf://org/model", download=True).close()
+    assert hubs.named_file("hf://org/model/model.safetensors") is None  # in the cache: mapped, not fetched

@@ -46,8 +46,8 @@ from ._outputs import check_parent
 from .errors import FormatError, InputError, WeightioError
 from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse
 
-__all__ = ["HubFile", "HubPath", "SCHEME", "is_hub_path", "parse", "remote_sources", "resolve", "download",
-           "model_files", "pick_weights", "CONFIG_PATTERNS"]
+__all__ = ["HubFile", "HubPath", "SCHEME", "is_hub_path", "named_file", "parse", "remote_sources", "resolve",
+           "download", "model_files", "pick_weights", "CONFIG_PATTERNS"]
 
 # Besides the weights, `download` fetches what loading a model needs: configs and tokenizers.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.yaml", "*.yml")
@@ -374,7 +374,8 @@ class HubFile:
 
     Attributes:
         repo_id, repo_type: the repo.
-        commit: the commit the revision pointed to when listed (files at a commit never change).
+        commit: the commit the revision pointed to when listed (files at a commit never change); the
+            revision as written for a file not listed yet (`named_file`).
         filename: the file's path in the repo.
         endpoint: the Hub or mirror (``HF_ENDPOINT``).
         size: the file's size, from the Hub's paths-info.
@@ -395,6 +396,27 @@ class HubFile:
 
         return hf_hub_url(self.repo_id, self.filename, repo_type=self.repo_type, revision=self.commit,
                           endpoint=self.endpoint)
+
+
+# names of a file that opens alone (not an index, not a part of a split GGUF set)
+_ONE_FILE = tuple(s for _, _, suffixes in layout.LAYOUTS for s in suffixes) + (".npz", ".npy")
+
+
+def named_file(uri: str) -> HubFile | None:
+    """The file an ``hf://`` path names, as far as it can be known before the repo is listed (its
+    revision as written, size 0: unknown), when it is worth asking for its first bytes at once: online,
+    a weight file's name, not in the cache at that revision. None otherwise (a repo, a folder, …)."""
+    hub = parse(uri)
+    base = hub.path.rsplit("/", 1)[-1].lower()
+    if not base.endswith(_ONE_FILE) or layout.split_part(base) is not None or _offline():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    cache_dir = _cache_dir()
+    if isinstance(try_to_load_from_cache(hub.repo_id, hub.path, cache_dir=cache_dir, revision=hub.revision,
+                                         repo_type=hub.repo_type), str):
+        return None
+    return HubFile(hub.repo_id, hub.repo_type, hub.revision or "main", hub.path, _endpoint(), 0, uri)
 
 
 def remote_sources(uri: str) -> tuple[list[str | HubFile], tuple[str, dict[str, str], dict[str, Any]] | None]:

@@ -34,7 +34,7 @@ from ._json import parse_json_object
 from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
-from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, wave
+from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
 
 __all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
@@ -124,10 +124,14 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
                          "HF_ENDPOINT and its own login", path=url, advice=STORAGE_OPTIONS_ADVICE)
     if download:
         return Opened(url, [], local=hub.download(url))
+    named = hub.named_file(url)
+    early = pool().submit(_hub_first_reads, named) if named is not None else None  # while the repo is listed
     sources, index = hub.remote_sources(url)
     remote = [s for s in sources if not isinstance(s, str)]
     found = dict(zip((s.filename for s in remote), _hub_probe_all(remote), strict=True)) \
         if len(remote) > _WAVE else {}  # a few files: each on a thread of its own, on the session the listing made
+    if early is not None and len(remote) == 1 and index is None:
+        found.update(_taken(early.result(), remote[0]))
     files: list[Callable[[], Any]] = [
         (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(s.filename))) for s in sources]
     if index is None:
@@ -138,6 +142,56 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
 
 def _shard_name(source: Any) -> str:
     return posixpath.basename(source if isinstance(source, str) else source.filename)
+
+
+def _hub_first_reads(file: Any) -> tuple[bytes, str, bytes | None, str | None, int] | None:
+    """A named file's first bytes (and its last, as `first_reads` says, by a suffix range), asked
+    at its revision while the repo is listed: (first, the CDN address they came from, last, the
+    commit the Hub answered for, the size). None where anything was not as asked: the file is then
+    read as usual, at the listed commit."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    head, tail = first_reads(file.filename)
+    session, headers, url = get_session(), build_hf_headers(), file.url()
+
+    def get(asked: str, most: int) -> tuple[bytes, str, str | None, int] | None:
+        with session.stream("GET", url, headers=headers | {"Range": asked}, follow_redirects=True) as answer:
+            size = total_size(answer.headers.get("Content-Range", "")) if answer.status_code == 206 else None
+            if size is None:
+                return None  # not read: an error is reported by the usual read, an unranged answer never fetched
+            hops = [*answer.history, answer]
+            commit = next((h.headers["X-Repo-Commit"] for h in hops if "X-Repo-Commit" in h.headers), None)
+            body = b""
+            for chunk in answer.iter_bytes():
+                body += chunk
+                if len(body) > most:
+                    return None
+            return body, str(answer.url), commit, size
+
+    try:
+        asks = [pool().submit(get, f"bytes=0-{head - 1}", head)] + \
+            ([pool().submit(get, f"bytes=-{tail}", tail)] if tail else [])
+        first, last = asks[0].result(), (asks[1].result() if tail else None)
+    except Exception:  # noqa: BLE001 - the usual read reports what is wrong
+        return None
+    if first is None or (tail and (last is None or last[2:] != first[2:])):
+        return None
+    return first[0], first[1], last[0] if last else None, first[2], first[3]
+
+
+def _taken(early: tuple[bytes, str, bytes | None, str | None, int] | None,
+           file: Any) -> dict[str, tuple[bytes, str, bytes | None]]:
+    """`_hub_first_reads`'s answer as the listed file's first (and last) bytes, when it came from the
+    listed commit and size (the revision may have moved between the two requests), else nothing."""
+    if early is None:
+        return {}
+    first, where, last, commit, size = early
+    head, _ = first_reads(file.filename)
+    if commit != file.commit or size != file.size or len(first) != min(head, size):
+        return {}
+    if last is not None and len(last) != min(first_reads(file.filename)[1], size):
+        return {}
+    return {file.filename: (first, where, last)}
 
 
 def _hub_probe_all(files: list[Any]) -> list[tuple[bytes, str, bytes | None] | None]:
