@@ -20,6 +20,7 @@ _LOCAL = np.dtype([("sig", "<u4"), ("needed", "<u2"), ("flags", "<u2"), ("method
                    ("date", "<u2"), ("crc", "<u4"), ("csize", "<u4"), ("usize", "<u4"), ("nlen", "<u2"),
                    ("xlen", "<u2")])  # 30 bytes, as _zip._LOCAL
 _SIG_LOCAL, _ENCRYPTED, _UTF8 = 0x04034B50, 0x1, 0x800
+_INT64_ROOM = 1 << 62  # a size past this (a ZIP64 field holds up to 2^64 - 1) is left to the loop: no int64 wraps
 
 RUN_GAP = 16 << 10  # bytes between two local headers that one read spans (copied, not faulted in)
 RUN_MOST = 1 << 20  # bytes of one such read, at most
@@ -98,6 +99,8 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
         return None
     if b"".join(names) != b"".join([members[i][1] for i in order.tolist()]):
         return None
+    if any(m.compressed_size > cd_offset or m.size > _INT64_ROOM for m, _, _ in members):
+        return None  # numbers that do not fit an int64 sum: the loop reads (or refuses) them exactly
     csize = np.fromiter((m.compressed_size for m, _, _ in members), np.int64, count)
     size = np.fromiter((m.size for m, _, _ in members), np.int64, count)
     data = end + rows["xlen"]
