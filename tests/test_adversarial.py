@@ -158,16 +158,18 @@ def _pt(entry: bytes, numel: int = 3) -> bytes:
     return torch_zip(state_dict({"w": entry}), {"0": f32(*range(numel))})
 
 
-def _zip64_extra_member(size: int) -> bytes:
-    """One stored member whose ZIP64 extra field claims `size` bytes (compressed and not)."""
+def _zip64_extra_member(size: int, offset: int | None = None) -> bytes:
+    """One stored member whose ZIP64 extra field claims `size` bytes (compressed and not) and, when
+    given, its local header at `offset` (the central entry's; the local header stays at 0)."""
     data, name = npy_of(np.zeros(2)), b"w.npy"
     extra = struct.pack("<HHQQ", 1, 16, size, size)
     crc = zipfile.crc32(data)
     local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 0, 0, 33, crc, 0xFFFFFFFF, 0xFFFFFFFF, len(name), len(extra))
+    central_extra = extra if offset is None else struct.pack("<HHQQQ", 1, 24, size, size, offset)
     central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 0, 0, 0, 33, crc, 0xFFFFFFFF, 0xFFFFFFFF,
-                          len(name), len(extra), 0, 0, 0, 0, 0)
+                          len(name), len(central_extra), 0, 0, 0, 0, 0 if offset is None else 0xFFFFFFFF)
     body = local + name + extra + data
-    cd = central + name + extra
+    cd = central + name + central_extra
     return body + cd + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(cd), len(body), 0)
 
 
@@ -341,6 +343,9 @@ NPZ = [
        "member 'w.npy' (9223372036854775884 bytes at 55) runs into the central directory", suffix=".npz"),
     _c("npz", "ZIP64 extra field claiming 2^64 - 1 bytes", lambda m: _zip64_extra_member(2**64 - 1), CorruptFileError,
        "member 'w.npy' (18446744073709551615 bytes at 55) runs into the central directory", suffix=".npz"),
+    _c("npz", "ZIP64 local header offset 2^63 + 92 (past an int64: found by fuzzing)",
+       lambda m: _zip64_extra_member(176, offset=2**63 + 92), CorruptFileError,
+       "file ends inside the local header of 'w.npy' (needs 30 bytes at offset 9223372036854775900", suffix=".npz"),
     _c("npz", "entry count 65535 with no ZIP64 records", lambda m: eocd_counts(TWO_NPZ, 0xFFFF), CorruptFileError,
        "ZIP64 fields are set but there is no ZIP64 locator", suffix=".npz"),
     _c("npz", "deflate bomb lying about its size (declares 137, streams 64 MiB)",

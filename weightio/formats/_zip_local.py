@@ -67,8 +67,9 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
     after another from offset 0. Then ``_zip._locate`` checks each and says what is wrong. (None too
     where the headers lie mostly far apart, a read each: there the loop is as quick.)"""
     count = len(members)
-    if not count:
-        return None
+    if not count or any(m.header_offset >= cd_offset or m.compressed_size > cd_offset or m.size > _INT64_ROOM
+                        for m, _, _ in members):
+        return None  # past the directory, or (ZIP64 fields hold up to 2^64 - 1) past an int64: the loop says so
     offset = np.fromiter((m.header_offset for m, _, _ in members), np.int64, count)
     nlen = np.fromiter((len(raw) for _, raw, _ in members), np.int64, count)
     end = offset + 30 + nlen
@@ -99,8 +100,6 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
         return None
     if b"".join(names) != b"".join([members[i][1] for i in order.tolist()]):
         return None
-    if any(m.compressed_size > cd_offset or m.size > _INT64_ROOM for m, _, _ in members):
-        return None  # numbers that do not fit an int64 sum: the loop reads (or refuses) them exactly
     csize = np.fromiter((m.compressed_size for m, _, _ in members), np.int64, count)
     size = np.fromiter((m.size for m, _, _ in members), np.int64, count)
     data = end + rows["xlen"]
