@@ -15,9 +15,9 @@ from typing import Any
 __all__ = ["READ_AHEAD", "reading_ahead"]
 
 READ_AHEAD = 32 << 20  # bytes of the next tensors a loop over many keeps on their way (`reading_ahead`): one or
-# two requests of neighbouring tensors (`read_ahead_many`). On a 2-CPU client against the loopback Hub, each
-# request more in flight costs CPU a stream does not have: 64 MiB ahead in 32 MiB requests streamed 2.2x slower
-# (medians of 11: 608 vs 280 ms), 8 MiB requests 256 MiB ahead 1.3x slower; per-tensor requests cost a round trip each
+# two requests of neighbouring tensors (`read_ahead_many`), enough to cover a round trip at a link's speed. On the
+# 2-CPU loopback bench, budgets of 0 to 64 MiB and requests of 16 MiB to whole files streamed within noise of each
+# other (medians of 9, a second idle between runs); what joining neighbours buys is a request per 32 MiB, not per tensor
 
 
 def reading_ahead(views: Iterable[Any], budget: int | None = None) -> Iterator[Any]:

@@ -186,10 +186,9 @@ def _taken(early: tuple[bytes, str, bytes | None, str | None, int] | None,
     if early is None:
         return {}
     first, where, last, commit, size = early
-    head, _ = first_reads(file.filename)
-    if commit != file.commit or size != file.size or len(first) != min(head, size):
-        return {}
-    if last is not None and len(last) != min(first_reads(file.filename)[1], size):
+    head, tail = first_reads(file.filename)
+    if commit != file.commit or size != file.size or len(first) != min(head, size) or \
+            (last is not None and len(last) != min(tail, size)):
         return {}
     return {file.filename: (first, where, last)}
 
@@ -360,11 +359,11 @@ def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> Re
                                                   wave(fs, [(target, ask, a, a + n) for a, n in ranges])]
         opened = _OnFirstUse(lambda: retrying(lambda: fs.open(path, "rb", cache_type="none", **options), url))
         file = RemoteFile(url, opened.fetch_range, size, close=opened.close, **given)
-    else:  # s3fs's files take the size, and the info, instead of a HEAD
-        options = {"size": size} if _is_s3(fs) else {}
-        if _is_s3(fs):  # many ranges in one wave on s3fs's event loop
-            given["fetch_many"] = lambda ranges: remote_s3.wave(fs, path, etag, ranges)
-        file = _fsspec_handle_file(fs, path, url, info, options, given)
+    elif _is_s3(fs):  # s3fs's files take the size, and the info, instead of a HEAD; many ranges go in one wave
+        given["fetch_many"] = lambda ranges: remote_s3.wave(fs, path, etag, ranges)
+        file = _fsspec_handle_file(fs, path, url, info, {"size": size}, given)
+    else:
+        file = _fsspec_handle_file(fs, path, url, info, {}, given)
     head, tail = first_reads(path)
     if found.first is None and (tail or head < BLOCK):  # found by a listing or HEAD: both asked now, together
         _primed(file, head, tail)

@@ -441,7 +441,7 @@ class VarBuilder:
 
     def _place(self, full: str, stored: str, value: Any, dtype: Any, key: tuple | None = None,
                parts: int = 1) -> Any:
-        wanted = self._cast_to(value, dtype)
+        wanted = None if dtype is None and self._dtype is None else self._cast_to(value, dtype)
         if wanted is None and key is None and type(value) is TensorView and self._device.framework == "numpy":
             out = value.numpy()  # the common case, a stored tensor as it is on numpy: no generic placement
             self._shared.usage.hit(full, stored, value.info.nbytes // parts)
@@ -477,8 +477,11 @@ def _dtype_arg(dtype: Any) -> np.dtype | None:
     return None if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
 
 
+_INT = frozenset((int,))
+
+
 def _shape_arg(shape: Any) -> tuple[int, ...]:
-    if type(shape) is tuple and all(type(d) is int for d in shape):  # the common case
+    if type(shape) is tuple and _INT.issuperset(map(type, shape)):  # the common case
         return shape
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         return (int(shape),)

@@ -213,8 +213,6 @@ class TensorView:
             if info.strides is None:
                 return buf.view(info.dtype).reshape(info.shape)
             return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset - start, strides=info.strides)
-        if info.strides is None:
-            return buf[info.offset : info.offset + info.nbytes].view(info.dtype).reshape(info.shape)
         return np.ndarray(info.shape, info.dtype, buffer=buf, offset=info.offset, strides=info.strides)
 
     def _remote_select(self, key: Any) -> np.ndarray | None:
