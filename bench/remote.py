@@ -52,6 +52,10 @@ SCRIPT = Path(__file__).resolve()
 LOAD = os.getloadavg()
 DELAY = 0.02  # injected before every answer for the round-trip measurements
 SLACK = 64 << 10  # what a header or tensor read may move beyond its bytes
+STREAM_REPEAT = 3  # the streaming loads run this many times per repetition (interleaved): the noisiest rows
+SETTLE = 1.0  # seconds idle before each job: a client process started right after another one ran, on this
+# machine, alternately 1.7x faster and not (the same streaming load: 241 vs 430 ms by its place in the sequence;
+# with a second between jobs, 457-471 ms wherever it runs), which made a job's time depend on its neighbour
 REPO = "bench/llama-tiny"
 BIG_REPO = "bench/llama-stream"
 SHARD_REPO = "bench/llama-sharded"
@@ -293,20 +297,23 @@ def _worker(job: dict) -> dict:
 def _warm_client(job: dict) -> None:
     """What a process pays once, before its first request, done before timing for every peer alike: the
     imports of the transports, the S3 client (botocore's service models), the Hub client's agent registry."""
-    import weightio.remote  # noqa: F401 - imports fsspec
+    import weightio.remote
 
     if job["server"] == "http":
         import fsspec.implementations.http  # noqa: F401
     elif job["server"] == "s3":
-        import s3fs
-
-        s3fs.S3FileSystem().connect()  # the instance (cached) wio.open gets for s3:// with no options
+        weightio.remote.filesystem("s3://bench/")[0].connect()  # the instance (cached) wio.open gets for s3://
     else:
+        weightio.remote.http_filesystem()  # aiohttp's import and fsspec's event loop, which waves of hf:// go on
         import huggingface_hub
-        from huggingface_hub.utils import build_hf_headers
+        from huggingface_hub.utils import build_hf_headers, get_session
 
         huggingface_hub.HfFileSystem  # noqa: B018 - its lazy import
         build_hf_headers()  # the client's once-a-day agent registry (GET /api/agent-harnesses, not counted)
+        get_session()  # its HTTP client (~20 ms: the CA bundle), which every peer's first request would make
+    # numpy's OpenBLAS threads spin for ~0.1 s after its import (measured: ~100 ms of CPU): on a 2-CPU machine
+    # shared with the servers, that would be charged to whichever client imported numpy last (weightio's)
+    time.sleep(0.3)
 
 
 def _run_job(job: dict) -> dict:
@@ -472,6 +479,7 @@ def run_job(servers: Servers, job: dict) -> dict:
     import subprocess
 
     server = servers.by_name.get(job.get("server", ""))
+    time.sleep(SETTLE)
     if server is not None:
         server.delay = job.get("delay", 0.0)
         server.idle()
@@ -517,21 +525,23 @@ def jobs(servers: Servers, formats: dict[str, tuple[Path, int]], big_files: list
     for fmt, (path, _) in formats.items():
         out[f"local/{fmt}"] = {"kind": "local", "url": str(path)}
         for scheme in SCHEMES:
-            out[f"inspect/{fmt}/{scheme}"] = {"kind": "inspect", "server": scheme, "delay": delay,
-                                              "url": servers.url(scheme, f"formats/{path.name}"),
-                                              "tensor": one_tensor(fmt)}
+            for key, wait in (("inspect", delay), ("inspect-no-delay", 0.0)):
+                out[f"{key}/{fmt}/{scheme}"] = {"kind": "inspect", "server": scheme, "delay": wait,
+                                                "url": servers.url(scheme, f"formats/{path.name}"),
+                                                "tensor": one_tensor(fmt)}
     out["peer/HfFileSystem"] = {"kind": "hffs-header", "server": "hf", "delay": delay,
                                 "path": f"{REPO}/{FORMATS['safetensors']}"}
     out["peer/get_safetensors_metadata"] = {"kind": "hf-metadata", "server": "hf", "delay": delay, "repo": REPO}
     for scheme in SCHEMES:
         for which in ("single", "sharded"):
-            out[f"shards/{which}/{scheme}"] = {"kind": "open", "server": scheme, "delay": delay,
-                                               "url": servers.url(scheme, f"{which}/")}
+            for key, wait in (("shards", delay), ("shards-no-delay", 0.0)):
+                out[f"{key}/{which}/{scheme}"] = {"kind": "open", "server": scheme, "delay": wait,
+                                                  "url": servers.url(scheme, f"{which}/")}
     out["shards/sharded/get_safetensors_metadata"] = {"kind": "hf-metadata", "server": "hf", "delay": delay,
                                                       "repo": SHARD_REPO}
     for peer in ("weightio", "hf_hub_download", "snapshot_download", "HfFileSystem.cat"):
         out[f"stream/{peer}"] = {"kind": "stream", "server": "hf", "peer": peer, "repo": BIG_REPO,
-                                 "files": big_files}
+                                 "files": big_files, "repeat": STREAM_REPEAT}
     out["tp/weightio"] = {"kind": "tp", "server": "hf", "repo": BIG_REPO, "rank": 1, "world": 4,
                           "layout": {n: [list(s), d] for n, (s, d) in layout.items()}}
     for job in out.values():
@@ -542,9 +552,13 @@ def jobs(servers: Servers, formats: dict[str, tuple[Path, int]], big_files: list
 def measure_all(servers: Servers, todo: dict[str, dict], reps: int) -> dict[str, dict]:
     """key -> medians over `reps` runs (seconds per phase; requests and bytes per phase), or its error.
 
-    Jobs run one after another; the order rotates from one repetition to the next."""
+    Jobs run one after another; the order rotates from one repetition to the next. A job with
+    ``"repeat": n`` runs n times per repetition, its group of peers interleaved (the streaming
+    load: its wall time on this machine is the noisiest, and bimodal)."""
     samples: dict[str, list[dict]] = {k: [] for k in todo}
-    keys = list(todo)
+    once = [k for k in todo if todo[k].get("repeat", 1) == 1]
+    again = [k for k in todo if k not in once]
+    keys = once + again * max((todo[k]["repeat"] for k in again), default=1)
     for rep in range(reps):
         shift = (rep * len(keys)) // max(reps, 1)
         for key in keys[shift:] + keys[:shift]:
@@ -565,6 +579,8 @@ def measure_all(servers: Servers, todo: dict[str, dict], reps: int) -> dict[str,
                         "moved": {p: median([r["moved"][p] for r in runs]) for p in last["moved"]},
                         "moved_range": {p: [min(r["moved"][p] for r in runs), max(r["moved"][p] for r in runs)]
                                         for p in last["moved"]},
+                        "seconds_range": {p: [min(r["seconds"][p] for r in runs), max(r["seconds"][p] for r in runs)]
+                                          for p in last["seconds"]},
                         "runs": len(runs)}
     return results
 
@@ -612,14 +628,17 @@ class Report:
             "Header bytes: every byte of the file that is not tensor payload (the most an opening could need). "
             "Bytes moved: every body byte the server sent, the Hub's API answers (listing, paths-info) included; "
             "the target is checked on the file's bytes (moved − API). "
-            f"Round trips: wall time / {d:g} ms (the latency in the critical path; the client's one-time imports, "
-            "S3 client and Hub agent registry are done before timing). Sequential: the longest chain of requests "
-            "the server answered one after another (its own count of the critical path). Local: the same open of "
-            "the local file, page cache warm.",
+            f"Round trips: the latency on the critical path, (wall with {d:g} ms before every answer − wall with "
+            f"none) / {d:g} ms: the CPU time of both ends (the client's parse, the loopback servers' work, on "
+            "this machine's 2 CPUs) is in both walls and cancels; wall / delay shows it included. The client's "
+            "one-time imports, S3 client, event loop and Hub agent registry are done before timing. Sequential: "
+            "the longest chain of requests the server answered one after another (its own count of the critical "
+            "path; a server slower to accept a wave of connections than to answer the first counts part of the "
+            "wave again). Local: the same open of the local file, page cache warm.",
             "",
             "| format | file size | header bytes | scheme | bytes moved | of which Hub API | file bytes − header "
-            "| requests | sequential | round trips | wall | local open |",
-            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| requests | sequential | round trips | wall / delay | wall | no delay | local open |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for fmt in self.formats:
             header, size = self.header_bytes(fmt), self.formats[fmt][0].stat().st_size
@@ -627,42 +646,42 @@ class Report:
             local_s = _error(local) if "error" in local else _ms(local["seconds"]["open"])
             fits, trips, worst = True, True, 0.0
             for scheme in SCHEMES:
-                r = self.r[f"inspect/{fmt}/{scheme}"]
-                if "error" in r:
-                    lines.append(f"| {fmt} | {_kb(size)} | {_kb(header)} | {scheme} | {_error(r)} "
-                                 f"| | | | | | | {local_s} |")
+                r, r0 = self.r[f"inspect/{fmt}/{scheme}"], self.r[f"inspect-no-delay/{fmt}/{scheme}"]
+                if "error" in r or "error" in r0:
+                    lines.append(f"| {fmt} | {_kb(size)} | {_kb(header)} | {scheme} | "
+                                 f"{_error(r if 'error' in r else r0)} | | | | | | | | | {local_s} |")
                     fits = trips = False
                     continue
                 moved, reqs, secs = r["moved"]["open"], r["requests"]["open"], r["seconds"]["open"]
-                api = r["api"]["open"]
-                rt = secs / self.delay
+                api, secs0 = r["api"]["open"], r0["seconds"]["open"]
+                rt = (secs - secs0) / self.delay
                 fits &= moved - api <= header + SLACK
-                trips &= r["chain"]["open"] <= 4
+                trips &= rt <= 4
                 worst = max(worst, rt)
                 self.summary[f"inspect/{fmt}/{scheme}"] = {"moved": moved, "api": api, "header": header,
                                                            "requests": reqs, "round_trips": rt,
+                                                           "wall_round_trips": secs / self.delay,
                                                            "sequential": r["chain"]["open"]}
                 lines.append(f"| {fmt} | {_kb(size)} | {_kb(header)} | {scheme} | {_kb(moved)} | {_kb(api)} "
                              f"| {_kb(moved - api - header)} | {reqs:g} | {r['chain']['open']:g} | {rt:.1f} "
-                             f"| {_ms(secs)} | {local_s} |")
+                             f"| {secs / self.delay:.1f} | {_ms(secs)} | {_ms(secs0)} | {local_s} |")
             self.checks.append((f"inspect {fmt}: bytes moved (less the Hub's API answers) <= header bytes + 64 KiB "
                                 "on http, s3 and hf", fits))
             if fmt in ("safetensors", "gguf", "pytorch-zip", "npz"):
-                shown = f"wall / delay up to {worst:.1f}" if trips else "see the table"
-                self.checks.append((f"inspect {fmt}: <= 4 round trips on http, s3 and hf (sequential requests; "
-                                    f"{shown})", trips))
+                self.checks.append((f"inspect {fmt}: <= 4 round trips on http, s3 and hf (latency on the critical "
+                                    f"path: up to {worst:.1f})", trips))
         for peer, note in (("HfFileSystem", "`HfFileSystem().open(...)`: read 8 bytes, then the JSON header"),
                            ("get_safetensors_metadata", "`HfApi().get_safetensors_metadata(repo)`")):
             r = self.r[f"peer/{peer}"]
             header = self.header_bytes("safetensors")
             if "error" in r:
-                lines.append(f"| safetensors | | {_kb(header)} | hf, peer: {note} | {_error(r)} | | | | | | | |")
+                lines.append(f"| safetensors | | {_kb(header)} | hf, peer: {note} | {_error(r)} | | | | | | | | | |")
                 continue
             moved, reqs, secs = r["moved"]["open"], r["requests"]["open"], r["seconds"]["open"]
             api = r["api"]["open"]
             lines.append(f"| safetensors | | {_kb(header)} | hf, peer: {note} | {_kb(moved)} | {_kb(api)} "
-                         f"| {_kb(moved - api - header)} | {reqs:g} | {r['chain']['open']:g} | {secs / self.delay:.1f} "
-                         f"| {_ms(secs)} | |")
+                         f"| {_kb(moved - api - header)} | {reqs:g} | {r['chain']['open']:g} | | "
+                         f"{secs / self.delay:.1f} | {_ms(secs)} | | |")
         return lines
 
     def tensor(self) -> list[str]:
@@ -695,41 +714,54 @@ class Report:
         lines = [
             f"### 3. open a {n}-shard model (index + {n} shards) vs the same tensors in one file, {d:g} ms per answer",
             "",
-            "`wio.open` of the index URL (http, s3) or the repo (hf) + every name, shape, dtype. Extra round trips: "
-            f"(sharded wall − one-file wall) / {d:g} ms. Sequential: as in 1. Peak in flight: most requests the "
-            "server answered at once.",
+            "`wio.open` of the index URL (http, s3) or the repo (hf) + every name, shape, dtype, run twice: with "
+            f"{d:g} ms before every answer and with none. Latency: wall with the delay − wall without, in round "
+            f"trips of {d:g} ms: how much of the open waits on answers one after another (a wave of a hundred "
+            "requests costs one round trip of latency, a hundred requests in turn a hundred). Extra: the sharded "
+            "open's latency − the one file's, the target. The wall time with the delay, / the delay, is shown "
+            "too: it adds the CPU time of both ends, which share this machine's 2 CPUs (a hundred connections "
+            "cost the loopback servers, Python's http.server, moto and the fake Hub, as much CPU as the client). "
+            "Sequential: as in 1 (a server that takes longer to accept a hundred connections than to answer "
+            "the first counts some of one wave twice). Peak in flight: most requests the server answered at once.",
             "",
-            "| scheme | one file: wall | requests | sequential | round trips | sharded: wall | requests | sequential "
-            "| bytes moved | round trips | extra round trips | peak in flight |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| scheme | one file: wall | no delay | latency | requests | sequential | sharded: wall | no delay "
+            "| latency | requests | sequential | bytes moved | peak in flight | extra latency | extra wall / delay |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for scheme in SCHEMES:
-            one, many = self.r[f"shards/single/{scheme}"], self.r[f"shards/sharded/{scheme}"]
-            if "error" in one or "error" in many:
-                lines.append(f"| {scheme} | {_error(one) if 'error' in one else ''} | | | | "
-                             f"{_error(many) if 'error' in many else ''} | | | | | | |")
+            runs = [self.r[f"{key}/{which}/{scheme}"] for which in ("single", "sharded")
+                    for key in ("shards", "shards-no-delay")]
+            if any("error" in r for r in runs):
+                shown = "; ".join(_error(r) for r in runs if "error" in r)
+                lines.append(f"| {scheme} | {shown} | | | | | | | | | | | | | |")
                 self.checks.append((f"{n}-shard open over {scheme}: <= 2 round trips beyond one file", False))
                 continue
-            a, b = one["seconds"]["open"], many["seconds"]["open"]
-            extra = (b - a) / self.delay
-            extra_chain = many["chain"]["open"] - one["chain"]["open"]
-            self.summary[f"shards/{scheme}"] = {"one_file_s": a, "sharded_s": b, "extra_round_trips": extra,
-                                                "extra_sequential": extra_chain,
-                                                "requests": many["requests"]["open"], "moved": many["moved"]["open"]}
-            lines.append(f"| {scheme} | {_ms(a)} | {one['requests']['open']:g} | {one['chain']['open']:g} "
-                         f"| {a / self.delay:.1f} | {_ms(b)} | {many['requests']['open']:g} "
-                         f"| {many['chain']['open']:g} | {_kb(many['moved']['open'])} | {b / self.delay:.1f} "
-                         f"| {extra:.1f} | {many['peak_in_flight']} |")
-            self.checks.append((f"{n}-shard open over {scheme}: <= 2 round trips beyond one file (sequential "
-                                f"requests: {extra_chain:+g}; wall / delay: {extra:+.1f})", extra_chain <= 2))
+            one, one0, many, many0 = (r["seconds"]["open"] for r in runs)
+            lat_one, lat_many = (one - one0) / self.delay, (many - many0) / self.delay
+            extra, extra_wall = lat_many - lat_one, (many - one) / self.delay
+            extra_chain = runs[2]["chain"]["open"] - runs[0]["chain"]["open"]
+            self.summary[f"shards/{scheme}"] = {"one_file_s": one, "sharded_s": many, "one_file_no_delay_s": one0,
+                                                "sharded_no_delay_s": many0, "extra_latency_round_trips": extra,
+                                                "extra_wall_round_trips": extra_wall, "extra_sequential": extra_chain,
+                                                "requests": runs[2]["requests"]["open"],
+                                                "moved": runs[2]["moved"]["open"]}
+            lines.append(f"| {scheme} | {_ms(one)} | {_ms(one0)} | {lat_one:.1f} | {runs[0]['requests']['open']:g} "
+                         f"| {runs[0]['chain']['open']:g} | {_ms(many)} | {_ms(many0)} | {lat_many:.1f} "
+                         f"| {runs[2]['requests']['open']:g} | {runs[2]['chain']['open']:g} "
+                         f"| {_kb(runs[2]['moved']['open'])} | {runs[2]['peak_in_flight']} | {extra:+.1f} "
+                         f"| {extra_wall:+.1f} |")
+            self.checks.append((f"{n}-shard open over {scheme}: <= 2 round trips of latency beyond one file "
+                                f"(measured {extra:+.1f}; wall / delay {extra_wall:+.1f}, sequential requests "
+                                f"{extra_chain:+g})", extra <= 2))
         r = self.r["shards/sharded/get_safetensors_metadata"]
         if "error" not in r:
             s = r["seconds"]["open"]
-            lines.append(f"| hf, peer: `HfApi().get_safetensors_metadata(repo)` | | | | | {_ms(s)} "
+            lines.append(f"| hf, peer: `HfApi().get_safetensors_metadata(repo)` | | | | | | {_ms(s)} | | "
                          f"| {r['requests']['open']:g} | {r['chain']['open']:g} | {_kb(r['moved']['open'])} "
-                         f"| {s / self.delay:.1f} | | {r['peak_in_flight']} |")
+                         f"| {r['peak_in_flight']} | | |")
         else:
-            lines.append(f"| hf, peer: `HfApi().get_safetensors_metadata(repo)` | | | | | {_error(r)} | | | | | | |")
+            lines.append(f"| hf, peer: `HfApi().get_safetensors_metadata(repo)` | | | | | | {_error(r)} "
+                         "| | | | | | | | |")
         return lines
 
     def stream(self) -> list[str]:
@@ -741,20 +773,24 @@ class Report:
             "same server, each run with an empty Hub cache: `hf_hub_download` of each file in turn, "
             "`snapshot_download` of the same files (8 at once), `HfFileSystem().cat()` of each file. "
             "The server is Python's `http.server` on loopback sharing the CPUs with the client: MB/s are context, "
-            "the ratio is the result. Ratio = weightio's throughput / the peer's (> 1: weightio is faster).",
+            "the ratio is the result. Ratio = weightio's throughput / the peer's (> 1: weightio is faster). These "
+            f"loads run {STREAM_REPEAT} times per repetition, peers interleaved: on this machine one run can take "
+            "twice another's time for the same work (see the fastest and slowest).",
             "",
-            "| peer | median time | MB/s | bytes moved | requests | ratio |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| peer | median time | runs | fastest | slowest | MB/s | bytes moved | requests | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         base = self.r["stream/weightio"]
         for peer in ("weightio", "hf_hub_download", "snapshot_download", "HfFileSystem.cat"):
             r = self.r[f"stream/{peer}"]
             if "error" in r:
-                lines.append(f"| {peer} | {_error(r)} | | | | |")
+                lines.append(f"| {peer} | {_error(r)} | | | | | | | |")
                 continue
             s = r["seconds"]["load"]
+            fastest, slowest = r.get("seconds_range", {}).get("load", [s, s])
             ratio = "1" if peer == "weightio" or "error" in base else f"{s / base['seconds']['load']:.2f}×"
-            lines.append(f"| {peer} | {_ms(s)} | {self.big_bytes / 1e6 / s:,.0f} | {_kb(r['moved']['load'])} "
+            lines.append(f"| {peer} | {_ms(s)} | {r['runs']} | {_ms(fastest)} | {_ms(slowest)} "
+                         f"| {self.big_bytes / 1e6 / s:,.0f} | {_kb(r['moved']['load'])} "
                          f"| {r['requests']['load']:g} | {ratio} |")
         ok = "error" not in base
         for peer, want, label in (("hf_hub_download", 0.9, ">= 0.9x"), ("HfFileSystem.cat", 1.0, "beats")):
@@ -809,7 +845,8 @@ class Report:
             "fsspec's HTTP filesystem), `S3Server` (moto, through s3fs), tests/hubserver.py `HubServer` (hf rows, "
             "/resolve redirecting to /cdn), all on loopback in the bench's process; every client in a fresh process. "
             "Bytes moved and requests are what the servers counted (body bytes; API calls included); medians of "
-            f"{a.reps} runs.",
+            f"{a.reps} runs. Each job starts after {SETTLE:g} s idle: a process started right after another ran "
+            "alternately much faster and not on this machine, by its place in the sequence.",
             "",
             *self.inspect(), "", *self.tensor(), "", *self.shards(), "", *self.stream(), "", *self.tensor_parallel(),
         ]
