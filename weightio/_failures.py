@@ -100,6 +100,9 @@ def describe_failure(error: BaseException) -> Failure:
     if isinstance(error, ValueError) and "support range requests" in str(error):
         return Failure(None, detail, transient=False, ignores_range=True)
     if status is not None:
+        reason = getattr(error, "message", None)  # aiohttp's reason phrase (its str repeats the status and URL)
+        if type(error).__name__ == "ClientResponseError" and isinstance(reason, str) and reason.strip():
+            detail = scrub(reason.strip()[:300])
         return Failure(status, detail, transient=status in _TRANSIENT_STATUS)
     if isinstance(error, FileNotFoundError):
         return Failure(404, detail, transient=False)
