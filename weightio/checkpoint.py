@@ -86,6 +86,14 @@ class Checkpoint(Mapping[str, TensorView]):
         only = self._only
         return TensorView(only if only is not None else self._owners[name], name, info)
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """The view of tensor `name`, or `default` (no error made, so no close names searched for)."""
+        info = self._infos.get(name) if type(name) is str else None
+        if info is None:
+            return default
+        only = self._only
+        return TensorView(only if only is not None else self._owners[name], name, info)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._infos)
 
