@@ -176,13 +176,6 @@ class Sources:
     def value(self, name: str) -> Any:
         return self.sources[0 if self._where is None else self._where[name]][name]
 
-    def find(self, name: str) -> Any:
-        """The value stored as `name`, or None (one lookup where `in` then `value` take two)."""
-        if self._where is None:
-            return self.sources[0].get(name)
-        where = self._where.get(name)
-        return None if where is None else self.sources[where][name]
-
     def path_of(self, name: str) -> str:
         return self.paths[0 if self._where is None else self._where[name]]
 

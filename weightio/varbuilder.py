@@ -76,15 +76,12 @@ class VarBuilder:
         dtype('float16')
     """
 
-    __slots__ = ("_shared", "_backend", "_path", "_dtype", "_device", "_direct")
+    __slots__ = ("_shared", "_backend", "_path", "_dtype", "_device")
 
     def __init__(self, shared: _Shared, backend: Any, path: tuple[str, ...], dtype: np.dtype | None,
                  device: devices.Device) -> None:
         self._shared, self._backend = shared, backend
         self._path, self._dtype, self._device = path, dtype, device
-        # `get`'s direct path (a stored tensor as it is, on numpy, names not renamed): the prefix with its dot
-        direct = backend is shared.resolver and dtype is None and device.framework == "numpy"
-        self._direct = "".join(c + "." for c in path) if direct else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -269,18 +266,6 @@ class VarBuilder:
             TensorNotFoundError: no stored tensor resolves from the name (lists the closest).
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
-        direct = self._direct
-        if direct is not None and dtype is None and type(name) is str and name and type(shape) is tuple \
-                and _INT.issuperset(map(type, shape)):
-            # the common case, in as few steps as it takes (a model of 90k tensors asks 90k times): the
-            # name stored as it is asked, the shape as expected, handed out as it is stored; anything else
-            # (a name to resolve, a mismatch to report, a cast) takes the general path below
-            full = direct + name
-            value = self._shared.store.find(full)
-            if type(value) is TensorView and value.info.shape == shape:
-                out = value.numpy()
-                self._shared.usage.hit(full, full, value.info.nbytes)
-                return out
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
