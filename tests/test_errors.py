@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import pickle
+from pathlib import Path
 
 import pytest
 
 import weightio as wio
 from weightio import errors
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def test_hierarchy():
@@ -31,6 +35,37 @@ def test_not_found_is_a_key_error_with_a_readable_message():
     assert str(e) == "p: tensor 'encoder.wieght': no such tensor; did you mean 'encoder.weight', 'decoder.weight'?"
     with pytest.raises(KeyError):
         raise e
+
+
+# expert names as DeepSeek-V3 spells them, 61 layers x 8 experts x 3 (1,464: more than close_matches compares)
+MOE = [f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for i in range(61) for e in range(8)
+       for p in ("gate_proj", "up_proj", "down_proj")]
+
+
+@pytest.mark.parametrize("asked, first", [
+    ("model.layers.30.mlp.experts.7.up_proj.weigh", "model.layers.30.mlp.experts.7.up_proj.weight"),  # last part
+    ("model.layers.30.mlp.expert.7.up_proj.weight", "model.layers.30.mlp.experts.7.up_proj.weight"),  # a middle one
+    ("model.layer.30.mlp.experts.7.up_proj.weight", "model.layers.30.mlp.experts.7.up_proj.weight"),  # the first
+    ("layers.30.mlp.experts.7.up_proj.weight", "model.layers.30.mlp.experts.7.up_proj.weight"),  # a prefix less
+    ("bert.model.layers.30.mlp.experts.7.up_proj.weight", "model.layers.30.mlp.experts.7.up_proj.weight"),  # more
+])
+def test_a_large_pool_suggests_what_a_whole_search_would(asked, first):
+    """Of a pool too large for difflib to compare whole (10 s at DeepSeek-V3's 92k names), the names
+    sharing the most components with the asked one are compared: the best match is the same."""
+    assert len(MOE) > errors._COMPARED
+    found = errors.close_matches(asked, MOE)
+    assert found[0] == first and len(found) == 3
+    assert found[0] == difflib.get_close_matches(asked, MOE, n=1, cutoff=0.6)[0]  # what the whole search finds
+
+
+def test_a_name_that_is_no_str_is_not_found_without_suggestions(tmp_path):
+    e = errors.TensorNotFoundError(7, ["encoder.weight"], path="p")
+    assert isinstance(e, KeyError) and e.suggestions == []
+    assert str(e) == "p: tensor 7: no such tensor; its one tensor is 'encoder.weight'"
+    with wio.open(FIXTURES / "tiny-bert" / "model.safetensors") as ckpt:
+        with pytest.raises(KeyError):
+            ckpt[7]
+        assert ckpt.get(7, "none") == "none" and ckpt.get("encoder") is None
 
 
 @pytest.mark.parametrize("err", [
