@@ -43,6 +43,8 @@ Common to all three (attributes of the running server, changeable while it runs)
   ``reset()`` (clears the log and the peak).
 - ``delay``: seconds slept before answering each request (the bench injects 0.02 s of latency).
 - ``ignore_range``: answer ``200`` and the whole body even when ``Range`` is asked.
+- ``trickle``: seconds slept after each 1 KiB of a body, sent in 1 KiB pieces (a loaded or slow
+  link, where a client's read answers part of a small body).
 - ``failures``: ``{path substring: [status, ...]}`` answers those statuses to the next matching
   requests, one each (a None in the list serves that one), then serves normally again (transient
   errors); ``{substring: status}`` (an int)
@@ -78,6 +80,7 @@ __all__ = ["Request", "Unsatisfiable", "byte_range", "LoopbackServer", "Loopback
 
 _DIGITS = re.compile(r"[0-9]+")
 _CHUNK = 1 << 16
+_TRICKLED = 1 << 10  # the pieces a body is sent in when `trickle` is set
 
 
 # ----------------------------------------------------------------------------- the request log
@@ -173,6 +176,7 @@ class LoopbackServer:
         self.requests: list[Request] = []
         self.delay = 0.0
         self.ignore_range = False
+        self.trickle = 0.0
         self.failures: dict[str, list[int | None] | int] = {}  # None in a list: that request is served
         self.peak_in_flight = 0
         self._in_flight = 0
@@ -346,9 +350,10 @@ class LoopbackHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if head or status == 304:
             return
-        view = memoryview(body)
-        for start in range(0, len(body), _CHUNK):
-            chunk = view[start:start + _CHUNK]
+        view, trickle = memoryview(body), self.server.owner.trickle
+        step = _TRICKLED if trickle else _CHUNK
+        for start in range(0, len(body), step):
+            chunk = view[start:start + step]
             self.record.bytes += len(chunk)  # counted first: the client may look at the log once it has them
             try:
                 self.wfile.write(chunk)
@@ -356,6 +361,8 @@ class LoopbackHandler(BaseHTTPRequestHandler):
                 self.record.bytes -= len(chunk)  # the client went away: what it did not take is not counted
                 self.close_connection = True
                 return
+            if trickle:
+                time.sleep(trickle)
 
     def send_content(self, data: bytes, etag: str, head: bool, headers: dict[str, str] | None = None) -> None:
         """Answer a file's bytes honouring the conditional headers, ``Range`` and the ``ignore_range`` knob.
@@ -651,13 +658,17 @@ class S3Server(LoopbackServer):
         finally:
             self._end(request)
 
-    @staticmethod
-    def _count(request: Request, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    def _count(self, request: Request, chunks: Iterable[bytes]) -> Iterator[bytes]:
         try:
-            for chunk in chunks:
-                if request.method != "HEAD" and request.status not in (204, 304):
-                    request.bytes += len(chunk)
-                yield chunk
+            for whole in chunks:
+                trickle = self.trickle
+                for start in range(0, len(whole), _TRICKLED) if trickle else [0]:
+                    chunk = whole[start:start + _TRICKLED] if trickle else whole
+                    if request.method != "HEAD" and request.status not in (204, 304):
+                        request.bytes += len(chunk)
+                    yield chunk
+                    if trickle:
+                        time.sleep(trickle)
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:

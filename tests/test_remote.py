@@ -262,6 +262,27 @@ def test_s3_object_replaced_while_open_is_refused(s3_server):
             ckpt["embed"].numpy()
 
 
+def test_answers_that_arrive_in_pieces_are_read_whole(s3_server, remote_files, model):
+    """A body that comes in pieces (a loaded machine, a slow link: aiobotocore's and aiohttp's reads
+    answer what has arrived) is still read whole: the S3 probe, and a wave of ranges, ask nothing
+    again (a partial first read had sent the S3 probe back to a HEAD and a second GET)."""
+    tensors = _tensors()
+    blob = save(tensors)
+    url = s3_server.put("models", "trickled/model.safetensors", blob)
+    s3_server.reset()
+    s3_server.trickle = 0.002
+    with wio.open(url, storage_options=s3_server.storage_options) as ckpt:
+        s3_server.idle()
+        assert [(r.method, r.range) for r in s3_server.requests] == [("GET", "bytes=0-65535")]
+        assert ckpt["embed"].numpy().tobytes() == tensors["embed"].tobytes()
+    url, tensors, _ = model
+    remote_files.server.trickle = 0.002
+    remote_files.reset()
+    with wio.open(url) as ckpt:
+        assert traffic(ckpt)[0] == 1
+        assert all(ckpt[n].numpy().tobytes() == tensors[n].tobytes() for n in tensors)
+
+
 def test_s3_object_is_found_by_its_first_get_and_a_prefix_as_a_folder(s3_server):
     """An S3 object's first ranged GET brings its size and ETag (no HEAD); a prefix named without
     its slash answers that GET no object, and is then found as a folder."""

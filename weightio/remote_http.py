@@ -23,7 +23,7 @@ from ._failures import Failure, redact
 from ._remote import BLOCK
 from .errors import InputError, UsageError
 
-__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "total_size",
+__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "read_up_to", "total_size",
            "wave"]
 
 _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
@@ -110,13 +110,20 @@ async def _probe_last(fs: Any, path: str, tail: int) -> tuple[bytes, int, str | 
 
 async def _body(response: Any, limit: int) -> bytes:
     """Up to `limit` bytes of an aiohttp answer's body (fewer when it ends first)."""
-    got = b""
-    while len(got) < limit:
-        more = await response.content.read(limit - len(got))
+    return await read_up_to(response.content.read, limit)
+
+
+async def read_up_to(read: Any, limit: int) -> bytes:
+    """Up to `limit` bytes of a body by its ``await read(n)``, which answers what has arrived, at most
+    n bytes (aiohttp's, aiobotocore's): one call may bring part of a small answer under load."""
+    parts, got = [], 0
+    while got < limit:
+        more = await read(limit - got)
         if not more:
             break
-        got += more
-    return got
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 async def _probe_first(fs: Any, path: str, url: str, first: int) -> Found:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .remote_http import Found, first_reads, total_size
+from .remote_http import Found, first_reads, read_up_to, total_size
 
 __all__ = ["probe", "probe_all", "wave"]
 
@@ -62,7 +62,7 @@ async def _probe_async(call: Any, path: str, bucket: str, key: str, version: str
         answer = await call("get_object", Bucket=bucket, Key=key, Range=asked, **({"VersionId": version} if version
                                                                                  else {}))
         try:
-            return answer, await answer["Body"].read(most + 1)  # more than asked is caught below, not read
+            return answer, await read_up_to(answer["Body"].read, most + 1)  # more than asked is caught below
         finally:
             answer["Body"].close()
 
@@ -101,7 +101,7 @@ def wave(fs: Any, path: str, etag: str | None, ranges: list[tuple[int, int]]) ->
         answer = await call("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}",
                             **extra)
         try:
-            got = await answer["Body"].read(length + 1)
+            got = await read_up_to(answer["Body"].read, length + 1)
         finally:
             answer["Body"].close()
         return got if len(got) == length else None
