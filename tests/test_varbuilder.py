@@ -111,6 +111,7 @@ def test_checkpoint_get_answers_the_default():
         assert ckpt.get(Q).numpy().tobytes() == _reference(BERT)[Q].tobytes()
         assert ckpt.get(Q + "s") is None and ckpt.get(7, "none") == "none"
         assert ckpt.get("encoder", 0) == 0
+        assert ckpt.get(np.str_(Q)).shape == (32, 32)  # a str subclass is a name as ckpt[...] takes it
 
 
 def test_get_unchecked_and_contains():

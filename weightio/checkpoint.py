@@ -88,7 +88,7 @@ class Checkpoint(Mapping[str, TensorView]):
 
     def get(self, name: str, default: Any = None) -> Any:
         """The view of tensor `name`, or `default` (no error made, so no close names searched for)."""
-        info = self._infos.get(name) if type(name) is str else None
+        info = self._infos.get(name) if isinstance(name, str) else None
         if info is None:
             return default
         only = self._only

@@ -338,7 +338,7 @@ def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]
         return []
     pool = list(candidates)
     # difflib compares every candidate (~0.1 ms each: 10 s over DeepSeek-V3's 92k names); of a large
-    # pool, only the names that share the most dotted components with `name`, in place, are compared
+    # pool, only the names that share the most dotted components with `name` are compared
     near = _nearest_by_components(name, pool) if len(pool) > _COMPARED else pool
     found = difflib.get_close_matches(name, near, n=n, cutoff=0.6)
     if found:

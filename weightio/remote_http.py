@@ -23,8 +23,8 @@ from ._failures import Failure, redact
 from ._remote import BLOCK
 from .errors import InputError, UsageError
 
-__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "read_up_to", "total_size",
-           "wave"]
+__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "read_up_to",
+           "total_size", "wave"]
 
 _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
 # more only for record dtypes) and an archive's first local header; the rest of the first block is data
