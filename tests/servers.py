@@ -662,8 +662,9 @@ class S3Server(LoopbackServer):
         try:
             for whole in chunks:
                 trickle = self.trickle
-                for start in range(0, len(whole), _TRICKLED) if trickle else [0]:
-                    chunk = whole[start:start + _TRICKLED] if trickle else whole
+                step = _TRICKLED if trickle else max(len(whole), 1)
+                for start in range(0, len(whole), step):
+                    chunk = whole[start:start + step]
                     if request.method != "HEAD" and request.status not in (204, 304):
                         request.bytes += len(chunk)
                     yield chunk

@@ -58,7 +58,7 @@ def test_a_large_pool_suggests_what_a_whole_search_would(asked, first):
     assert found[0] == difflib.get_close_matches(asked, MOE, n=1, cutoff=0.6)[0]  # what the whole search finds
 
 
-def test_a_name_that_is_no_str_is_not_found_without_suggestions(tmp_path):
+def test_a_name_that_is_no_str_is_not_found_without_suggestions():
     e = errors.TensorNotFoundError(7, ["encoder.weight"], path="p")
     assert isinstance(e, KeyError) and e.suggestions == []
     assert str(e) == "p: tensor 7: no such tensor; its one tensor is 'encoder.weight'"

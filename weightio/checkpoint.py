@@ -83,14 +83,14 @@ class Checkpoint(Mapping[str, TensorView]):
             info = self._infos[name]
         except (KeyError, TypeError):
             raise TensorNotFoundError(name, self._infos, path=self.path) from None
-        only = self._only
-        return TensorView(only if only is not None else self._owners[name], name, info)
+        return self._view(name, info)
 
     def get(self, name: str, default: Any = None) -> Any:
         """The view of tensor `name`, or `default` (no error made, so no close names searched for)."""
         info = self._infos.get(name) if isinstance(name, str) else None
-        if info is None:
-            return default
+        return default if info is None else self._view(name, info)
+
+    def _view(self, name: str, info: TensorInfo) -> TensorView:
         only = self._only
         return TensorView(only if only is not None else self._owners[name], name, info)
 

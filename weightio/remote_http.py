@@ -105,12 +105,7 @@ async def _probe_last(fs: Any, path: str, tail: int) -> tuple[bytes, int, str | 
         size = total_size(response.headers.get("Content-Range", "")) if response.status == 206 else None
         if size is None:
             return None  # not read: an unranged answer is not fetched whole
-        return await _body(response, min(tail, size) + 1), size, response.headers.get("ETag")
-
-
-async def _body(response: Any, limit: int) -> bytes:
-    """Up to `limit` bytes of an aiohttp answer's body (fewer when it ends first)."""
-    return await read_up_to(response.content.read, limit)
+        return await read_up_to(response.content.read, min(tail, size) + 1), size, response.headers.get("ETag")
 
 
 async def read_up_to(read: Any, limit: int) -> bytes:
@@ -155,7 +150,7 @@ async def _probe_first(fs: Any, path: str, url: str, first: int) -> Found:
         if length is not None and length.isdigit() and int(length) > min(first, size):
             raise InputError(f"the server answered {int(length):,} bytes to a range of {min(first, size):,}",
                              path=redact(url))
-        got = await _body(response, min(first, size))  # a short body is caught by RemoteFile (the file changed)
+        got = await read_up_to(response.content.read, min(first, size))  # short: RemoteFile says the file changed
         return Found({"size": size, "type": "file", "ETag": etag, "mimetype": kind}, got, first)
 
 
@@ -201,5 +196,5 @@ async def get_range(session: Any, url: str, headers: dict[str, str], start: int,
     async with session.get(url, headers=headers | {"Range": f"bytes={start}-{stop - 1}"}) as response:
         if response.status != 206:
             return None
-        got = await _body(response, stop - start + 1)
+        got = await read_up_to(response.content.read, stop - start + 1)
         return (got, str(response.url)) if len(got) == stop - start else None
