@@ -328,9 +328,9 @@ def report(results: dict, p: dict[str, Path], gib: float, reps: int) -> str:
             lines.append(f"| {notes[case]} | {peer} | {_shown(r['seconds'])} | {rate} | {r['rss_mib']:.1f} MiB "
                          f"| {ratio} |")
     if "cuda" not in results:
-        lines += ["", "torch:cuda rows: **skipped** — `torch.cuda.is_available()` is False on this machine; "
-                  "they run (weightio `load_all` vs `safe_open(device=\"cuda:0\")` vs a pinned host-to-device "
-                  "copy of the same bytes) wherever a CUDA GPU is present."]
+        lines += ["", "torch:cuda rows: `torch.cuda.is_available()` is False on this machine; they run here "
+                  "wherever a CUDA GPU is present, and bench/gpu.py measures them side by side with the GPU "
+                  "loaders (section \"GPU\")."]
     return "\n".join(lines)
 
 
@@ -367,7 +367,8 @@ def targets(results: dict, gib: float) -> list[tuple[str, bool]]:
              t("cuda", "safetensors") / t("cuda", "weightio") >= 3.0),
         ]
     else:
-        checks.append(("CUDA targets (>= 0.8x pinned H2D, >= 3x safetensors): not measured here (no GPU)", False))
+        checks.append(("CUDA targets (>= 0.8x pinned H2D, >= 3x safetensors): not measured here (no GPU); "
+                       "see bench/gpu.py, section \"GPU\"", False))
     return checks
 
 

@@ -72,6 +72,18 @@ def test_the_suite_runs_and_reports_side_by_side(published, runs, suite):
 
 
 @pytest.mark.bench
+def test_the_gpu_suite_says_where_it_cannot_run():
+    # bench/gpu.py runs on a CUDA machine only (docs/benchmarks.md "GPU"); elsewhere it says so,
+    # generates and writes nothing
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the suite would run for real")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--reps", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "no CUDA GPU here: the GPU rows stay unmeasured", out
+
+
+@pytest.mark.bench
 def test_remote_bench_moves_only_the_bytes_asked_for(runs):
     """bench/remote.py's byte targets that hold, from the server-side counts it saved (remote-results.json).
 

@@ -9,6 +9,7 @@ module built on numpy (cupy mirrors numpy's API).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import types
 import warnings
@@ -21,8 +22,8 @@ from hypothesis import strategies as st
 
 import weightio as wio
 from weightio import devices
-from weightio.devices import Device, Extent, parse_device, plan_runs, staging
-from weightio.errors import MissingDependencyError, UnsupportedDTypeError, UsageError
+from weightio.devices import Device, Extent, parse_device, plan_runs
+from weightio.errors import CorruptFileError, MissingDependencyError, UnsupportedDTypeError, UsageError
 
 from .conftest import FIXTURES, digest, manifest
 from .memory import same_file_bytes
@@ -268,7 +269,7 @@ def test_staged_loader_copies_every_byte_through_the_ring(chunk, max_run):
                              max_run=max_run)
             storages = {t.untyped_storage().data_ptr() for t in out.values() if t.numel()}
             assert len(storages) == len(runs)  # one device allocation per run, tensors are views
-    assert len(loader._slots) == 2 and all(s.host.nbytes == chunk for s in loader._slots)
+    assert len(loader._slots) == loader.nslots == 4 and all(s.host.nbytes == chunk for s in loader._slots)
     devices.release_staging()  # backends' rings; this loader's own:
     loader.release()
     assert loader._slots == []
@@ -307,11 +308,25 @@ def test_mps_style_direct_runs():
     assert loader._slots == []  # no ring without staging
 
 
-def test_parallel_copy_splits_large_copies():
-    src = np.arange(20 << 20, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    staging.parallel_copy(dst, src)
-    assert np.array_equal(dst, src)
+def test_staging_reads_a_files_bytes_and_checks_the_file(tmp_path, monkeypatch):
+    # Views of a file's mapping are filled into the ring by pread (os.preadv), not through the
+    # mapping; the file is checked as every owned load checks it: rewritten since the open, refused.
+    from weightio.devices import filling
+
+    reads = []
+    real = os.preadv
+    monkeypatch.setattr(filling.os, "preadv", lambda fd, bufs, off: reads.append(off) or real(fd, bufs, off))
+    path = tmp_path / "m.safetensors"
+    tensors = {f"w{i}": np.full((1000,), i, np.float32) for i in range(8)}
+    wio.save(tensors, path)
+    loader = _staged_cpu_loader(chunk=4096, slots=3, piece=1024)
+    with wio.open(path) as ckpt:
+        out = loader.load({n: ckpt[n].numpy() for n in ckpt})
+        assert all(np.array_equal(out[n].numpy(), tensors[n]) for n in tensors)
+        assert len(reads) == 32 and len(set(reads)) == 32  # 32,000 bytes of tensors (a run), 1,024 bytes a read
+        os.utime(path, ns=(1, 1))  # the file "changed"
+        with pytest.raises(CorruptFileError, match="m.safetensors: was rewritten in place since it was opened"):
+            loader.load({n: ckpt[n].numpy() for n in ckpt})
 
 
 # ----------------------------------------------------------------------------- GPUs (skip without one)

@@ -270,6 +270,24 @@ class VarBuilder:
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
 
+    def _get_many(self, requests: Sequence[tuple[Sequence[int], str, Any]]) -> list[Any]:
+        """`get` of every ``(shape, name, dtype)``, moved in one bulk transfer (a GPU receives
+        large runs through its staging ring instead of one copy per tensor), then cast on the
+        device. Every shape is checked before any byte moves."""
+        found = []
+        for shape, name, dtype in requests:
+            full, stored, value = self._find(name)
+            self._check_shape(full, stored, value, _shape_arg(shape))
+            found.append((full, stored, value, None if dtype is None and self._dtype is None
+                          else self._cast_to(value, dtype)))
+        moved = devices.load_all({str(i): value for i, (_, _, value, _) in enumerate(found)}, self._device)
+        backend = devices.backend(self._device)
+        out = []
+        for i, (full, stored, value, wanted) in enumerate(found):
+            self._shared.usage.hit(full, stored, _nbytes(value))
+            out.append(moved[str(i)] if wanted is None else backend.cast(moved[str(i)], wanted))
+        return out
+
     def get_unchecked(self, name: str, dtype: Any = None) -> Any:
         """The tensor ``prefix.name`` whatever its shape."""
         full, stored, value = self._find(name)

@@ -63,28 +63,84 @@ def fill(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         CorruptFileError: a source's file changed since it was opened, or shrank during the reads.
         WeightioError: a source's checkpoint was closed before its descriptor could be duplicated.
     """
-    reads: dict[int, tuple[MappedFile, list[tuple[np.ndarray, int]]]] = {}
-    copies: list[tuple[np.ndarray, np.ndarray]] = []
-    for dst, src in pairs:
-        if src.nbytes == 0:
-            continue
-        located = mapped_source(src) if _PREAD else None
-        if located is None:
-            copies.append((dst, src.reshape(-1).view(np.uint8)))
-        else:
-            file, offset = located
-            reads.setdefault(id(file), (file, []))[1].append((dst, offset))
-    with contextlib.ExitStack() as stack:
-        tasks = [(_copy, d[a:b], s[a:b]) for d, s in copies for a, b in _pieces(d.nbytes)]
-        for file, jobs in reads.values():
-            fd = stack.enter_context(file.descriptor())  # checked now, and again when the reads are done
+    with Filler() as filler:
+        filler.wait(filler.start(pairs, inline=True))
+
+
+class Filler:
+    """`fill` in steps, for a caller that overlaps fills with other work (the GPU staging ring).
+
+    `start` queues the copies of some pairs on the pool and returns at once; `wait` blocks until
+    they are done. Each file read from is checked before its first read and, when the block
+    ends without error, after the last, as in `fill`.
+
+    Example:
+        >>> dst, src = np.zeros(8, np.uint8), np.arange(8, dtype=np.uint8)
+        >>> with Filler() as filler:
+        ...     filler.wait(filler.start([(dst, src)]))
+        >>> dst.tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+
+    def __init__(self, piece: int | None = None) -> None:
+        self.piece = piece
+        self._stack = contextlib.ExitStack()
+        self._fds: dict[int, int] = {}
+
+    def __enter__(self) -> Filler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
+
+    def start(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, inline: bool = False) -> list[Future]:
+        """Queue the copies of `pairs` (see `fill`); the futures to `wait` for. With `inline`, a
+        single piece of work is done now, on this thread (a hand-off would cost more)."""
+        piece = self.piece or PIECE
+        tasks: list[tuple[Any, ...]] = []
+        reads: dict[int, tuple[MappedFile, list[tuple[np.ndarray, int]]]] = {}
+        for dst, src in pairs:
+            if src.nbytes == 0:
+                continue
+            located = mapped_source(src) if _PREAD else None
+            if located is None:
+                flat = src.reshape(-1).view(np.uint8)
+                tasks += [(_copy, dst[a:b], flat[a:b]) for a, b in _pieces(dst.nbytes, piece)]
+            else:
+                reads.setdefault(id(located[0]), (located[0], []))[1].append((dst, located[1]))
+        for key, (file, jobs) in reads.items():  # in file order: from a cold cache, the disk reads ahead
+            fd = self._fds.get(key)
+            if fd is None:
+                fd = self._fds[key] = self._stack.enter_context(file.descriptor())
             tasks += [(_read, fd, file, d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
-                      for a, b in _pieces(d.nbytes)]
-        _run(tasks)
+                      for a, b in _pieces(d.nbytes, piece)]
+        if inline and len(tasks) <= 1:
+            for fn, *args in tasks:
+                fn(*args)
+            return []
+        pool = shared_pool("fill", _THREADS)
+        return [pool.submit(fn, *args) for fn, *args in tasks]
+
+    @staticmethod
+    def wait(futures: list[Future]) -> None:
+        """Block until every future is done; on the first error, cancel what has not started,
+        let what has finish (nothing may write into the destinations after this returns), raise."""
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            for future in futures:
+                if not future.cancelled():
+                    with contextlib.suppress(BaseException):
+                        future.result()
+            raise
 
 
-def _pieces(n: int) -> list[tuple[int, int]]:
-    return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
+def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:
+    piece = piece or PIECE
+    return [(a, min(a + piece, n)) for a in range(0, n, piece)]
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
@@ -105,26 +161,6 @@ def _read(fd: int, file: MappedFile, dst: np.ndarray, offset: int) -> None:
         if got == 0:
             raise CorruptFileError(f"file shrank while reading it (now ends at {offset + done})", path=file.path)
         done += got
-
-
-def _run(tasks: list[tuple[Any, ...]]) -> None:
-    """Run ``fn(*args)`` for every task; with one task or none, on this thread."""
-    if len(tasks) <= 1:
-        for fn, *args in tasks:
-            fn(*args)
-        return
-    pool = shared_pool("fill", _THREADS)
-    futures: list[Future] = [pool.submit(fn, *args) for fn, *args in tasks]
-    try:
-        for future in futures:
-            future.result()
-    finally:  # an error: stop what has not started, and let nothing write into memory after we return
-        for future in futures:
-            future.cancel()
-        for future in futures:
-            if not future.cancelled():
-                with contextlib.suppress(BaseException):
-                    future.result()
 
 
 _PREAD = hasattr(os, "preadv")  # not on Windows: there every source is copied from the mapping

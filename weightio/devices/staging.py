@@ -7,11 +7,15 @@ from pageable memory at a fraction of the bus speed. Instead:
    holds them (a file mapping, an inflated member); `plan_runs` groups the extents of each
    buffer into runs of nearby bytes (`Run`, at most 256 MiB by default, small gaps copied
    along). Each run gets one device allocation; its tensors become views of it.
-2. **Copying.** `StagedLoader` fills each run through a ring of reusable staging buffers
-   (2 x 64 MiB, pinned on CUDA): while the GPU copies one buffer with a non-blocking DMA, host
-   threads (`parallel_copy`) fill the other from the mapping. A buffer is refilled only after
-   the event recorded behind its last copy has fired. The ring is allocated on first use and
-   kept for every later transfer to that device until `StagedLoader.release`.
+2. **Copying.** `StagedLoader` sends each run through a ring of reusable staging buffers
+   (4 x 32 MiB, pinned on CUDA): while the GPU copies from one buffer with a non-blocking DMA,
+   the fill pool (`weightio.devices.filling.Filler`) fills the others, by ``pread`` from the
+   file where the bytes are a view of its mapping (no page fault on the mapping; the file is
+   checked for changes before and after, as every owned load is), by parallel ``memcpy`` else.
+   The pieces of every free buffer are queued at once, so the pool does not idle at a buffer's
+   boundary. A buffer is refilled only after the event recorded behind its last copy has fired.
+   The ring is allocated on first use and kept for every later transfer to that device until
+   `StagedLoader.release`.
 
 Arrays that cannot be viewed raw on a device (big-endian, misaligned, negative strides) are
 converted on the host first and staged the same way.
@@ -22,20 +26,18 @@ The device primitives come from an `Engine`: each GPU framework's backend (`weig
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from .._threads import shared_pool
+from .filling import Filler
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["RUN_ALIGN", "Engine", "Extent", "Run", "StagedLoader", "extent_of", "parallel_copy", "plan_runs"]
+__all__ = ["RUN_ALIGN", "Engine", "Extent", "Run", "StagedLoader", "extent_of", "plan_runs"]
 
 # ----------------------------------------------------------------------------- planning
 
@@ -182,45 +184,27 @@ class _Slot:
             self.done.record()
 
 
-_COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
-_MIN_PIECE = 4 << 20  # below this a thread hand-off costs more than it saves
-
-
-def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[:] = src`` for uint8 buffers, split over threads (numpy releases the GIL while copying).
-
-    A single thread copying from a file mapping is limited by page faults to a few GB/s, well
-    below what a PCIe 5 link takes; several threads fault and copy in parallel.
-    """
-    n = len(src)
-    pieces = min(_COPY_THREADS, n // _MIN_PIECE)
-    if pieces < 2:
-        np.copyto(dst, src)
-        return
-    bounds = [n * i // pieces for i in range(pieces + 1)]
-    pool = shared_pool("copy", _COPY_THREADS)
-    jobs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
-    for job in jobs:
-        job.result()
-
-
 class StagedLoader:
     """Moves host arrays to a device in large runs, through a reusable ring of staging buffers.
 
     Args:
         engine: the device primitives (a torch or cupy backend).
         chunk: bytes per staging buffer.
-        slots: staging buffers in the ring (2: fill one while the other is being copied).
+        slots: staging buffers in the ring: while the device copies from one, the others fill.
         max_gap, max_run: see `plan_runs`.
 
-    An engine that does not stage (``torch:mps``: unified memory, no pinned allocator) copies each
-    run straight from the host buffer. The ring works the same with unpinned buffers, which is
-    how the tests exercise it on machines without a GPU.
+    Filling is pipelined: the pieces of up to `slots` buffers are queued on the fill pool at once
+    (`weightio.devices.filling.Filler`: ``pread`` from the file for views of a file's mapping,
+    parallel ``memcpy`` otherwise), so the pool never idles at a buffer's boundary; the oldest
+    buffer is handed to the device as soon as its pieces are done. An engine that does not stage
+    (``torch:mps``: unified memory, no pinned allocator) copies each run straight from the host
+    buffer. The ring works the same with unpinned buffers, which is how the tests exercise it on
+    machines without a GPU.
     """
 
-    def __init__(self, engine: Engine, *, chunk: int = 64 << 20, slots: int = 2,
-                 max_gap: int = 1 << 16, max_run: int = 256 << 20) -> None:
-        self.engine, self.chunk, self.nslots = engine, chunk, slots
+    def __init__(self, engine: Engine, *, chunk: int = 32 << 20, slots: int = 4,
+                 max_gap: int = 1 << 16, max_run: int = 256 << 20, piece: int = 4 << 20) -> None:
+        self.engine, self.chunk, self.nslots, self.piece = engine, chunk, slots, piece
         self.max_gap, self.max_run = max_gap, max_run
         self._slots: list[_Slot] = []
         self._turn = 0
@@ -245,26 +229,46 @@ class StagedLoader:
             else:
                 extents.append(ext)
         with self._lock, self.engine.active():
-            for run in plan_runs(extents, max_gap=self.max_gap, max_run=self.max_run):
-                dev = self._copy_run(run)
+            runs = plan_runs(extents, max_gap=self.max_gap, max_run=self.max_run)
+            devs = [self.engine.empty(run.nbytes) for run in runs]
+            pieces = [(dev, pos, _bytes(run.root)[run.start + pos : run.start + min(pos + self.chunk, run.nbytes)])
+                      for run, dev in zip(runs, devs, strict=True) for pos in range(0, run.nbytes, self.chunk)]
+            if self.engine.staged:
+                self._stage(pieces)
+            else:
+                for dev, pos, src in pieces:
+                    self.engine.copy_direct(dev, pos, src)
+            for run, dev in zip(runs, devs, strict=True):
                 for ext in run.members:
                     out[ext.key] = self.engine.view(dev, ext.start - run.start, ext)
         return {key: out[key] for key in arrays}
 
-    def _copy_run(self, run: Run) -> Any:
-        dev = self.engine.empty(run.nbytes)
-        for pos in range(0, run.nbytes, self.chunk):
-            n = min(self.chunk, run.nbytes - pos)
-            src = _bytes(run.root)[run.start + pos : run.start + pos + n]
-            if not self.engine.staged:
-                self.engine.copy_direct(dev, pos, src)
-                continue
-            slot = self._next_slot()
-            slot.wait()  # the DMA that last read this buffer has finished
-            parallel_copy(slot.host[:n], src)
+    def _stage(self, pieces: list[tuple[Any, int, np.ndarray]]) -> None:
+        """Each ``(device buffer, offset, source)`` copied through the ring, fills pipelined."""
+        filling: deque[tuple[_Slot, Any, int, int, list]] = deque()  # queued on the pool, not yet sent
+
+        def send_oldest() -> None:
+            slot, dev, pos, n, futures = filling.popleft()
+            Filler.wait(futures)
             self.engine.copy(dev, pos, slot.handle, n)
             slot.record()
-        return dev
+
+        with Filler(self.piece) as filler:
+            try:
+                for dev, pos, src in pieces:
+                    if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
+                        send_oldest()
+                    slot = self._next_slot()
+                    slot.wait()  # the copy that last read this buffer has finished
+                    n = len(src)
+                    filling.append((slot, dev, pos, n, filler.start([(slot.host[:n], src)])))
+                while filling:
+                    send_oldest()
+            except BaseException:
+                for *_, futures in filling:  # nothing may still write into the ring when we return
+                    with contextlib.suppress(BaseException):
+                        Filler.wait(futures)
+                raise
 
     def _next_slot(self) -> _Slot:
         if not self._slots:

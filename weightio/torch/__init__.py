@@ -191,19 +191,29 @@ class _Load:
 
     def read(self, plan: dict[str, str] | None) -> None:
         cursors: dict[str, VarBuilder] = {}
+        bulk: dict[int, tuple[VarBuilder, list[tuple[str, tuple[int, ...], str, Any, str | None]]]] = {}
         for canonical, (name, _stored, shape, stored_dtype) in self.found.items():
             wanted = self.wanted(canonical, stored_dtype)
-            target = self.keys.targets[canonical]
             where = None if plan is None else device_of(plan, canonical)
             vb = self.vb
             if where is not None and where not in ("cpu", DISK):
                 vb = cursors.setdefault(where, self.vb.to_device(f"torch:{where}"))
-            value = vb.get(shape, name, dtype=wanted)
-            if where == "cpu" and _shares_file(value, stored_dtype):
-                value = value.clone()  # owned memory, as the budget counted it
-            elif where is None and self.assign and not target.is_meta and value.device != target.device:
-                value = value.to(target.device)
-            self.loaded[canonical] = value
+            if vb.device.target not in (None, "cpu"):  # a GPU: one bulk transfer per device, below
+                bulk.setdefault(id(vb), (vb, []))[1].append((canonical, shape, name, wanted, where))
+                continue
+            self._keep(canonical, vb.get(shape, name, dtype=wanted), stored_dtype, where)
+        for vb, items in bulk.values():
+            values = vb._get_many([(shape, name, wanted) for _, shape, name, wanted, _ in items])
+            for (canonical, _, _, _, where), value in zip(items, values, strict=True):
+                self._keep(canonical, value, self.found[canonical][3], where)
+
+    def _keep(self, canonical: str, value: Any, stored_dtype: Any, where: str | None) -> None:
+        target = self.keys.targets[canonical]
+        if where == "cpu" and _shares_file(value, stored_dtype):
+            value = value.clone()  # owned memory, as the budget counted it
+        elif where is None and self.assign and not target.is_meta and value.device != target.device:
+            value = value.to(target.device)
+        self.loaded[canonical] = value
 
     def store(self) -> None:
         owners = {}
