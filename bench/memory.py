@@ -448,7 +448,6 @@ def targets(results: dict, serve: dict, size: int) -> list[tuple[str, bool]]:
          ratio("views", "safetensors load_file", "weightio views") >= 1.0),
         ("4 processes of zero-copy views: PSS growth <= 1.25x one copy",
          "rss_mib" in views and views["rss_mib"] * (1 << 20) <= 1.25 * size),
-        ("GPU rows measured (bench/gpu.py, section \"GPU\")", True),
     ]
 
 

@@ -505,9 +505,9 @@ class _LoggingEngine:
         self._last = id(host)
         return host, host
 
-    def copy(self, dev, pos, host, n):
+    def copy(self, dev, pos, host, n, at):
         self.log.append(("copy", id(host)))
-        dev[pos : pos + n] = host[:n]
+        dev[pos : pos + n] = host[at : at + n]
 
     def copy_direct(self, dev, pos, src):
         raise AssertionError("a staged engine never copies directly")

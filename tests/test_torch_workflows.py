@@ -380,3 +380,70 @@ def test_report_prints_the_table_transformers_prints(tmp_path, capsys):
     _saved(transformers.GPT2LMHeadModel, _gpt2_config(), gpt)
     wio.torch.load_into(model, gpt, assign=True, report=True)
     assert "lm_head.weight | TIED   | shares transformer.wte.weight" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the path to a GPU, on the CPU
+
+
+@pytest.fixture
+def staged_gpu(monkeypatch):
+    """``torch:cuda:0`` served by a CPU torch backend that stages like CUDA (the ring, separate
+    allocations, bulk transfers), counting the bytes of every device allocation it makes."""
+    from weightio import devices
+    from weightio.devices import Device
+    from weightio.devices.torch import TorchBackend
+
+    class Counted(TorchBackend):
+        live: dict[int, int] = {}
+        peak = 0
+
+        def empty(self, nbytes):
+            import weakref
+
+            raw = np.empty(nbytes, np.uint8)
+            Counted.live[id(raw)] = nbytes
+            weakref.finalize(raw, Counted.live.pop, id(raw), None)
+            Counted.peak = max(Counted.peak, sum(Counted.live.values()))
+            return torch.from_numpy(raw)
+
+    backend = Counted(Device("torch", "cpu"), staged=True, pin=False)
+    backend.device = Device("torch", "cuda:0")
+    backend.loader = devices.StagedLoader(backend, chunk=64 << 10, slots=3, piece=16 << 10)  # many buffers
+    for key in ("torch:cuda:0", "torch:cuda", Device("torch", "cuda:0")):
+        monkeypatch.setitem(devices._BY_ARGUMENT, key, backend)
+    return Counted
+
+
+def test_load_into_a_gpu_moves_in_bulk_into_tensors_of_their_own(tmp_path, staged_gpu):
+    _saved(transformers.BertModel, _bert_config(), tmp_path)
+    reference = transformers.BertModel.from_pretrained(tmp_path)
+    with wio.torch.empty_weights():
+        model = transformers.BertModel(_bert_config())
+    vb = wio.VarBuilder.from_path(tmp_path, device="torch:cuda:0")
+    assert vb.device.target == "cuda:0"
+    result = wio.torch.load_into(model, vb, assign=True)
+    assert result == ([], [])
+    _same_weights(model, reference)
+    storages = [p.untyped_storage().data_ptr() for p in model.parameters()]
+    assert len(set(storages)) == len(storages) == 39  # one allocation each, not views of shared runs
+    model.embeddings.word_embeddings.weight.data.add_(1)  # nothing else moves with it
+    assert torch.equal(model.pooler.dense.weight, reference.pooler.dense.weight)
+
+
+def test_load_into_a_gpu_with_a_cast_never_holds_the_stored_and_cast_model_together(tmp_path, staged_gpu,
+                                                                                    monkeypatch):
+    from weightio import varbuilder
+
+    _saved(transformers.BertModel, _bert_config(), tmp_path)  # float32 on disk
+    reference = transformers.BertModel.from_pretrained(tmp_path)
+    stored = sum(p.numel() * 4 for p in reference.parameters())
+    monkeypatch.setattr(varbuilder, "_CAST_BATCH", stored // 10)
+    with wio.torch.empty_weights():
+        model = transformers.BertModel(_bert_config())
+    wio.torch.load_into(model, wio.VarBuilder.from_path(tmp_path, device="torch:cuda:0"), assign=True,
+                        dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    for name, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value.to(torch.bfloat16)), name
+    largest = max(p.numel() * 4 for p in reference.parameters())
+    assert staged_gpu.peak <= stored // 10 + 2 * largest  # a batch of stored bytes (and one leftover) at a time

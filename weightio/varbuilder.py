@@ -271,21 +271,38 @@ class VarBuilder:
         return self._place(full, stored, value, dtype)
 
     def _get_many(self, requests: Sequence[tuple[Sequence[int], str, Any]]) -> list[Any]:
-        """`get` of every ``(shape, name, dtype)``, moved in one bulk transfer (a GPU receives
-        large runs through its staging ring instead of one copy per tensor), then cast on the
-        device. Every shape is checked before any byte moves."""
+        """`get` of every ``(shape, name, dtype)``, moved in bulk transfers (a GPU receives large
+        runs through its staging ring instead of one copy per tensor). Every shape is checked
+        before any byte moves. On a GPU each result has a device allocation of its own, as
+        `get`'s do (not a view of a shared run); elsewhere results are what `get` gives.
+
+        Tensors kept as stored move in one transfer; those to be cast move in batches of about
+        `_CAST_BATCH` bytes, each cast before the next moves, so that the stored and the cast
+        copies of a whole model are never on the device together."""
         found = []
         for shape, name, dtype in requests:
             full, stored, value = self._find(name)
             self._check_shape(full, stored, value, _shape_arg(shape))
             found.append((full, stored, value, None if dtype is None and self._dtype is None
                           else self._cast_to(value, dtype)))
-        moved = devices.load_all({str(i): value for i, (_, _, value, _) in enumerate(found)}, self._device)
         backend = devices.backend(self._device)
-        out = []
-        for i, (full, stored, value, wanted) in enumerate(found):
-            self._shared.usage.hit(full, stored, _nbytes(value))
-            out.append(moved[str(i)] if wanted is None else backend.cast(moved[str(i)], wanted))
+        batches: list[list[int]] = [[i for i, f in enumerate(found) if f[3] is None], []]
+        size = 0
+        for i in (i for i, f in enumerate(found) if f[3] is not None):
+            if batches[-1] and size + _nbytes(found[i][2]) > _CAST_BATCH:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += _nbytes(found[i][2])
+        out: list[Any] = [None] * len(found)
+        for batch in batches:
+            keys = {str(i) for i in batch} if self._device.target not in (None, "cpu") else set()
+            moved = devices._on_device(backend, {str(i): found[i][2] for i in batch}, keys)
+            for i in batch:
+                full, stored, value, wanted = found[i]
+                tensor = moved.pop(str(i))  # (its memory goes once cast)
+                out[i] = backend.finish(tensor if wanted is None else backend.cast(tensor, wanted), full)
+                self._shared.usage.hit(full, stored, _nbytes(value))
         return out
 
     def get_unchecked(self, name: str, dtype: Any = None) -> Any:
@@ -480,6 +497,9 @@ class VarBuilder:
         else:
             return None
         return None if wanted == stored else wanted
+
+
+_CAST_BATCH = 256 << 20  # bytes moved at once by `_get_many` for tensors it casts
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:

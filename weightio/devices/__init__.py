@@ -243,7 +243,8 @@ def load_all(
             another result, alive after the checkpoint is closed — instead of zero-copy views
             (numpy, torch CPU, JAX CPU). Bytes of a local file are read with parallel ``pread``s
             straight into each result (`weightio.devices.filling`): several times faster than
-            ``clone()`` of the views. GPU results own their memory either way.
+            ``clone()`` of the views. GPU results are copies either way; with `copy`, each also
+            gets a device allocation of its own instead of being a view of its run's.
 
     Raises:
         UsageError: `tensors` is not a mapping (a path, for instance), or a bad device.

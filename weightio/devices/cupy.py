@@ -49,6 +49,11 @@ class CupyBackend:
         with self.cp.cuda.Device(self.index):
             return self.loader.load(arrays)
 
+    def owned(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Like `transfer`, but each array in a device allocation of its own."""
+        with self.cp.cuda.Device(self.index):
+            return self.loader.load(arrays, separate=True)
+
     def cast(self, tensor: Any, dtype: np.dtype) -> Any:
         with self.cp.cuda.Device(self.index):
             return _cupy_cast(self.cp, tensor, dtype)
@@ -79,8 +84,8 @@ class CupyBackend:
         host = cupyx.empty_pinned((nbytes,), dtype=np.uint8)
         return host, host
 
-    def copy(self, dev: Any, pos: int, host: Any, n: int) -> None:
-        dev[pos : pos + n].set(host[:n], stream=self.stream)
+    def copy(self, dev: Any, pos: int, host: Any, n: int, at: int) -> None:
+        dev[pos : pos + n].set(host[at : at + n], stream=self.stream)
 
     def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None:
         dev[pos : pos + len(src)].set(src)

@@ -161,7 +161,7 @@ class Engine(Protocol):
     def active(self) -> Any: ...  # a context making the device current (copies and events on its stream)
     def empty(self, nbytes: int) -> Any: ...  # a device byte buffer
     def host_buffer(self, nbytes: int) -> tuple[Any, np.ndarray]: ...  # (framework handle, numpy view)
-    def copy(self, dev: Any, pos: int, host: Any, n: int) -> None: ...  # host[:n] -> dev[pos:pos+n], async
+    def copy(self, dev: Any, pos: int, host: Any, n: int, at: int) -> None: ...  # host[at:at+n] -> dev[pos:], async
     def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None: ...
     def event(self) -> Any: ...  # has record() and synchronize(), or None where copies are synchronous
     def view(self, dev: Any, rel: int, ext: Extent) -> Any: ...  # the tensor at byte `rel` of `dev`
@@ -217,8 +217,14 @@ class StagedLoader:
                 slot.wait()
             self._slots = []
 
-    def load(self, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """Every array on the device, dtype and shape unchanged, in `arrays`' order."""
+    def load(self, arrays: Mapping[str, np.ndarray], *, separate: bool = False) -> dict[str, Any]:
+        """Every array on the device, dtype and shape unchanged, in `arrays`' order.
+
+        By default each run gets one device allocation and its tensors are views of it (the
+        fewest allocations). With `separate`, each tensor gets an allocation of its own, sharing
+        memory with no other result (freed when that tensor is): what a model's parameters
+        need. The copies still move whole runs through the ring; each buffer's bytes are handed
+        to every tensor they belong to."""
         extents, out = [], {}
         for key, arr in arrays.items():
             ext = extent_of(key, arr)
@@ -230,42 +236,57 @@ class StagedLoader:
                 extents.append(ext)
         with self._lock, self.engine.active():
             runs = plan_runs(extents, max_gap=self.max_gap, max_run=self.max_run)
-            devs = [self.engine.empty(run.nbytes) for run in runs]
-            pieces = [(dev, pos, _bytes(run.root)[run.start + pos : run.start + min(pos + self.chunk, run.nbytes)])
-                      for run, dev in zip(runs, devs, strict=True) for pos in range(0, run.nbytes, self.chunk)]
+            chunks: list[tuple[list[_Target], int, np.ndarray]] = []
+            placed: dict[str, tuple[Any, int]] = {}  # name -> (its device allocation, its offset there)
+            for run in runs:
+                if separate:
+                    targets = [_Target(self.engine.empty(e.stop - e.start), e.start - run.start, e.stop - run.start)
+                               for e in run.members]
+                    placed.update((e.key, (t.dev, 0)) for e, t in zip(run.members, targets, strict=True))
+                else:
+                    whole = self.engine.empty(run.nbytes)
+                    targets = [_Target(whole, 0, run.nbytes)]
+                    placed.update((e.key, (whole, e.start - run.start)) for e in run.members)
+                raw = _bytes(run.root)
+                chunks += [(targets, pos, raw[run.start + pos : run.start + min(pos + self.chunk, run.nbytes)])
+                           for pos in range(0, run.nbytes, self.chunk)]
             if self.engine.staged:
-                self._stage(pieces)
+                self._stage(chunks)
             else:
-                for dev, pos, src in pieces:
-                    self.engine.copy_direct(dev, pos, src)
-            for run, dev in zip(runs, devs, strict=True):
-                for ext in run.members:
-                    out[ext.key] = self.engine.view(dev, ext.start - run.start, ext)
+                for targets, pos, src in chunks:
+                    for target, lo, hi in _spans(targets, pos, len(src)):
+                        self.engine.copy_direct(target.dev, lo - target.start, src[lo - pos : hi - pos])
+            for ext in extents:
+                out[ext.key] = self.engine.view(*placed[ext.key], ext)
         return {key: out[key] for key in arrays}
 
-    def _stage(self, pieces: list[tuple[Any, int, np.ndarray]]) -> None:
-        """Each ``(device buffer, offset, source)`` copied through the ring, fills pipelined."""
-        filling: deque[tuple[_Slot, Any, int, int, list]] = deque()  # queued on the pool, not yet sent
+    def _stage(self, chunks: list[tuple[list[_Target], int, np.ndarray]]) -> None:
+        """Each ``(targets, offset in the run, source)`` copied through the ring, fills pipelined."""
+        filling: deque[tuple[_Slot, list[_Target], int, int, list]] = deque()  # queued on the pool, not yet sent
 
         def send_oldest() -> None:
-            slot, dev, pos, n, futures = filling.popleft()
+            slot, targets, pos, n, futures = filling.popleft()
             Filler.wait(futures)
-            self.engine.copy(dev, pos, slot.handle, n)
+            for target, lo, hi in _spans(targets, pos, n):
+                self.engine.copy(target.dev, lo - target.start, slot.handle, hi - lo, lo - pos)
             slot.record()
 
         with Filler(self.piece) as filler:
             try:
-                for dev, pos, src in pieces:
+                for targets, pos, src in chunks:
                     if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
                         send_oldest()
                     slot = self._next_slot()
                     slot.wait()  # the copy that last read this buffer has finished
                     n = len(src)
-                    filling.append((slot, dev, pos, n, filler.start([(slot.host[:n], src)])))
+                    filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
                 while filling:
                     send_oldest()
             except BaseException:
                 for *_, futures in filling:  # nothing may still write into the ring when we return
+                    for future in futures:
+                        future.cancel()
+                for *_, futures in filling:
                     with contextlib.suppress(BaseException):
                         Filler.wait(futures)
                 raise
@@ -276,6 +297,25 @@ class StagedLoader:
         slot = self._slots[self._turn % len(self._slots)]
         self._turn += 1
         return slot
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A device allocation holding bytes ``[start, stop)`` of a run (the whole run, or one tensor's)."""
+
+    dev: Any
+    start: int
+    stop: int
+
+
+def _spans(targets: list[_Target], pos: int, n: int) -> list[tuple[_Target, int, int]]:
+    """The targets that bytes ``[pos, pos + n)`` of a run belong to, each with the part it gets."""
+    out = []
+    for target in targets:
+        lo, hi = max(target.start, pos), min(target.stop, pos + n)
+        if lo < hi:
+            out.append((target, lo, hi))
+    return out
 
 
 def _bytes(root: np.ndarray) -> np.ndarray:

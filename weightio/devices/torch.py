@@ -67,7 +67,7 @@ class TorchBackend:
         """Like `transfer`, but every CPU tensor in memory of its own (`torch.empty`), filled in
         parallel (`weightio.devices.filling`); other devices copy anyway."""
         if self.loader is not None:
-            return self.loader.load(arrays)
+            return self.loader.load(arrays, separate=True)
         out, pairs = {}, []
         for key, arr in arrays.items():
             if not arr.dtype.isnative or not arr.flags.c_contiguous:
@@ -115,8 +115,8 @@ class TorchBackend:
         t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=self.pin)
         return t, t.numpy()
 
-    def copy(self, dev: Any, pos: int, host: Any, n: int) -> None:
-        dev[pos : pos + n].copy_(host[:n], non_blocking=self.pin)
+    def copy(self, dev: Any, pos: int, host: Any, n: int, at: int) -> None:
+        dev[pos : pos + n].copy_(host[at : at + n], non_blocking=self.pin)
 
     def copy_direct(self, dev: Any, pos: int, src: np.ndarray) -> None:
         dev[pos : pos + len(src)].copy_(torch_from_numpy(src, writable=False))
@@ -160,16 +160,38 @@ def _registered_buffer(torch: Any, nbytes: int) -> tuple[Any, np.ndarray] | None
 
     torch's ``pin_memory=True`` allocates with ``cudaHostAlloc``, measured at ~100 ms for the
     ring's 128 MiB on an H200 machine, as long as the 4 GiB load it serves took warm; faulting
-    the pages in and registering them costs a few milliseconds (docs/benchmarks.md "GPU")."""
+    the pages in and registering them costs a few milliseconds (docs/benchmarks.md "GPU").
+    After one refusal the process stops asking (and the error the refusal left in the CUDA
+    runtime is cleared, or torch's next kernel launch would report it as its own)."""
+    global _REGISTER_REFUSED
+    if _REGISTER_REFUSED:
+        return None
     try:
         held = _Registered(torch, nbytes)
-    except (OSError, RuntimeError, AttributeError):
+    except (OSError, RuntimeError, AttributeError, TypeError, ValueError):
+        _REGISTER_REFUSED = True
         return None
     if not held.ok:
+        _REGISTER_REFUSED = True
+        _clear_cuda_error()
         return None
     tensor = torch.from_numpy(held.array)
     tensor._weightio_pinned = held  # the registration lives as long as the tensor
     return tensor, held.array
+
+
+_REGISTER_REFUSED = False
+
+
+def _clear_cuda_error() -> None:
+    """``cudaGetLastError()`` in the CUDA runtime torch loaded (found in the process's mappings)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
 
 
 def _torch_device(torch: Any, target: str) -> Any:
