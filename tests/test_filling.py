@@ -195,3 +195,41 @@ def test_fresh_memory_is_a_new_writable_array_of_its_size():
         assert out.dtype == np.uint8 and out.shape == (n,) and out.flags.writeable and out.flags.owndata
         out[:] = 5
         assert int(out.sum()) == 5 * n
+
+
+def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(tmp_path, monkeypatch):
+    # The kernel reads ahead per open file description: a whole-load fill gives each thread a
+    # stretch of the file, read in order through a description opened for it alone
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    monkeypatch.setattr(filling, "_THREADS", 4)
+    path = tmp_path / "m.safetensors"
+    tensors = {f"t{i:02d}": np.full(3000 + 17 * i, i, np.float32) for i in range(40)}
+    wio.save(tensors, path)
+    import itertools
+
+    reads, opened, advice = [], {}, []  # opened: descriptor -> which opening it is now (numbers are reused)
+    real_preadv, real_open, openings = os.preadv, os.open, itertools.count()
+
+    def opening(path, flags):
+        fd = real_open(path, flags)
+        if str(path).startswith("/proc/self/fd/"):
+            opened[fd] = next(openings)
+        return fd
+
+    monkeypatch.setattr(filling.os, "preadv",
+                        lambda fd, bufs, off: reads.append((opened.get(fd), off)) or real_preadv(fd, bufs, off))
+    monkeypatch.setattr(filling.os, "open", opening)
+    monkeypatch.setattr(filling.os, "posix_fadvise", lambda fd, a, n, how: advice.append((fd, how)))
+    with wio.open(path) as ckpt:
+        copies = wio.devices.load_all(ckpt, "numpy", copy=True)
+    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+    by_opening: dict[int, list[int]] = {}
+    for which, off in reads:
+        by_opening.setdefault(which, []).append(off)
+    assert None not in by_opening and len(by_opening) == 4  # no read through the shared descriptor
+    assert all(offsets == sorted(offsets) for offsets in by_opening.values())  # each stretch in file order
+    spans = sorted((min(o), max(o)) for o in by_opening.values())
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))  # stretches do not interleave
+    assert {how for _, how in advice} == {os.POSIX_FADV_SEQUENTIAL} and len(advice) == 4
+    total = sum(v.nbytes for v in tensors.values())
+    assert len(reads) >= total // 4096  # every piece read once (plus the tails of tensors)

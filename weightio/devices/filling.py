@@ -16,7 +16,13 @@ times the copy. `fill` does the same work another way:
    destination, page cache to memory in the kernel, with no fault on the source. Other sources
    (inflated members, converted arrays, closed checkpoints) are copied with ``np.copyto``.
 3. **Pieces** of at most `PIECE` bytes run on a pool of threads (both calls release the GIL):
-   destination faults, copies and, from a cold cache, disk reads overlap.
+   destination faults, copies and, from a cold cache, disk reads overlap. A whole load (`fill`)
+   gives each thread one stretch of each file, read in order through an open file description
+   of its own (`_read_stripe`): the kernel reads ahead for each as for one sequential reader.
+   Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
+   5.3-6.2 s that way, 3.9-4.4 s in stretches (the Run:ai streamer: 2.3-3.0 s), and warm
+   2.7-2.9 s -> 2.3-2.5 s, on a 2-CPU VM. The GPU ring (`Filler` without stripes) reads its
+   buffers piece by piece, a buffer at a time.
 
 Every check of the zero-copy path holds here: the file is checked before the reads (size and
 modification time, `weightio._io.MappedFile.check`) and again after them, so bytes read while it
@@ -63,7 +69,7 @@ def fill(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         CorruptFileError: a source's file changed since it was opened, or shrank during the reads.
         WeightioError: a source's checkpoint was closed before its descriptor could be duplicated.
     """
-    with Filler() as filler:
+    with Filler(stripes=_THREADS) as filler:
         filler.wait(filler.start(pairs, inline=True))
 
 
@@ -82,8 +88,8 @@ class Filler:
         [0, 1, 2, 3, 4, 5, 6, 7]
     """
 
-    def __init__(self, piece: int | None = None) -> None:
-        self.piece = piece
+    def __init__(self, piece: int | None = None, *, stripes: int = 0) -> None:
+        self.piece, self.stripes = piece, stripes
         self._stack = contextlib.ExitStack()
         self._fds: dict[int, int] = {}
 
@@ -112,8 +118,12 @@ class Filler:
             fd = self._fds.get(key)
             if fd is None:
                 fd = self._fds[key] = self._stack.enter_context(file.descriptor())
-            tasks += [(_read, fd, file, d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
+            pieces = [(d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
                       for a, b in _pieces(d.nbytes, piece)]
+            if self.stripes > 1 and len(pieces) > 1:
+                tasks += [(_read_stripe, fd, file, group) for group in _stripes(pieces, self.stripes)]
+            else:
+                tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
             for fn, *args in tasks:
                 fn(*args)
@@ -136,6 +146,53 @@ class Filler:
                     with contextlib.suppress(BaseException):
                         future.result()
             raise
+
+
+def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np.ndarray, int]]]:
+    """`pieces` (in file order) cut into at most `n` runs of consecutive pieces of about equal bytes."""
+    total = sum(d.nbytes for d, _ in pieces)
+    groups: list[list[tuple[np.ndarray, int]]] = [[]]
+    filled = 0
+    for dst, offset in pieces:
+        if groups[-1] and filled >= total * len(groups) / n:
+            groups.append([])
+        groups[-1].append((dst, offset))
+        filled += dst.nbytes
+    return groups
+
+
+def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]]) -> None:
+    """Read a stretch of the file, piece after piece, through an open file description of its own.
+
+    The kernel keeps read-ahead state per open file description: threads sharing one descriptor
+    at scattered offsets look like one random reader, and from a cold cache each read waits for
+    its own small disk reads. A thread reading its own stretch in order through its own
+    description (``/proc/self/fd/N`` opened again: the same file, whatever its path now names)
+    is a sequential reader the kernel reads ahead for, as the Run:ai streamer's threads are.
+    """
+    own = _reopen(fd)
+    try:
+        if own is not None and hasattr(os, "posix_fadvise"):
+            start, stop = group[0][1], group[-1][1] + group[-1][0].nbytes
+            os.posix_fadvise(own, start, stop - start, os.POSIX_FADV_SEQUENTIAL)
+        for dst, offset in group:
+            _read(fd if own is None else own, file, dst, offset)
+    finally:
+        if own is not None:
+            os.close(own)
+
+
+def _reopen(fd: int) -> int | None:
+    """A new open file description of `fd`'s file (Linux), or None where there is none to be had."""
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    was, now = os.fstat(fd), os.fstat(own)
+    if (was.st_dev, was.st_ino) != (now.st_dev, now.st_ino):
+        os.close(own)
+        return None
+    return own
 
 
 def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:
