@@ -295,8 +295,9 @@ class VarBuilder:
             batches[-1].append(i)
             size += _nbytes(found[i][2])
         out: list[Any] = [None] * len(found)
-        for batch in batches:
-            keys = {str(i) for i in batch} if self._device.target not in (None, "cpu") else set()
+        gpu = self._device.target not in (None, "cpu")
+        for number, batch in enumerate(batches):
+            keys = {str(i) for i in batch} if gpu and number == 0 else set()  # (a cast makes new memory)
             moved = devices._on_device(backend, {str(i): found[i][2] for i in batch}, keys)
             for i in batch:
                 full, stored, value, wanted = found[i]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,7 @@ class Filler:
 
     def __init__(self, piece: int | None = None, *, stripes: int = 0) -> None:
         self.piece, self.stripes = piece, stripes
+        self._stop = threading.Event()  # set on an error: stripes stop between pieces
         self._stack = contextlib.ExitStack()
         self._fds: dict[int, int] = {}
 
@@ -120,8 +122,8 @@ class Filler:
                 fd = self._fds[key] = self._stack.enter_context(file.descriptor())
             pieces = [(d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
                       for a, b in _pieces(d.nbytes, piece)]
-            if self.stripes > 1 and len(pieces) > 1:
-                tasks += [(_read_stripe, fd, file, group) for group in _stripes(pieces, self.stripes)]
+            if self.stripes > 1 and len(pieces) > 1 and _can_reopen(fd):
+                tasks += [(_read_stripe, fd, file, group, self._stop) for group in _stripes(pieces, self.stripes)]
             else:
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
@@ -131,14 +133,15 @@ class Filler:
         pool = shared_pool("fill", _THREADS)
         return [pool.submit(fn, *args) for fn, *args in tasks]
 
-    @staticmethod
-    def wait(futures: list[Future]) -> None:
+    def wait(self, futures: list[Future]) -> None:
         """Block until every future is done; on the first error, cancel what has not started,
-        let what has finish (nothing may write into the destinations after this returns), raise."""
+        stop the stretches between pieces, let what runs finish (nothing may write into the
+        destinations after this returns), and raise."""
         try:
             for future in futures:
                 future.result()
         except BaseException:
+            self._stop.set()
             for future in futures:
                 future.cancel()
             for future in futures:
@@ -161,7 +164,7 @@ def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np
     return groups
 
 
-def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]]) -> None:
+def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]], stop: threading.Event) -> None:
     """Read a stretch of the file, piece after piece, through an open file description of its own.
 
     The kernel keeps read-ahead state per open file description: threads sharing one descriptor
@@ -173,9 +176,12 @@ def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]])
     own = _reopen(fd)
     try:
         if own is not None and hasattr(os, "posix_fadvise"):
-            start, stop = group[0][1], group[-1][1] + group[-1][0].nbytes
-            os.posix_fadvise(own, start, stop - start, os.POSIX_FADV_SEQUENTIAL)
+            start, end = group[0][1], group[-1][1] + group[-1][0].nbytes
+            with contextlib.suppress(OSError):  # a hint
+                os.posix_fadvise(own, start, end - start, os.POSIX_FADV_SEQUENTIAL)
         for dst, offset in group:
+            if stop.is_set():  # another piece failed: the load is abandoned
+                return
             _read(fd if own is None else own, file, dst, offset)
     finally:
         if own is not None:
@@ -188,11 +194,24 @@ def _reopen(fd: int) -> int | None:
         own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    was, now = os.fstat(fd), os.fstat(own)
+    try:
+        was, now = os.fstat(fd), os.fstat(own)
+    except OSError:
+        os.close(own)
+        return None
     if (was.st_dev, was.st_ino) != (now.st_dev, now.st_ino):
         os.close(own)
         return None
     return own
+
+
+def _can_reopen(fd: int) -> bool:
+    """Whether stretches get descriptions of their own here (else they would share one: pieces are better)."""
+    own = _reopen(fd)
+    if own is None:
+        return False
+    os.close(own)
+    return True
 
 
 def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:

@@ -266,7 +266,7 @@ class StagedLoader:
 
         def send_oldest() -> None:
             slot, targets, pos, n, futures = filling.popleft()
-            Filler.wait(futures)
+            filler.wait(futures)
             for target, lo, hi in _spans(targets, pos, n):
                 self.engine.copy(target.dev, lo - target.start, slot.handle, hi - lo, lo - pos)
             slot.record()
@@ -288,7 +288,7 @@ class StagedLoader:
                         future.cancel()
                 for *_, futures in filling:
                     with contextlib.suppress(BaseException):
-                        Filler.wait(futures)
+                        filler.wait(futures)
                 raise
 
     def _next_slot(self) -> _Slot:

@@ -187,10 +187,14 @@ def _clear_cuda_error() -> None:
     """``cudaGetLastError()`` in the CUDA runtime torch loaded (found in the process's mappings)."""
     import ctypes
 
-    with contextlib.suppress(OSError, AttributeError, ValueError):
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
-        for path in paths:
+    paths = set()
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)  # address perms offset dev inode path
+            if len(fields) == 6 and "libcudart" in fields[5] and fields[5].startswith("/"):
+                paths.add(fields[5].strip().removesuffix(" (deleted)"))
+    for path in paths:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(path).cudaGetLastError()
 
 
