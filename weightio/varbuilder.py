@@ -296,8 +296,10 @@ class VarBuilder:
             size += _nbytes(found[i][2])
         out: list[Any] = [None] * len(found)
         gpu = self._device.target not in (None, "cpu")
-        for number, batch in enumerate(batches):
-            keys = {str(i) for i in batch} if gpu and number == 0 else set()  # (a cast makes new memory)
+        for batch in batches:
+            # on a GPU, an allocation per tensor: no views of shared runs (which would also carry
+            # the bytes between a batch's tensors along), and each stored tensor freed once cast
+            keys = {str(i) for i in batch} if gpu else set()
             moved = devices._on_device(backend, {str(i): found[i][2] for i in batch}, keys)
             for i in batch:
                 full, stored, value, wanted = found[i]
