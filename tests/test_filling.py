@@ -270,4 +270,4 @@ def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
     monkeypatch.setattr(filling, "_read", read)
     with wio.open(path) as ckpt, pytest.raises(CorruptFileError, match="injected"):
         wio.devices.load_all(ckpt, "numpy", copy=True)
-    assert 0 < len(second) < 20  # it gave up between pieces instead of reading all 49
+    assert len(second) < 20  # it gave up between pieces (or never began) instead of reading all 49
