@@ -20,7 +20,7 @@ times the copy. `fill` does the same work another way:
    gives each thread one stretch of each file, read in order through an open file description
    of its own (`_read_stripe`): the kernel reads ahead for each as for one sequential reader.
    Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
-   5.3-6.2 s that way, 3.9-4.4 s in stretches (the Run:ai streamer: 2.3-3.0 s), and warm
+   5.3-6.2 s that way, 3.9-5.4 s in stretches (the Run:ai streamer: 2.3-6.1 s), and warm
    2.7-2.9 s -> 2.3-2.5 s, on a 2-CPU VM. The GPU ring (`Filler` without stripes) reads its
    buffers piece by piece, a buffer at a time.
 
