@@ -127,6 +127,22 @@ def test_mapped_file_reads_are_bounds_checked(write):
         _ = f.data
 
 
+def test_read_each_reads_every_span_checked_first_and_fails_cleanly_on_a_shrunk_file(write):
+    path = write("x", bytes(range(100)))
+    f = MappedFile(path)
+    try:
+        assert f.read_each([(90, 10), (2, 3), (50, 0)], "the local headers") == [bytes(range(90, 100)), b"\2\3\4", b""]
+        with pytest.raises(CorruptFileError, match=r"the local headers needs bytes 95..101 but the file has 100"):
+            f.read_each([(0, 4), (95, 6)], "the local headers")
+        os.truncate(path, 60)
+        with pytest.raises(CorruptFileError, match=r"file shrank while reading the local headers \(now ends at 60\)"):
+            f.read_each([(10, 4), (55, 10)], "the local headers")
+    finally:
+        f.close()
+    with pytest.raises(wio.WeightioError, match="closed"):
+        f.read_each([(0, 1)], "the local headers")
+
+
 def test_save_leaves_no_temporary_on_an_unsupported_tensor(tmp_path):
     with pytest.raises(wio.UnsupportedDTypeError):
         wio.save({"a": np.zeros(2), "b": np.array(["s"])}, tmp_path / "x.safetensors")

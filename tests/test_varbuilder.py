@@ -106,6 +106,43 @@ def test_a_tensor_asked_every_way_is_the_same_and_reported_once_each():
             vb.get((32, 32), Q + "s")
 
 
+def test_gets_of_stored_names_take_the_short_path_and_report_in_request_order(monkeypatch):
+    """Names stored as asked, on numpy as stored (`get`'s short path), interleaved with the general
+    path (a rename, a cast, an int shape): the same bytes as the writer's, one report in request
+    order, whether the queued hits are folded every 3 gets or only when the report is asked for."""
+    from weightio.names import Usage
+
+    ref = _reference(BERT)
+    bias = "encoder.layer.0.output.dense.bias"
+    asks = [((32, 32), Q, None), (32, bias, None), ((32, 32), "q", None), ((32,), bias, "float64"),
+            ((32, 32), Q, None)]
+
+    def run():
+        with wio.VarBuilder.from_path(BERT) as vb:
+            short = vb._plain is not None and vb.pp("encoder")._plain is not None and vb.to_dtype("f2")._plain is None
+            got = [(vb.rename({"q": Q}) if name == "q" else vb).get(shape, name, dtype) for shape, name, dtype in asks]
+            return short, [g.tobytes() for g in got], vb.report()
+
+    short, got, report = run()
+    monkeypatch.setattr(Usage, "FOLD_AT", 3)
+    assert run() == (short, got, report) and short
+    assert got == [ref[Q].tobytes(), ref[bias].tobytes(), ref[Q].tobytes(), ref[bias].astype(np.float64).tobytes(),
+                   ref[Q].tobytes()]
+    assert report.used == (Q, bias) and report.renamed == {"q": Q}
+    assert report.bytes_read == 3 * 32 * 32 * 4 + 2 * 32 * 4 and len(report.unused) == len(ref) - 2
+
+
+def test_the_short_path_checks_the_file_first(tmp_path):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(BERT / "model.safetensors", path)
+    with wio.VarBuilder.from_path(path) as vb:
+        assert vb.get((32, 32), Q).shape == (32, 32)
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+        with pytest.raises(CorruptFileError, match="was truncated from .* since it was opened"):
+            vb.get((32, 32), Q)
+
+
 def test_checkpoint_get_answers_the_default():
     with wio.open(BERT / "model.safetensors") as ckpt:
         assert ckpt.get(Q).numpy().tobytes() == _reference(BERT)[Q].tobytes()

@@ -12,7 +12,7 @@ import pytest
 import weightio as wio
 from weightio.errors import UsageError
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, manifest
 from .memory import mapping_at
 
 
@@ -118,3 +118,52 @@ def test_writable_twins_are_private_windows_and_survive_page_release(tmp_path):
     assert writable_twin(values) is None and writable_twin(np.arange(3)[::-1]) is None
     closed = writable_twin(kept)  # the checkpoint is closed: its descriptor too
     assert closed.flags.writeable and closed.base is None and np.array_equal(closed, values)
+
+
+def test_the_short_path_gives_the_general_paths_array_for_every_fixture_tensor():
+    """`stored_array` (numpy() and VarBuilder.get's short path) against the general path it skips,
+    for every tensor of every fixture: the same memory (address, dtype, shape, strides), read-only;
+    or None, for the tensors the general path converts, dequantizes or refuses."""
+    from weightio.view import _finish, stored_array
+
+    taken, passed = {}, 0
+    for entry in manifest():
+        with wio.open(FIXTURES / entry) as ckpt:
+            for name in ckpt:
+                view = ckpt[name]
+                try:
+                    general = None if view.info.ggml_type else _finish(view._stored())
+                except wio.WeightioError as e:  # refused: the same refusal, or None (the general path refuses)
+                    try:
+                        assert stored_array(view._reader, name, view.info) is None
+                    except wio.WeightioError as again:
+                        assert type(again) is type(e)
+                    passed += 1
+                    continue
+                short = stored_array(view._reader, name, view.info)
+                if short is None:
+                    passed += 1
+                    continue
+                assert general is not None, (entry, name)
+                assert (short.dtype, short.shape, short.strides) == (general.dtype, general.shape, general.strides)
+                if short.size:  # (an empty slice's address is numpy's choice)
+                    assert short.__array_interface__["data"][0] == general.__array_interface__["data"][0], (entry, name)
+                assert not short.flags.writeable and short.tobytes() == general.tobytes()
+                taken[ckpt.format] = taken.get(ckpt.format, 0) + 1
+    assert set(taken) == {"safetensors", "pytorch", "npy", "npz", "gguf", "ggml"}, taken
+    assert passed > 20  # big-endian numbers, quantized blocks, strided torch views, packed fp4
+
+
+def test_the_short_path_views_aligned_tensors_through_one_cached_view_per_dtype_dropped_on_close():
+    from weightio.view import _finish
+
+    with wio.open(FIXTURES / "dtypes.safetensors") as ckpt:
+        file = ckpt._only.file
+        first = ckpt["i32"].numpy()
+        typed = file._elements[np.dtype("<i4")]
+        assert ckpt["i32"].numpy() is not first and file._elements[np.dtype("<i4")] is typed
+        assert np.shares_memory(first, typed) and np.shares_memory(first, file.data)
+        general = _finish(ckpt["i32"]._stored())
+        assert first.tobytes() == general.tobytes() and first.shape == general.shape == (2, 2, 3)
+        assert len(file._elements) == 1
+    assert file._elements == {}  # each view of the mapping kept it mapped: close forgets them

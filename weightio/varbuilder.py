@@ -43,7 +43,7 @@ from .dtypes import parse_dtype
 from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
 from .names import LoadReport, Renamed, RenameSpec, Resolver, Sources, Usage, renamer
 from .names import listing as _listing  # (weightio.torch imports it from here)
-from .view import TensorView
+from .view import TensorView, stored_array
 
 __all__ = ["VarBuilder", "LoadReport", "RenameSpec"]
 
@@ -57,6 +57,9 @@ class _Shared:
     def __init__(self, store: Sources, resolver: Resolver, owned: Sequence[Checkpoint]) -> None:
         self.store, self.resolver, self.owned = store, resolver, list(owned)
         self.usage = Usage()
+        # the one checkpoint served, for `get`'s shortest path (None: several sources, or not a Checkpoint)
+        only = store.sources[0] if len(store.sources) == 1 else None
+        self.checkpoint = only if type(only) is Checkpoint else None
 
 
 class VarBuilder:
@@ -76,12 +79,16 @@ class VarBuilder:
         dtype('float16')
     """
 
-    __slots__ = ("_shared", "_backend", "_path", "_dtype", "_device")
+    __slots__ = ("_shared", "_backend", "_path", "_dtype", "_device", "_head", "_plain")
 
     def __init__(self, shared: _Shared, backend: Any, path: tuple[str, ...], dtype: np.dtype | None,
                  device: devices.Device) -> None:
         self._shared, self._backend = shared, backend
         self._path, self._dtype, self._device = path, dtype, device
+        self._head = ".".join(path) + "." if path else ""  # what a full name starts with
+        # `get`'s shortest path: one checkpoint, names looked up as they are, numpy arrays as stored
+        plain = backend is shared.resolver and dtype is None and device.framework == "numpy"
+        self._plain = shared.checkpoint if plain else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -266,6 +273,18 @@ class VarBuilder:
             TensorNotFoundError: no stored tensor resolves from the name (lists the closest).
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
+        plain = self._plain
+        if plain is not None and dtype is None and type(name) is str and name:
+            # a name stored as asked, on numpy as stored: what `_find`, `_check_shape` and `_place` do, in short
+            full = self._head + name
+            info = plain._infos.get(full)
+            if (info is not None and info.shape == shape and type(shape) is tuple
+                    and _INT.issuperset(map(type, shape))):
+                only = plain._only
+                out = stored_array(only if only is not None else plain._owners[full], full, info)
+                if out is not None:
+                    self._shared.usage.hit(full, full, info.nbytes)
+                    return out
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
@@ -371,6 +390,7 @@ class VarBuilder:
         checkpoint that prefix resolved to (so a partial load of one sub-module reports on it alone)."""
         usage, store = self._shared.usage, self._shared.store
         with usage.lock:
+            usage.fold()
             hits = {a: h for a, h in usage.hits.items() if self._covers(a)}
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .formats.base import Reader
     from .records import TensorInfo
 
-__all__ = ["TensorView"]
+__all__ = ["TensorView", "stored_array"]
 
 
 class TensorView:
@@ -106,6 +106,9 @@ class TensorView:
         files numpy writes) is still returned as a view, with ``flags.aligned == False``: numpy
         computes on it correctly. Backends that need aligned memory (torch) copy at transfer.
         """
+        out = stored_array(self._reader, self.name, self.info)
+        if out is not None:
+            return out
         if self.info.ggml_type is not None:
             return self._dequantize(None)
         return _finish(self._stored())
@@ -242,6 +245,44 @@ class TensorView:
             return quant.dequantize_stored(raw, self.info, key)
         except UnsupportedDTypeError as e:
             raise UnsupportedDTypeError(e.message, path=self.path, tensor=self.name) from None
+
+
+def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | None:
+    """`TensorView.numpy()` of a tensor numpy views as it is stored (a number in native byte
+    order, or any dtype `numpy()` keeps as stored, in a local buffer): the common case, on
+    the shortest path (`VarBuilder.get` takes it too). None for any other tensor, which the caller
+    serves the general way (the same array, or the refusal). The reader's `buffer` is asked as
+    always: its refusals and the file's changed-file check stay on this path."""
+    dtype = info.dtype
+    kind = _KINDS.get(dtype)
+    if kind is None:
+        kind = _KINDS.setdefault(dtype, _kind(dtype))
+    if not kind or info.ggml_type is not None or info.strides is not None:
+        return None
+    buf = reader.buffer(name)
+    if type(buf) is not np.ndarray:  # a remote file's image: fetched by the general path
+        return None
+    size, offset, file = dtype.itemsize, info.offset, reader.file
+    if kind == _ELEMENTS and not offset % size and not file.remote:
+        typed = file.elements(buf, dtype)
+        if typed is not None:
+            offset //= size
+            return typed[offset : offset + info.nbytes // size].reshape(info.shape)
+    out = np.ndarray(info.shape, dtype, buffer=buf, offset=offset)
+    if out.flags.writeable:  # (every reader's buffer is read-only; this keeps it so whatever it is)
+        out.flags.writeable = False
+    return out
+
+
+_VIEW, _ELEMENTS = 1, 2  # how `stored_array` views a dtype (0: it does not)
+_KINDS: dict[np.dtype, int] = {}
+
+
+def _kind(dtype: np.dtype) -> int:
+    if (dtype in PACKED or dtype.hasobject or not dtype.itemsize or dtype.subdtype is not None
+            or (not dtype.isnative and is_number(dtype))):
+        return 0
+    return _ELEMENTS if dtype.fields is None else _VIEW
 
 
 def _has_text(dtype: np.dtype) -> bool:

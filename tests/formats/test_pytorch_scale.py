@@ -31,15 +31,20 @@ def many(tmp_path_factory):
 
 
 def _header_reads(monkeypatch) -> list[tuple[int, int, str]]:
-    """Every (offset, length, what) that MappedFile.read is asked for from now on."""
+    """Every (offset, length, what) that MappedFile.read or read_each is asked for from now on."""
     calls: list[tuple[int, int, str]] = []
-    original = MappedFile.read
+    read, read_each = MappedFile.read, MappedFile.read_each
 
     def counted(self, offset, length, what):
         calls.append((offset, length, what))
-        return original(self, offset, length, what)
+        return read(self, offset, length, what)
+
+    def counted_each(self, spans, what):
+        calls.extend((offset, length, what) for offset, length in spans)
+        return read_each(self, spans, what)
 
     monkeypatch.setattr(MappedFile, "read", counted)
+    monkeypatch.setattr(MappedFile, "read_each", counted_each)
     return calls
 
 

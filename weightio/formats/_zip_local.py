@@ -7,6 +7,7 @@ there). A checkpoint of 100k small tensors has its headers a few hundred bytes a
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any
 
@@ -64,8 +65,8 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
     numpy — or None where any is not regular: past the end of the file, a wrong signature, name
     bytes, name-encoding flag or method that are not the central entry's, encryption, data running
     into the central directory, a stored member whose two sizes differ, members not laid out one
-    after another from offset 0. Then ``_zip._locate`` checks each and says what is wrong. (None too
-    where the headers lie mostly far apart, a read each: there the loop is as quick.)"""
+    after another from offset 0. Then ``_zip._locate`` checks each and says what is wrong. Headers
+    far apart (large tensors) are read one by one, and still checked together."""
     count = len(members)
     if not count or any(m.header_offset >= cd_offset or m.compressed_size > cd_offset or m.size > _INT64_ROOM
                         for m, _, _ in members):
@@ -78,19 +79,26 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
     order = np.argsort(offset, kind="stable")
     at, reach = offset[order], np.maximum.accumulate(end[order])  # reach: the furthest end so far
     gaps = np.flatnonzero(at[1:] > reach[:-1] + RUN_GAP) + 1
-    if 4 * len(gaps) > count:  # headers mostly far apart (large tensors), one read each: the loop is as quick
-        return None
+    bounds, starts, reaches, ends = [0, *gaps.tolist(), count], at.tolist(), reach.tolist(), end[order].tolist()
+    runs = []  # (first header, one past the last) of each read: within RUN_GAP of each other, RUN_MOST at most
+    for first, last in zip(bounds[:-1], bounds[1:], strict=True):
+        while first < last:
+            stop = first + 1 if last == first + 1 else max(
+                first + 1, bisect.bisect_right(reaches, starts[first] + RUN_MOST, first, last))
+            runs.append((first, stop))
+            first = stop
+    reads = file.read_each([(starts[a], reaches[b - 1] - starts[a]) for a, b in runs], "the local headers")
     heads: list[bytes] = []  # each local header and (below) name, cut from the reads (they span tensor data)
     names: list[bytes] = []
-    for first, last in zip([0, *gaps.tolist()], [*gaps.tolist(), count], strict=True):
-        while first < last:  # runs of at most RUN_MOST bytes
-            start = int(at[first])
-            stop = max(first + 1, int(np.searchsorted(reach[first:last], start + RUN_MOST, "right")) + first)
-            raw = file.read(start, int(reach[stop - 1]) - start, "the local headers")
-            places = (at[first:stop] - start).tolist()
-            heads += [raw[a: a + 30] for a in places]
-            names += [raw[a + 30: b - start] for a, b in zip(places, end[order[first:stop]].tolist(), strict=True)]
-            first = stop
+    for (first, stop), raw in zip(runs, reads, strict=True):
+        if stop == first + 1:  # (one header and its name: the whole read)
+            heads.append(raw[:30])
+            names.append(raw[30:])
+            continue
+        start = starts[first]
+        for a, b in zip(starts[first:stop], ends[first:stop], strict=True):
+            heads.append(raw[a - start: a - start + 30])
+            names.append(raw[a - start + 30: b - start])
     rows = np.empty(count, _LOCAL)
     rows[order] = np.frombuffer(b"".join(heads), _LOCAL)
     method = np.fromiter((m.method for m, _, _ in members), np.int64, count)
