@@ -447,3 +447,23 @@ def test_load_into_a_gpu_with_a_cast_never_holds_the_stored_and_cast_model_toget
         assert torch.equal(model.state_dict()[name], value.to(torch.bfloat16)), name
     largest = max(p.numel() * 4 for p in reference.parameters())
     assert staged_gpu.peak <= stored // 10 + 2 * largest  # a batch of stored bytes (and one leftover) at a time
+
+
+def test_a_device_map_places_cpu_and_disk_entries_on_the_cpu_whatever_the_builders_device(tmp_path, staged_gpu):
+    """``device="torch:cuda:0"`` with a device map: its "disk" entries are zero-copy views of the
+    file and its "cpu" entries memory of their own, neither read through the GPU's builder."""
+    _saved(transformers.GPT2LMHeadModel, _gpt2_config(), tmp_path)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    plan = {"transformer": "disk", "transformer.h.1": "cuda:0", "lm_head": "cpu"}
+    with wio.torch.empty_weights():
+        model = transformers.GPT2LMHeadModel(_gpt2_config())
+    assert wio.torch.load_into(model, path, device="torch:cuda:0", device_map=plan).device_map == plan
+    _same_weights(model, reference)
+    on_gpu = {n for n, _ in model.transformer.h[1].named_parameters(prefix="transformer.h.1")}
+    assert staged_gpu.peak == sum(p.numel() * 4 for p in model.transformer.h[1].parameters())  # those alone
+    with wio.open(path) as ckpt:
+        for name, tensor in model.named_parameters():
+            stored = "transformer.wte.weight" if name == "lm_head.weight" else name
+            on_disk = name.startswith("transformer.") and name not in on_gpu  # lm_head: wte's, tied
+            assert same_file_bytes(tensor.data_ptr(), ckpt[stored].numpy()) == on_disk, name

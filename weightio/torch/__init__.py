@@ -196,7 +196,10 @@ class _Load:
             wanted = self.wanted(canonical, stored_dtype)
             where = None if plan is None else device_of(plan, canonical)
             vb = self.vb
-            if where is not None and where not in ("cpu", DISK):
+            if where in ("cpu", DISK):  # views on the CPU first, whatever the builder's device
+                if vb.device.target not in (None, "cpu"):
+                    vb = cursors.setdefault("cpu", self.vb.to_device("torch"))
+            elif where is not None:
                 vb = cursors.setdefault(where, self.vb.to_device(f"torch:{where}"))
             if vb.device.target not in (None, "cpu"):  # a GPU: one bulk transfer per device, below
                 bulk.setdefault(id(vb), (vb, []))[1].append((canonical, shape, name, wanted, where))
