@@ -95,9 +95,11 @@ def test_a_tensor_asked_every_way_is_the_same_and_reported_once_each():
         assert direct.tobytes() == general.tobytes() == ref[Q].tobytes() and not direct.flags.writeable
         assert vb.to_dtype("float64").get(32, bias).tobytes() == ref[bias].astype(np.float64).tobytes()
         assert vb.get((np.int64(32),), bias).shape == (32,)
+        for shape in (np.array([32, 32]), [32, 32], (np.int64(32), 32)):  # any sequence of ints: the general path
+            assert vb.get(shape, Q).tobytes() == direct.tobytes()
         report = vb.report()
         assert report.used == (Q, bias) and report.renamed == {"q": Q}
-        assert report.bytes_read == 2 * 32 * 32 * 4 + 2 * 32 * 4
+        assert report.bytes_read == 5 * 32 * 32 * 4 + 2 * 32 * 4
         with pytest.raises(TypeError, match="a shape is an int or a sequence of ints"):
             vb.get((True, 32), Q)  # a bool equals 1 but is no dimension
         with pytest.raises(ShapeMismatchError, match=r"expected shape \(32, 33\), found \(32, 32\)"):

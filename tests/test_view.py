@@ -167,3 +167,18 @@ def test_the_short_path_views_aligned_tensors_through_one_cached_view_per_dtype_
         assert first.tobytes() == general.tobytes() and first.shape == general.shape == (2, 2, 3)
         assert len(file._elements) == 1
     assert file._elements == {}  # each view of the mapping kept it mapped: close forgets them
+
+
+def test_a_close_racing_the_short_path_leaves_no_view_of_the_mapping_cached():
+    with wio.open(FIXTURES / "dtypes.safetensors") as ckpt:
+        file = ckpt._only.file
+        data = file.data
+
+        class ClosingMeanwhile(dict):
+            def get(self, key, default=None):
+                file.close()  # between the check that `data` is the mapping and the caching
+                return super().get(key, default)
+
+        file._elements = ClosingMeanwhile()
+        assert file.elements(data, np.dtype("<f4")) is not None  # (the caller's view, of bytes it had)
+        assert file.closed and dict(file._elements) == {}

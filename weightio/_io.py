@@ -183,8 +183,10 @@ class MappedFile:
         if data is not self._data:
             return None
         typed = self._elements.get(dtype)
-        if typed is None:  # (one racing a `close` may stay cached: the mapping then lives as long as this object)
+        if typed is None:
             typed = self._elements.setdefault(dtype, data[: len(data) - len(data) % dtype.itemsize].view(dtype))
+            if self._closed:  # a `close` ran meanwhile (it sets `_closed`, then empties the cache): keep nothing
+                self._elements.clear()
         return typed
 
     def check(self) -> None:
@@ -237,9 +239,9 @@ class MappedFile:
         return self._pread(offset, length, what)
 
     def read_each(self, spans: list[tuple[int, int]], what: str) -> list[bytes]:
-        """`read` of every ``(offset, length)`` in `spans` (none within the first `HEAD` bytes kept
-        while a header is parsed), under one lock: a zip checkpoint of large tensors has a local
-        header every few megabytes, one ``pread`` each, and the Python around each read was half its cost."""
+        """`read` of every ``(offset, length)`` in `spans`, each with its own ``pread`` (never from the
+        first `HEAD` bytes kept while a header is parsed), under one lock: a zip checkpoint of large
+        tensors has a local header every few megabytes, and the Python around each read was half its cost."""
         size = self.size
         for offset, length in spans:
             if offset < 0 or length < 0 or offset + length > size:
@@ -258,6 +260,8 @@ class MappedFile:
         return out
 
     def _pread(self, offset: int, length: int, what: str) -> bytes:
+        if not length:
+            return b""
         with self._lock:  # the descriptor stays open (and ours) until the bytes are in
             if self._closed:
                 raise WeightioError(_CLOSED, path=self.path)

@@ -278,7 +278,7 @@ class VarBuilder:
             # a name stored as asked, on numpy as stored: what `_find`, `_check_shape` and `_place` do, in short
             full = self._head + name
             info = plain._infos.get(full)
-            if (info is not None and info.shape == shape and type(shape) is tuple
+            if (info is not None and type(shape) is tuple and info.shape == shape
                     and _INT.issuperset(map(type, shape))):
                 only = plain._only
                 out = stored_array(only if only is not None else plain._owners[full], full, info)

@@ -256,7 +256,9 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
     dtype = info.dtype
     kind = _KINDS.get(dtype)
     if kind is None:
-        kind = _KINDS.setdefault(dtype, _kind(dtype))
+        kind = _kind(dtype)
+        if len(_KINDS) < 1024:  # (bounded: records and strings of .npy files bring dtypes without end)
+            _KINDS[dtype] = kind
     if not kind or info.ggml_type is not None or info.strides is not None:
         return None
     buf = reader.buffer(name)
