@@ -418,3 +418,23 @@ def test_s3_knobs_and_the_environment(s3, boto3_client):
     with pytest.raises(ClientError) as info:
         boto3_client.get_object(Bucket="bucket", Key="m/config.json", IfMatch=etag)
     assert info.value.response["Error"]["Code"] == "PreconditionFailed" and server.requests[-1].status == 412
+
+
+def test_a_client_resetting_a_kept_alive_connection_prints_nothing(http_server, capsys):
+    """aiohttp may reset a kept-alive connection when its session closes: the server's thread,
+    waiting there for the next request, must not print a traceback (a CLI test running in-process
+    reads it as the command's own output)."""
+    import socket
+    import struct
+
+    url = urlsplit(http_server.add("a.bin", b"x" * 100))
+    sock = socket.create_connection((url.hostname, url.port))
+    sock.sendall(b"GET " + url.path.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sock.recv(12) == b"HTTP/1.1 200"
+    time.sleep(0.3)  # the answer sent, the server's thread waits for the next request
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    sock.close()
+    time.sleep(0.3)  # the server's thread reads, meets the reset, and ends
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "Exception occurred" not in captured.err
+    assert fetch(http_server.url_for("a.bin"))[0] == 200  # still serving
