@@ -133,7 +133,6 @@ class MappedFile:
         self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self.size = opened.st_size
         self._stamp = (opened.st_size, opened.st_mtime_ns)
-        self._mtime = opened.st_mtime_ns
         if self.size == 0:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
@@ -203,8 +202,7 @@ class MappedFile:
             now = None
         if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
-        if now.st_mtime_ns != self._mtime or now.st_size != self.size:  # (`_same`, inline: every view pays it)
-            self._same(now)
+        self._same(now)
 
     def _same(self, now: os.stat_result) -> None:
         """`CorruptFileError` unless `now` (an ``fstat`` of this file) has the size and mtime seen at open."""
@@ -222,10 +220,7 @@ class MappedFile:
         Opened with ``head=True``, reads within the first `HEAD` bytes share one ``pread`` until
         `release_head` (while a reader parses its header).
         """
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise CorruptFileError(
-                f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}", path=self.path
-            )
+        self._within(offset, length, what)
         head = self._head
         if head is not None and offset + length <= self.HEAD:
             if not head:
@@ -242,22 +237,12 @@ class MappedFile:
         """`read` of every ``(offset, length)`` in `spans`, each with its own ``pread`` (never from the
         first `HEAD` bytes kept while a header is parsed), under one lock: a zip checkpoint of large
         tensors has a local header every few megabytes, and the Python around each read was half its cost."""
-        size = self.size
         for offset, length in spans:
-            if offset < 0 or length < 0 or offset + length > size:
-                raise CorruptFileError(f"{what} needs bytes {offset}..{offset + length} but the file has {size}",
-                                       path=self.path)
-        out = []
+            self._within(offset, length, what)
         with self._lock:
             if self._closed:
                 raise WeightioError(_CLOSED, path=self.path)
-            pread, fd = os.pread, self._fd
-            for offset, length in spans:
-                chunk = pread(fd, length, offset)
-                if len(chunk) < length:  # (short: a signal, or the file shrank; `_pread` says which)
-                    chunk += self._pread_unlocked(offset + len(chunk), length - len(chunk), what)
-                out.append(chunk)
-        return out
+            return [self._pread_unlocked(offset, length, what) for offset, length in spans]
 
     def _pread(self, offset: int, length: int, what: str) -> bytes:
         if not length:
@@ -286,6 +271,10 @@ class MappedFile:
     def ensure(self, offset: int, length: int, what: str) -> None:
         """Make bytes `offset`..`offset + length` of `data` readable: a mapped file's all are (a
         `weightio._remote.RemoteFile` fetches them); `CorruptFileError` naming `what` past the end."""
+        self._within(offset, length, what)
+
+    def _within(self, offset: int, length: int, what: str) -> None:
+        """`CorruptFileError` naming `what` unless bytes `offset`..`offset + length` lie in the file."""
         if offset < 0 or length < 0 or offset + length > self.size:
             raise CorruptFileError(
                 f"{what} needs bytes {offset}..{offset + length} but the file has {self.size}", path=self.path

@@ -259,13 +259,14 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
         kind = _kind(dtype)
         if len(_KINDS) < 1024:  # (bounded: records and strings of .npy files bring dtypes without end)
             _KINDS[dtype] = kind
-    if not kind or info.ggml_type is not None or info.strides is not None:
-        return None
+    file = reader.file
+    if not kind or info.ggml_type is not None or info.strides is not None or file.remote:
+        return None  # (a remote file's bytes are fetched by the general path)
     buf = reader.buffer(name)
-    if type(buf) is not np.ndarray:  # a remote file's image: fetched by the general path
+    if type(buf) is not np.ndarray:
         return None
-    size, offset, file = dtype.itemsize, info.offset, reader.file
-    if kind == _ELEMENTS and not offset % size and not file.remote:
+    size, offset = dtype.itemsize, info.offset
+    if kind == _ELEMENTS and not offset % size:
         typed = file.elements(buf, dtype)
         if typed is not None:
             offset //= size

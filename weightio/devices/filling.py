@@ -122,9 +122,14 @@ class Filler:
                 fd = self._fds[key] = self._stack.enter_context(file.descriptor())
             pieces = [(d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
                       for a, b in _pieces(d.nbytes, piece)]
-            if self.stripes > 1 and len(pieces) > 1 and _can_reopen(fd):
-                tasks += [(_read_stripe, fd, file, group, self._stop) for group in _stripes(pieces, self.stripes)]
-            else:
+            groups = _stripes(pieces, self.stripes) if self.stripes > 1 and len(pieces) > 1 else []
+            owns = [_reopen(fd) for _ in groups]
+            for own in owns:
+                if own is not None:
+                    self._stack.callback(os.close, own)
+            if groups and None not in owns:
+                tasks += [(_read_stripe, own, file, group, self._stop) for own, group in zip(owns, groups, strict=True)]
+            else:  # (stretches sharing one description would defeat read-ahead: pieces are better)
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
             for fn, *args in tasks:
@@ -164,28 +169,23 @@ def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np
     return groups
 
 
-def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]], stop: threading.Event) -> None:
-    """Read a stretch of the file, piece after piece, through an open file description of its own.
+def _read_stripe(own: int, file: MappedFile, group: list[tuple[np.ndarray, int]], stop: threading.Event) -> None:
+    """Read a stretch of the file, piece after piece, through `own`: an open file description of its own.
 
     The kernel keeps read-ahead state per open file description: threads sharing one descriptor
     at scattered offsets look like one random reader, and from a cold cache each read waits for
     its own small disk reads. A thread reading its own stretch in order through its own
-    description (``/proc/self/fd/N`` opened again: the same file, whatever its path now names)
-    is a sequential reader the kernel reads ahead for, as the Run:ai streamer's threads are.
+    description (``/proc/self/fd/N`` opened again, `_reopen`: the same file, whatever its path
+    now names) is a sequential reader the kernel reads ahead for, as the Run:ai streamer's threads are.
     """
-    own = _reopen(fd)
-    try:
-        if own is not None and hasattr(os, "posix_fadvise"):
-            start, end = group[0][1], group[-1][1] + group[-1][0].nbytes
-            with contextlib.suppress(OSError):  # a hint
-                os.posix_fadvise(own, start, end - start, os.POSIX_FADV_SEQUENTIAL)
-        for dst, offset in group:
-            if stop.is_set():  # another piece failed: the load is abandoned
-                return
-            _read(fd if own is None else own, file, dst, offset)
-    finally:
-        if own is not None:
-            os.close(own)
+    if hasattr(os, "posix_fadvise"):
+        start, end = group[0][1], group[-1][1] + group[-1][0].nbytes
+        with contextlib.suppress(OSError):  # a hint
+            os.posix_fadvise(own, start, end - start, os.POSIX_FADV_SEQUENTIAL)
+    for dst, offset in group:
+        if stop.is_set():  # another piece failed: the load is abandoned
+            return
+        _read(own, file, dst, offset)
 
 
 def _reopen(fd: int) -> int | None:
@@ -203,15 +203,6 @@ def _reopen(fd: int) -> int | None:
         os.close(own)
         return None
     return own
-
-
-def _can_reopen(fd: int) -> bool:
-    """Whether stretches get descriptions of their own here (else they would share one: pieces are better)."""
-    own = _reopen(fd)
-    if own is None:
-        return False
-    os.close(own)
-    return True
 
 
 def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:
