@@ -1,6 +1,6 @@
 """GPU benchmark: a safetensors model from a warm page cache into CUDA memory, weightio and its peers.
 
-    python bench/gpu.py [--reps 5] [--gib 4] [--explore] [--no-write]
+    python bench/gpu.py [--reps 5] [--gib 4] [--explore] [--peers A,B] [--no-write]
 
 Runs only where ``torch.cuda.is_available()``; elsewhere it says so and writes nothing. The file
 is bench/memory.py's (`--gib` GiB shaped like a transformer: per layer four bf16 2048 x 2048
@@ -14,10 +14,13 @@ filled before the clock); weightio ``devices.load_all(ckpt, "torch:cuda:0")`` an
 ``torch.load_into`` of a model built on ``meta``; safetensors ``safe_open(device="cuda:0")``;
 fastsafetensors (``nogds=True``); the Run:ai streamer (tensors moved with ``.to("cuda:0")``, as
 vLLM does); InstantTensor. A peer that is not installed is listed as such. With
-``WEIGHTIO_BEFORE=<folder holding an older weightio>``, that copy runs too ("weightio before").
+``WEIGHTIO_BEFORE=<folder holding an older weightio>``, that copy's ``load_all`` and ``load_into``
+run too ("weightio before", "weightio load_into before"). ``--peers pinned,weightio`` runs only the
+peers whose names start so.
 
 ``--explore`` also times, in one process, the staging ring's geometry (buffer size, buffers,
-piece size, fill threads) and the host side alone, for tuning.
+piece size, fill threads) and the host side alone, for tuning; and, as one more peer in fresh
+processes, ``load_all`` through a ring of 3 x 128 MiB instead of the default 4 x 32 MiB.
 
 Writes the table into docs/benchmarks.md (section "gpu").
 """
@@ -39,8 +42,10 @@ from memory import generate  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 DEVICE = "cuda:0"
+RING = "weightio load_all, ring 3 x 128 MiB"  # --explore: another geometry of the staging ring
 PEERS = ["pinned host-to-device copy", "weightio load_all", "weightio load_into (meta model)",
-         "weightio before", "safetensors safe_open", "fastsafetensors", "Run:ai streamer", "InstantTensor"]
+         "weightio before", "weightio load_into before", "safetensors safe_open", "fastsafetensors",
+         "Run:ai streamer", "InstantTensor"]
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -82,6 +87,13 @@ def _loaders(torch, path: str) -> dict:
 
         return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
 
+    def wio_big_ring():
+        import weightio as wio
+
+        engine = wio.devices.backend("torch:" + DEVICE)
+        engine.loader = wio.devices.StagedLoader(engine, chunk=128 << 20, slots=3, piece=8 << 20)
+        return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
+
     def wio_into():
         import weightio as wio
 
@@ -119,11 +131,13 @@ def _loaders(torch, path: str) -> dict:
             return dict(f.tensors())
 
     return {"pinned host-to-device copy": pinned, "weightio load_all": wio_all, "weightio before": wio_all,
-            "weightio load_into (meta model)": wio_into, "safetensors safe_open": st,
+            "weightio load_into (meta model)": wio_into, "weightio load_into before": wio_into, RING: wio_big_ring,
+            "safetensors safe_open": st,
             "fastsafetensors": fastsafetensors, "Run:ai streamer": runai, "InstantTensor": instant}
 
 
-_PREPARED = {"pinned host-to-device copy", "weightio load_into (meta model)"}  # set up before the clock
+# set up before the clock
+_PREPARED = {"pinned host-to-device copy", "weightio load_into (meta model)", "weightio load_into before"}
 _IMPORTS = {"weightio": "weightio.devices.torch", "safetensors": "safetensors", "fastsafetensors": "fastsafetensors",
             "Run:ai": "runai_model_streamer", "InstantTensor": "instanttensor", "pinned": "torch"}
 
@@ -131,7 +145,7 @@ _IMPORTS = {"weightio": "weightio.devices.torch", "safetensors": "safetensors", 
 def _worker(peer: str, path: str) -> dict:
     import importlib
 
-    if peer == "weightio before":
+    if peer.endswith("before"):
         sys.path.insert(0, os.environ["WEIGHTIO_BEFORE"])
     import torch
 
@@ -379,6 +393,7 @@ def targets(results: dict) -> list[tuple[str, bool]]:
 def main() -> None:
     def extra(parser):
         parser.add_argument("--explore", action="store_true", help="also time the staging ring's geometry")
+        parser.add_argument("--peers", help="only the peers whose names start with one of these (comma-separated)")
 
     args = arguments(__doc__, reps=5, extra=extra, gib=4.0)
     import torch
@@ -389,7 +404,11 @@ def main() -> None:
     p = generate(args.gib)
     path = str(p["safetensors"])
     warm(p["safetensors"])
-    peers = [x for x in PEERS if x != "weightio before" or os.environ.get("WEIGHTIO_BEFORE")]
+    peers = [x for x in PEERS if not x.endswith("before") or os.environ.get("WEIGHTIO_BEFORE")]
+    if args.peers:
+        peers = [x for x in peers if any(x.startswith(prefix.strip()) for prefix in args.peers.split(","))]
+    if args.explore:
+        peers.insert(peers.index("weightio load_all") + 1, RING)
     results = measure(path, peers, args.reps)
     explored = explore(path) if args.explore else []
     size = p["safetensors"].stat().st_size

@@ -116,6 +116,111 @@ def test_load_into_a_gpu_model_in_bf16_and_with_a_device_map(tmp_path):
         assert torch.equal(split.state_dict()[name].cpu(), value), name
 
 
+def _larger_bert(tmp_path):
+    """A BERT of ~20 MB of float32 on disk: the CUDA allocator's rounding is small beside it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                     intermediate_size=1024, vocab_size=512, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(tmp_path)
+    return transformers, config, transformers.BertModel.from_pretrained(tmp_path).eval()
+
+
+def test_load_into_the_gpu_gives_every_parameter_an_allocation_of_its_own(tmp_path):
+    transformers, config, reference = _larger_bert(tmp_path)
+    with wio.torch.empty_weights():
+        model = transformers.BertModel(config)
+    assert wio.torch.load_into(model, tmp_path, device="torch:cuda:0", assign=True) == ([], [])
+    params = list(model.parameters())
+    assert all(p.device.type == "cuda" for p in params)
+    assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in params)  # no shared runs
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params) == 71
+    model.embeddings.word_embeddings.weight.data.add_(1)  # nothing else moves with it
+    for name, value in reference.state_dict().items():
+        if name != "embeddings.word_embeddings.weight":
+            assert torch.equal(model.state_dict()[name].cpu(), value), name
+
+
+def test_a_cast_load_into_the_gpu_holds_one_batch_of_stored_bytes_at_a_time(tmp_path, monkeypatch):
+    from weightio import varbuilder
+
+    transformers, config, reference = _larger_bert(tmp_path)
+    stored = sum(p.numel() * 4 for p in reference.parameters())
+    largest = max(p.numel() * 4 for p in reference.parameters())
+    monkeypatch.setattr(varbuilder, "_CAST_BATCH", stored // 10)
+    with wio.torch.empty_weights():
+        model = transformers.BertModel(config)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    wio.torch.load_into(model, tmp_path, device="torch:cuda:0", assign=True, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    cast = stored // 2
+    assert torch.cuda.memory_allocated() - before < cast + 512 * 71  # the cast model alone stays
+    # the cast model, a batch of stored bytes (with one tensor over it) and the allocator's rounding
+    assert peak <= cast + stored // 10 + 2 * largest + 512 * 71 < stored + cast
+    for name, value in reference.state_dict().items():
+        got = model.state_dict()[name]
+        assert got.dtype == (torch.bfloat16 if value.is_floating_point() else value.dtype), name
+        assert torch.equal(got.cpu(), value.to(got.dtype)), name
+
+
+def test_a_refused_host_registration_leaves_no_cuda_error_behind(tmp_path):
+    """The ring's buffers are registered with ``cudaHostRegister``; when that is refused, the
+    error it leaves in the CUDA runtime is cleared (torch's next kernel launch would report it as
+    its own) and the ring falls back to torch's pinned memory, loading the same bytes."""
+    path = tmp_path / "m.safetensors"
+    wio.save(_tensors(), path)
+    code = f"""
+        import mmap, numpy as np, torch, weightio as wio
+        from weightio import devices
+        from weightio.devices import torch as backend
+
+        def refused():  # registering memory twice is refused with cudaErrorHostMemoryAlreadyRegistered
+            memory = mmap.mmap(-1, 1 << 20)
+            address = np.frombuffer(memory, np.uint8).__array_interface__["data"][0]
+            cudart = torch.cuda.cudart()
+            assert int(cudart.cudaHostRegister(address, 1 << 20, 0)) == 0
+            assert int(cudart.cudaHostRegister(address, 1 << 20, 0)) != 0
+            return memory
+
+        torch.zeros(1, device="cuda")
+        kept = [refused()]
+        try:
+            torch.ones(4, device="cuda").add_(1)
+            torch.cuda.synchronize()
+            print("uncleared: no error")
+        except RuntimeError as e:
+            print("uncleared:", str(e).splitlines()[0])
+        kept.append(refused())
+        backend._clear_cuda_error()
+        assert torch.equal(torch.ones(4, device="cuda").add_(1).cpu(), torch.full((4,), 2.0))
+
+        class Refused(backend._Registered):
+            def __init__(self, torch, nbytes):
+                super().__init__(torch, nbytes)
+                self.ok = int(self.cudart.cudaHostRegister(self.address, nbytes, 0)) == 0  # a second time
+
+        backend._Registered = Refused
+        with wio.open({str(path)!r}) as ckpt:
+            out = devices.load_all(ckpt, "torch:cuda:0")
+            slots = devices.backend("torch:cuda:0").loader._slots
+            assert backend._REGISTER_REFUSED and slots and all(s.handle.is_pinned() for s in slots)
+            assert not any(hasattr(s.handle, "_weightio_pinned") for s in slots)  # torch's own pinned memory
+            assert all(np.array_equal(out[k].cpu().reshape(-1).view(torch.uint8).numpy(),
+                                      ckpt[k].numpy().reshape(-1).view(np.uint8)) for k in ckpt)
+        torch.ones(4, device="cuda").add_(1)
+        torch.cuda.synchronize()
+        print("ok")
+    """
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         cwd=FIXTURES.parent, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert lines[-1] == "ok" and lines[0].startswith("uncleared: CUDA error"), run.stdout  # the error was real
+
+
 def test_device_map_auto_fills_the_gpu_budget_first(tmp_path):
     transformers, config, reference = _bert(tmp_path)
     with wio.torch.empty_weights():

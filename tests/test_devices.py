@@ -404,7 +404,7 @@ def test_jax_cpu_is_zero_copy_and_casts_on_device():
         with wio.open("fixtures/tiny-bert") as ckpt:
             out = devices.load_all(ckpt, "jax", "bfloat16")
         assert len(out) == 39 and all(v.dtype == ml_dtypes.bfloat16 for v in out.values())
-        assert devices.place(x, "jax").unsafe_buffer_pointer() == x.unsafe_buffer_pointer()  # adopted as is
+        assert devices.place(x, "jax:cpu").unsafe_buffer_pointer() == x.unsafe_buffer_pointer()  # adopted as is
     """)
 
 
