@@ -149,6 +149,9 @@ def test_a_call_beats_a_block_which_beats_the_environment(monkeypatch, tmp_path)
     with pytest.raises(CorruptFileError, match=r"tensor count 2 exceeds the 1 limit \(limits.tensors; raise it with "
                                                r"weightio.limits.using\(tensors=...\), or WEIGHTIO_MAX_TENSORS"):
         wio.open(path)
+    chosen = Limits(tensors=2)
+    with limits.using(chosen) as active:
+        assert active is chosen and limits.current() is chosen  # no copy of a limits without changes
     with limits.using(tensors=2) as active:
         assert active.tensors == 2 and limits.current() is active
         wio.open(path).close()

@@ -194,6 +194,22 @@ def test_varbuilder_get_on_numpy_checks_the_file_and_reports_the_use(tmp_path):
             vb.get((2, 3), "enc.w")
 
 
+@pytest.mark.parametrize("text, message", [
+    ('\ufeff{"a": 1}', "index is not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 "
+                       "(char 0)"),
+    ('{"a": 1, "a": 2}', "index has the key 'a' twice"),
+    ('{"a": NaN}', "index is not valid JSON: non-standard JSON literal NaN"),
+    ('{"a": [1, 2}', "index is not valid JSON: Expecting ',' delimiter: line 1 column 12 (char 11)"),
+])
+def test_the_standard_parser_refuses_as_json_loads_did(monkeypatch, text, message):
+    """Small texts go to the standard library's parser through decoders made once (json.loads
+    with hooks made one per call): the same refusals, the byte-order mark's included."""
+    monkeypatch.setattr(_json, "_orjson", False)  # as where orjson is not installed
+    with pytest.raises(CorruptFileError) as e:
+        _json.parse_json_object(text, path="i", what="index")
+    assert e.value.message == message
+
+
 def test_orjson_is_imported_only_for_a_large_text_unless_already_there(monkeypatch):
     from types import SimpleNamespace
 

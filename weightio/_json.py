@@ -70,6 +70,12 @@ def _colons(value: Any) -> int:
     return 0
 
 
+# Made once: json.loads with hooks builds a decoder per call, a few µs of every small header's open.
+# The standard library shares its own default decoder between threads the same way.
+_PLAIN = json.JSONDecoder(parse_constant=_no_constants)
+_CHECKING = json.JSONDecoder(object_pairs_hook=_pairs_no_duplicates, parse_constant=_no_constants)
+
+
 def decode_utf8(data: bytes, *, path: str, what: str) -> str:
     try:
         return data.decode("utf-8")
@@ -124,9 +130,10 @@ def parse_json_object(data: bytes | str, *, path: str, what: str, check_duplicat
     obj = _fast_loads(text)
     if isinstance(obj, dict) and (not check_duplicates or _no_duplicates(text, obj)):
         return obj
-    hook = _pairs_no_duplicates if check_duplicates else None
     try:
-        obj = json.loads(text, object_pairs_hook=hook, parse_constant=_no_constants)
+        if text.startswith("\ufeff"):  # what json.loads says (its decoders do not look)
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        obj = (_CHECKING if check_duplicates else _PLAIN).decode(text)
     except _Duplicate as e:
         raise CorruptFileError(f"{what} has the key {e.key!r} twice", path=path) from None
     except RecursionError:

@@ -357,9 +357,10 @@ def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None =
     """A checkpoint over `opened` readers plus `files`; every reader is closed if any step fails."""
     readers: list[Reader] = list(opened or [])
     try:
-        with using(current_limits()):  # read from the environment once, not once per shard
-            for file in files:
-                readers.append(open_file(file))
+        if files:
+            with using(current_limits()):  # read from the environment once, not once per shard
+                for file in files:
+                    readers.append(open_file(file))
         return Checkpoint(readers, path=path, metadata=metadata)
     except BaseException:
         for reader in readers:

@@ -162,7 +162,9 @@ def using(limits: Limits | None = None, **changes: int | None) -> Iterator[Limit
         >>> with using(tensors=1000) as active:       # doctest: +SKIP
         ...     wio.open("many.safetensors")          # CorruptFileError beyond 1000 tensors
     """
-    chosen = (limits if limits is not None else current()).replace(**changes)
+    chosen = limits if limits is not None else current()
+    if changes:  # (a Limits is frozen and checked when made: one without changes is used as it is)
+        chosen = chosen.replace(**changes)
     token = _override.set(chosen)
     try:
         yield chosen
