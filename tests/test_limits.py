@@ -161,6 +161,16 @@ def test_a_call_beats_a_block_which_beats_the_environment(monkeypatch, tmp_path)
     assert limits.current().tensors == 1  # the block ended: the environment again
 
 
+def test_limits_that_are_not_a_limits_object_are_refused_by_name(tmp_path):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors({"a": f32_entry(0)}, bytes(4)))
+    message = r"limits must be a weightio.Limits \(Limits\(tensors=...\)\), got dict"
+    with pytest.raises(UsageError, match=message):
+        wio.open(path, limits={"tensors": 1})
+    with pytest.raises(UsageError, match=message), limits.using({"tensors": 1}):
+        pass
+
+
 def test_a_block_applies_to_its_own_thread_only():
     seen = {}
     with limits.using(header_bytes=123):

@@ -158,10 +158,15 @@ def using(limits: Limits | None = None, **changes: int | None) -> Iterator[Limit
     keeps them after it (for the bytes it inflates, say). Only this thread or asyncio task
     is affected.
 
+    Raises:
+        UsageError: `limits` is not a `Limits`, or a change is not a non-negative int.
+
     Example:
         >>> with using(tensors=1000) as active:       # doctest: +SKIP
         ...     wio.open("many.safetensors")          # CorruptFileError beyond 1000 tensors
     """
+    if limits is not None and not isinstance(limits, Limits):
+        raise UsageError(f"limits must be a weightio.Limits (Limits(tensors=...)), got {type(limits).__name__}")
     chosen = limits if limits is not None else current()
     if changes:  # (a Limits is frozen and checked when made: one without changes is used as it is)
         chosen = chosen.replace(**changes)
