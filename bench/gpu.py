@@ -348,13 +348,13 @@ def measure(path: str, peers: list[str], reps: int) -> dict[str, dict]:
     return out
 
 
-def report(results: dict, explored: list[dict], reps: int, gib: float, size: int) -> str:
+def report(results: dict, explored: list[dict], reps: int, command: str, size: int) -> str:
     import torch
 
-    base = results["weightio load_all"]["seconds"]
-    reference = results["weightio load_all"]["checks"]
+    baseline = results.get("weightio load_all", {})  # (it may have failed: no ratios then)
+    base, reference = baseline.get("seconds"), baseline.get("checks")
     lines = ["## GPU: a model into CUDA memory", "",
-             f"`python bench/gpu.py --reps {reps} --gib {gib:g}` on {environment()}; "
+             f"`python bench/gpu.py {command}` on {environment()}; "
              f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}.",
              f"File: {size / (1 << 30):.2f} GiB `model.safetensors` (bench/memory.py's), warm page cache. Each run "
              "is a fresh process, timed after its imports and the CUDA context, until `torch.cuda.synchronize()`; "
@@ -365,9 +365,10 @@ def report(results: dict, explored: list[dict], reps: int, gib: float, size: int
         if "failed" in r:
             lines.append(f"| {peer} | cannot run here: {r['failed']} | | | | |")
             continue
-        same = "yes" if r["checks"] == reference else f"no ({r['checks']})"
+        same = "n/a" if reference is None else "yes" if r["checks"] == reference else f"no ({r['checks']})"
+        ratio = f"{r['seconds'] / base:.2f}×" if base else "n/a"
         lines.append(f"| {peer} | {r['seconds'] * 1e3:.0f} ms | {r['fastest'] * 1e3:.0f} ms | "
-                     f"{r['bytes'] / r['seconds'] / 1e9:.1f} | {r['seconds'] / base:.2f}× | {same} |")
+                     f"{r['bytes'] / r['seconds'] / 1e9:.1f} | {ratio} | {same} |")
     if explored:
         lines += ["", "The staging ring's geometry, in one process (`--explore`, median of 3 after a warm-up):", "",
                   "| variant | time | GB/s |", "|---|---:|---:|"]
@@ -406,13 +407,21 @@ def main() -> None:
     warm(p["safetensors"])
     peers = [x for x in PEERS if not x.endswith("before") or os.environ.get("WEIGHTIO_BEFORE")]
     if args.peers:
-        peers = [x for x in peers if any(x.startswith(prefix.strip()) for prefix in args.peers.split(","))]
+        prefixes = [prefix.strip() for prefix in args.peers.split(",") if prefix.strip()]
+        chosen = [x for x in peers if any(x.startswith(prefix) for prefix in prefixes)]
+        if not chosen:
+            raise SystemExit(f"no peer starts with {', '.join(prefixes) or '(nothing)'}; the peers: {', '.join(PEERS)}")
+        peers = chosen if "weightio load_all" in chosen else ["weightio load_all", *chosen]  # the ratios' baseline
     if args.explore:
         peers.insert(peers.index("weightio load_all") + 1, RING)
     results = measure(path, peers, args.reps)
     explored = explore(path) if args.explore else []
     size = p["safetensors"].stat().st_size
-    publish("gpu", report(results, explored, args.reps, args.gib, size), targets(results), not args.no_write)
+    command = f"--reps {args.reps} --gib {args.gib:g}" + (" --explore" if args.explore else "") + (
+        f" --peers {args.peers}" if args.peers else "")
+    # a run of some peers prints its table but leaves the published one (all peers) as it is
+    publish("gpu", report(results, explored, args.reps, command, size), targets(results),
+            not args.no_write and not args.peers)
     out = os.environ.get("OUT")
     if out:
         Path(out, "gpu.json").write_text(json.dumps({"results": results, "explored": explored}, indent=1))

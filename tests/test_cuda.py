@@ -117,7 +117,7 @@ def test_load_into_a_gpu_model_in_bf16_and_with_a_device_map(tmp_path):
 
 
 def _larger_bert(tmp_path):
-    """A BERT of ~20 MB of float32 on disk: the CUDA allocator's rounding is small beside it."""
+    """A BERT of 13.5 MB of float32 on disk: the CUDA allocator's rounding is small beside it."""
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                                      intermediate_size=1024, vocab_size=512, max_position_embeddings=64)
@@ -201,6 +201,7 @@ def test_a_refused_host_registration_leaves_no_cuda_error_behind(tmp_path):
             def __init__(self, torch, nbytes):
                 super().__init__(torch, nbytes)
                 self.ok = int(self.cudart.cudaHostRegister(self.address, nbytes, 0)) == 0  # a second time
+                kept.append(self)  # registered once: its memory stays mapped, as refused()'s does
 
         backend._Registered = Refused
         with wio.open({str(path)!r}) as ckpt:
