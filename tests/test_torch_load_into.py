@@ -283,3 +283,30 @@ def test_numpy_builder_is_read_as_torch():
     assert wio.torch.load_into(target, vb) == ([], [])
     assert torch.equal(target[0].weight, source[0].weight)
     assert isinstance(np.zeros(1), np.ndarray)
+
+
+def test_ignore_patterns_are_read_from_class_attributes_instances_and_properties(tmp_path):
+    """``_keys_to_ignore_on_load_*`` as transformers declares them (class attributes), set on an
+    instance, or computed by a property: every submodule's patterns apply, each way."""
+
+    class ByClass(torch.nn.Linear):
+        _keys_to_ignore_on_load_unexpected = [r"^a\.old_scale$"]
+
+    class ByProperty(torch.nn.Linear):
+        @property
+        def _keys_to_ignore_on_load_unexpected(self):
+            return [r"^b\.old_shift$"]
+
+    model = torch.nn.Sequential()
+    model.add_module("a", ByClass(2, 2))
+    model.add_module("b", ByProperty(2, 2))
+    model.add_module("c", torch.nn.Linear(2, 2))
+    model.c._keys_to_ignore_on_load_missing = [r"^c\.bias$"]  # on the instance
+    stored = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "c.bias"}
+    stored.update({"a.old_scale": torch.ones(1), "b.old_shift": torch.ones(1), "c.stale": torch.ones(1)})
+    wio.save({k: v.numpy() for k, v in stored.items()}, tmp_path / "m.safetensors")
+    result = wio.torch.load_into(model, tmp_path / "m.safetensors", strict=False)
+    assert result.unexpected_keys == ["c.stale"] and result.missing_keys == []
+    assert result.ignored_keys == {"a.old_scale": "_keys_to_ignore_on_load_unexpected",
+                                   "b.old_shift": "_keys_to_ignore_on_load_unexpected",
+                                   "c.bias": "_keys_to_ignore_on_load_missing"}

@@ -118,10 +118,12 @@ def module_keys(module: torch.nn.Module) -> ModuleKeys:
         group = [canonical] + [n for n in names if n != canonical]
         groups.append(group)
         tied.update({n: canonical for n in group[1:]})
-    persistent = set(targets)
-    transient = list(dict.fromkeys(n for n, _ in module.named_buffers(remove_duplicate=False) if n not in persistent))
-    return ModuleKeys(targets, groups, tied, transient, _patterns(module, "_keys_to_ignore_on_load_unexpected"),
-                      _patterns(module, "_keys_to_ignore_on_load_missing"), _is_transformers(module))
+    modules = list(module.named_modules(remove_duplicate=False))  # one walk of the tree for what follows
+    transient = list(dict.fromkeys(_joined(prefix, leaf) for prefix, sub in modules
+                                   for leaf, buffer in sub._buffers.items()
+                                   if buffer is not None and _joined(prefix, leaf) not in targets))
+    return ModuleKeys(targets, groups, tied, transient, _patterns(modules, "_keys_to_ignore_on_load_unexpected"),
+                      _patterns(modules, "_keys_to_ignore_on_load_missing"), _is_transformers(module))
 
 
 def declared_ties(module: torch.nn.Module) -> dict[str, str]:
@@ -149,10 +151,18 @@ def _joined(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
 
 
-def _patterns(module: torch.nn.Module, attribute: str) -> list[re.Pattern[str]]:
+def _patterns(modules: list[tuple[str, torch.nn.Module]], attribute: str) -> list[re.Pattern[str]]:
+    """The regular expressions the modules list under `attribute` (transformers' class attributes,
+    or an instance's own), each once. Read past ``nn.Module.__getattr__``, which costs an
+    exception for every module that lacks the attribute (most of them)."""
     found: dict[str, None] = {}
-    for sub in module.modules():
-        for pattern in getattr(sub, attribute, None) or ():
+    for _, sub in modules:
+        listed = sub.__dict__.get(attribute)
+        if listed is None:
+            listed = getattr(type(sub), attribute, None)
+            if hasattr(listed, "__get__"):  # a property (or other descriptor): what the instance reads
+                listed = getattr(sub, attribute, None)
+        for pattern in listed or ():
             found.setdefault(pattern)
     return [re.compile(p) for p in found]
 
