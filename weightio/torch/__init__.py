@@ -321,8 +321,10 @@ def _root_wrapper(report: Any) -> str:
 
 
 def _check_no_meta(module: torch.nn.Module, keys: ModuleKeys) -> None:
-    left = [n for n, t in (*module.named_parameters(remove_duplicate=False),
-                           *module.named_buffers(remove_duplicate=False)) if t.is_meta]
+    # one walk of the tree, parameters then buffers (in the order named_parameters/named_buffers list them)
+    modules = list(module.named_modules(remove_duplicate=False))
+    left = [f"{prefix}.{leaf}" if prefix else leaf for table in ("_parameters", "_buffers") for prefix, sub in modules
+            for leaf, t in getattr(sub, table).items() if t is not None and t.is_meta]
     if not left:
         return
     transient = [n for n in left if n in set(keys.transient)]
