@@ -27,7 +27,7 @@ from ..devices import is_floating
 from ..dtypes import by_numpy, parse_dtype
 from ..errors import ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
 from ..varbuilder import RenameSpec, VarBuilder, _listing
-from .keys import ModuleKeys, find_sub_mapping, module_keys, split_prefix
+from .keys import ModuleKeys, find_sub_mapping, module_keys, named_tensors, split_prefix
 from .placement import DISK, device_of, empty_weights, normalize_map, plan_device_map
 from .result import IncompatibleKeys, LoadResult
 
@@ -321,10 +321,8 @@ def _root_wrapper(report: Any) -> str:
 
 
 def _check_no_meta(module: torch.nn.Module, keys: ModuleKeys) -> None:
-    # one walk of the tree, parameters then buffers (in the order named_parameters/named_buffers list them)
-    modules = list(module.named_modules(remove_duplicate=False))
-    left = [f"{prefix}.{leaf}" if prefix else leaf for table in ("_parameters", "_buffers") for prefix, sub in modules
-            for leaf, t in getattr(sub, table).items() if t is not None and t.is_meta]
+    modules = list(module.named_modules(remove_duplicate=False))  # one walk for parameters and buffers
+    left = [n for table in ("_parameters", "_buffers") for n, t in named_tensors(modules, table) if t.is_meta]
     if not left:
         return
     transient = [n for n in left if n in set(keys.transient)]

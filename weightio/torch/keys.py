@@ -26,7 +26,7 @@ most of the module's names resolve.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,9 +119,7 @@ def module_keys(module: torch.nn.Module) -> ModuleKeys:
         groups.append(group)
         tied.update({n: canonical for n in group[1:]})
     modules = list(module.named_modules(remove_duplicate=False))  # one walk of the tree for what follows
-    transient = list(dict.fromkeys(_joined(prefix, leaf) for prefix, sub in modules
-                                   for leaf, buffer in sub._buffers.items()
-                                   if buffer is not None and _joined(prefix, leaf) not in targets))
+    transient = list(dict.fromkeys(n for n, _ in named_tensors(modules, "_buffers") if n not in targets))
     return ModuleKeys(targets, groups, tied, transient, _patterns(modules, "_keys_to_ignore_on_load_unexpected"),
                       _patterns(modules, "_keys_to_ignore_on_load_missing"), _is_transformers(module))
 
@@ -145,6 +143,16 @@ def declared_ties(module: torch.nn.Module) -> dict[str, str]:
     if output is None or inputs is None or id(output) not in names or id(inputs) not in names:
         return {}
     return {_joined(names[id(output)], "weight"): _joined(names[id(inputs)], "weight")}
+
+
+def named_tensors(modules: list[tuple[str, torch.nn.Module]], table: str) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of every entry of each module's `table` (``"_parameters"`` or ``"_buffers"``),
+    `modules` being ``named_modules(remove_duplicate=False)``'s pairs: what ``named_parameters`` or
+    ``named_buffers(remove_duplicate=False)`` list, from a walk of the tree made once."""
+    for prefix, sub in modules:
+        for leaf, tensor in getattr(sub, table).items():
+            if tensor is not None:
+                yield _joined(prefix, leaf), tensor
 
 
 def _joined(prefix: str, leaf: str) -> str:
