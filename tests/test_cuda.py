@@ -72,10 +72,12 @@ def test_a_file_rewritten_after_the_open_is_refused_on_the_way_to_the_gpu(tmp_pa
             devices.load_all(ckpt, "torch:cuda:0")
 
 
-def _bert(tmp_path):
+def _bert(tmp_path, hidden_size=32, num_hidden_layers=2, intermediate_size=37, vocab_size=100):
+    """A BERT saved under `tmp_path`, and the reference transformers loads from it."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=37, vocab_size=100, max_position_embeddings=64)
+    config = transformers.BertConfig(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                                     num_attention_heads=4, intermediate_size=intermediate_size,
+                                     vocab_size=vocab_size, max_position_embeddings=64)
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(tmp_path)
     return transformers, config, transformers.BertModel.from_pretrained(tmp_path).eval()
@@ -118,12 +120,7 @@ def test_load_into_a_gpu_model_in_bf16_and_with_a_device_map(tmp_path):
 
 def _larger_bert(tmp_path):
     """A BERT of 13.5 MB of float32 on disk: the CUDA allocator's rounding is small beside it."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                     intermediate_size=1024, vocab_size=512, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(tmp_path)
-    return transformers, config, transformers.BertModel.from_pretrained(tmp_path).eval()
+    return _bert(tmp_path, hidden_size=256, num_hidden_layers=4, intermediate_size=1024, vocab_size=512)
 
 
 def test_load_into_the_gpu_gives_every_parameter_an_allocation_of_its_own(tmp_path):
