@@ -298,7 +298,7 @@ def _open_with_siblings(path: str, file: str) -> Checkpoint:
     except BaseException:
         first.close()
         raise
-    return _open_readers(path, siblings, opened=[first])
+    return open_readers(path, _open_files(siblings, opened=[first]))
 
 
 def _open_sharded(directory: str, index_path: str, files: set[str] | None = None) -> Checkpoint:
@@ -311,8 +311,8 @@ def _open_sharded(directory: str, index_path: str, files: set[str] | None = None
         if not (files is not None and shard in files) and not os.path.isfile(os.path.join(directory, shard)):
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
     shard_of = {os.path.join(directory, s): s for s in shard_names}
-    readers = _open_readers(directory, list(shard_of)).readers
-    return open_sharded_set(directory, index_path, weight_map, index_metadata, list(readers), shard_of)
+    readers = _open_files(list(shard_of))
+    return open_sharded_set(directory, index_path, weight_map, index_metadata, readers, shard_of)
 
 
 def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], metadata: dict[str, Any],
@@ -352,17 +352,17 @@ def open_readers(path: str, readers: list[Reader], metadata: dict[str, Any] | No
         raise
 
 
-def _open_readers(path: str, files: list[str], metadata: dict[str, Any] | None = None, *,
-                  opened: list[Reader] | None = None) -> Checkpoint:
-    """A checkpoint over `opened` readers plus `files`; every reader is closed if any step fails."""
+def _open_files(files: list[str], *, opened: list[Reader] | None = None) -> list[Reader]:
+    """`opened` readers plus one per file of `files`; every reader is closed if any file fails to open."""
     readers: list[Reader] = list(opened or [])
+    if not files:
+        return readers
     try:
-        if files:
-            with using(current_limits()):  # read from the environment once, not once per shard
-                for file in files:
-                    readers.append(open_file(file))
-        return Checkpoint(readers, path=path, metadata=metadata)
+        with using(current_limits()):  # read from the environment once, not once per shard
+            for file in files:
+                readers.append(open_file(file))
     except BaseException:
         for reader in readers:
             reader.close()
         raise
+    return readers
