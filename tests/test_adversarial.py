@@ -523,7 +523,8 @@ PYTORCH = [
     _c("pytorch", "200 000 DUPs", lambda m: P2 + b")" + b"2" * 200_000 + STOP, CorruptFileError,
        "more than 100,000 items on the pickle stack", suffix=".pt"),
     _c("pytorch", "FRAME inside a FRAME", lambda m: b"\x80\x04\x95" + struct.pack("<Q", 3) + b"\x95"
-       + struct.pack("<Q", 1) + b"N.", CorruptFileError, "pickle 1 is malformed", suffix=".pt"),
+       + struct.pack("<Q", 1) + b"N.", CorruptFileError,
+       "pickle 1: FRAME at offset 11 begins inside the frame that ends at offset 14", suffix=".pt"),
     _c("pytorch", "deflated record declaring 2 floats, inflating to 3",
        lambda m: _deflated_record_declaring(2, 3), CorruptFileError,
        "member 'archive/data/0' inflates to more than the 8 bytes declared", stage="read", suffix=".pt"),

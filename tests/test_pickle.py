@@ -272,6 +272,19 @@ def test_hostile_streams_are_refused_before_cpython_allocates(write, marker, pay
     _refused(write, payload, CorruptFileError, message)
 
 
+def test_the_unpickler_reads_on_across_a_frame_end_where_the_lexer_did():
+    # An opcode whose argument runs past the end of its FRAME. Read from a bare BytesIO, CPython's
+    # C unpickler dropped the frame's last bytes there and went on with other bytes than the lexer
+    # had checked (here: "pickle data was truncated"); read through a stream with peek(), as
+    # torch.load reads a file, it reads on, byte for byte what the lexer walked.
+    from weightio.formats.pytorch import unpickler
+
+    framed = b"\x80\x04\x95" + struct.pack("<Q", 3) + b"J" + struct.pack("<i", 70_000) + STOP
+    assert unpickler.load(framed, lambda pid: None) == 70_000
+    text = b"\x80\x04\x95" + struct.pack("<Q", 3) + b"X" + struct.pack("<I", 4) + b"abcd" + STOP
+    assert unpickler.load(text, lambda pid: None) == "abcd"
+
+
 def test_protocol_versions_beyond_5_are_refused_inside_archives(write, marker):
     from .pytorch_files import torch_zip
 

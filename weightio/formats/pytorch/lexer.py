@@ -134,6 +134,7 @@ class _Lexer(Messages):
         self.globals: list[tuple[str, str]] = []  # GLOBAL/INST arguments, for scan
         self.refusals: list[WeightioError] | None = None  # scan: refused constructs, noted not raised
         self.text8: list[int] = []  # offsets of 8-bit strings (Python 2) and of FRAMEs: see .py2_strings
+        self.frame_end = 0  # where the last FRAME's bytes end
 
     def run(self) -> int:
         """Check the pickle starting at ``start``; return the offset just past its STOP.
@@ -405,6 +406,9 @@ class _Lexer(Messages):
         n = int.from_bytes(self.data[start:stop], "little")
         if n > self.end - stop:
             raise self.fail(f"FRAME at offset {at} claims {n:,} bytes but only {self.end - stop:,} remain")
+        if at < self.frame_end:  # pickle's own Python unpickler refuses it; CPython's C one reads on
+            raise self.fail(f"FRAME at offset {at} begins inside the frame that ends at offset {self.frame_end}")
+        self.frame_end = stop + n
         self.text8.append(at)
 
     def _string8(self, op: int, start: int, stop: int, at: int) -> None:
