@@ -334,7 +334,7 @@ class _Recorder(pickle.Unpickler):
     """CPython's unpickler where every global is an absorber class: records (module, name)."""
 
     def __init__(self, data: bytes, absorber: type) -> None:
-        super().__init__(io.BytesIO(data), encoding="latin1")
+        super().__init__(unpickler.stream(data), encoding="latin1")  # what the lexer walked
         self.seen: list[str] = []
         self.absorber = absorber
         self.persistent_load = absorber
