@@ -39,6 +39,20 @@ def test_a_sharded_directory_is_one_checkpoint_equal_to_the_single_file():
             assert sharded[name].path == str(SHARDED / shard)
 
 
+@pytest.mark.parametrize("path", [BERT, SHARDED], ids=["one file", "sharded"])
+def test_items_and_values_are_the_mapping_s_views_in_file_order(path):
+    with wio.open(path) as ckpt:
+        looked_up = [(name, ckpt[name]) for name in ckpt]
+        items, values = ckpt.items(), ckpt.values()
+        assert len(items) == len(values) == len(ckpt) == 39
+        assert [(n, v.name, v.path, v.info) for n, v in items] == [(n, v.name, v.path, v.info) for n, v in looked_up]
+        assert [(v.name, v.path, v.info) for v in values] == [(v.name, v.path, v.info) for _, v in looked_up]
+        name, view = looked_up[0]
+        assert items.isdisjoint([("nope", view)]) and dict(items).keys() == set(ckpt)
+        assert repr(items) == f"CheckpointItems({ckpt!r})"
+        assert digest(dict(items)[name].numpy()) == digest(view.numpy())
+
+
 def test_parameter_count_and_sizes():
     with wio.open(BERT) as ckpt:
         expected = sum(int(np.prod(s["shape"])) for s in manifest()["tiny-bert"].values())

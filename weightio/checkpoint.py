@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from types import TracebackType
 from typing import Any
 
@@ -94,6 +94,20 @@ class Checkpoint(Mapping[str, TensorView]):
         only = self._only
         return TensorView(only if only is not None else self._owners[name], name, info)
 
+    def items(self) -> ItemsView[str, TensorView]:
+        """(name, view) of every tensor, in file order (the views made straight from the index)."""
+        return CheckpointItems(self)
+
+    def values(self) -> ValuesView[TensorView]:
+        """The view of every tensor, in file order."""
+        return CheckpointValues(self)
+
+    def _views(self) -> Iterator[tuple[str, TensorView]]:
+        only, owners = self._only, self._owners
+        if only is not None:
+            return ((name, TensorView(only, name, info)) for name, info in self._infos.items())
+        return ((name, TensorView(owners[name], name, info)) for name, info in self._infos.items())
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._infos)
 
@@ -160,6 +174,22 @@ class Checkpoint(Mapping[str, TensorView]):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class CheckpointItems(ItemsView[str, TensorView]):
+    """`Checkpoint.items()`: the Mapping view, iterated without a lookup per name (~10% of listing)."""
+
+    _mapping: Checkpoint
+
+    def __iter__(self) -> Iterator[tuple[str, TensorView]]:
+        return self._mapping._views()
+
+
+class CheckpointValues(ValuesView[TensorView]):
+    _mapping: Checkpoint
+
+    def __iter__(self) -> Iterator[TensorView]:
+        return (view for _, view in self._mapping._views())
 
 
 # ----------------------------------------------------------------------------- opening

@@ -133,7 +133,7 @@ def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
 def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     """`read_index`'s checks of a parsed index (from a file or a URL); the same errors."""
     weight_map, metadata = index.get("weight_map"), index.get("metadata") or {}
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict) or not set(map(type, weight_map.values())) <= {str}:  # (parsed: exact types)
         raise CorruptFileError("weight_map must be an object mapping tensor names to file names", path=index_path)
     if not isinstance(metadata, dict):
         raise CorruptFileError("metadata must be an object", path=index_path)
