@@ -74,7 +74,7 @@ def _worker(case: str, peer: str, path: str) -> dict:
 
     def wio_open():  # one handle per tensor on both sides
         c = wio.open(path)
-        return c, [(k, v.shape, v.dtype) for k in c for v in (c[k],)]
+        return c, [(k, v.shape, v.dtype) for k, v in c.items()]
 
     def st_open(framework):
         f = safe_open(path, framework)

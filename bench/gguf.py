@@ -126,7 +126,7 @@ def _open_worker(peer: str, path: str) -> dict:
     else:
         def run():
             c = wio.open(path)
-            index = [(k, v.shape, v.ggml_type) for k in c for v in (c[k],)]
+            index = [(k, v.shape, v.ggml_type) for k, v in c.items()]
             keys = list(c.metadata)
             if peer == "weightio+vocab":
                 keys.append(c.metadata["tokenizer.ggml.tokens"].tolist())

@@ -18,7 +18,7 @@ The shards are sparse files (a real header, then a hole the size of the data: 81
 688 GB apparent, a few MB on disk), split in model order the way ``save_pretrained`` does.
 Each run is a fresh process, page cache warm; medians of ``--reps`` runs:
 
-1. open + list (name, shape, dtype) of every tensor: ``weightio.open`` vs ``safe_open`` with
+1. open + list (name, shape, dtype) of every tensor: ``weightio.open`` and ``items()`` vs ``safe_open`` with
    ``get_slice`` per tensor (for a directory: the index read, then every shard), per count and
    per layout — the growth curve is the per-count rows (µs per tensor);
 2. DeepSeek-V3: resolve every name through a ``VarBuilder`` with its shape checked (numpy, no
@@ -235,7 +235,7 @@ def _worker(case: str, peer: str, path: str) -> dict:
 
     def wio_open():
         c = wio.open(path)
-        return c, [(k, v.shape, v.dtype) for k in c for v in (c[k],)]
+        return c, [(k, v.shape, v.dtype) for k, v in c.items()]
 
     if case == "open":
         return timed(wio_open if peer == "weightio" else lambda: _safetensors_listing(path))
@@ -323,7 +323,8 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
         f"`python bench/scale.py {argv}` on {environment()}, load average at start "
         f"{os.getloadavg()[0]:.2f}.",
         "Each run is a fresh process, page cache warm (headers); medians of "
-        f"{reps} runs. safetensors runs `safe_open` and `get_slice(name).get_shape()/get_dtype()` per tensor "
+        f"{reps} runs. weightio runs `weightio.open` and `.items()` (name, `shape`, `dtype` of each view); "
+        "safetensors runs `safe_open` and `get_slice(name).get_shape()/get_dtype()` per tensor "
         "(for a directory: `json.load` of the index, then every shard). The 405B and DeepSeek-V3 shards are "
         "sparse files with the real names, shapes and dtypes. Ratio = peer time / weightio time "
         "(> 1: weightio is faster).",
