@@ -54,6 +54,8 @@ def archives(tmp_path_factory):
     torch = pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("zips")
     torch.save({f"layers.{i}.weight": torch.zeros(2, 3) for i in range(3000)}, root / "model.pt")
+    # headers in runs (small tensors) and alone (after tensors larger than RUN_GAP), mixed
+    torch.save({f"w{i}": torch.zeros(64, 1024 if i % 7 == 3 else 2) for i in range(40)}, root / "mixed.pt")
     np.savez(root / "arrays.npz", **{f"a{i}": np.arange(i) for i in range(300)})
     with zipfile.ZipFile(root / "names.zip", "w") as z:
         z.writestr("plain.npy", b"x")
@@ -75,8 +77,8 @@ def test_real_archives_give_the_loops_members(archives, monkeypatch):
         assert fast == loop, path
         assert isinstance(fast, list) and len(fast) > 0
     by_name = dict(zip([p.name for p in archives], used, strict=True))
-    assert by_name == {"arrays.npz": True, "deflated.zip": True, "model.pt": True, "names.zip": False,
-                       "zip64.zip": True}  # the name holding the signature: the loop
+    assert by_name == {"arrays.npz": True, "deflated.zip": True, "mixed.pt": True, "model.pt": True,
+                       "names.zip": False, "zip64.zip": True}  # the name holding the signature: the loop
 
 
 def _replace(cd: bytes, at: int, new: bytes) -> bytes:
@@ -151,7 +153,8 @@ def test_real_archives_are_located_as_the_loop_locates_them(archives, monkeypatc
         fast, loop = _walked(monkeypatch, path)
         assert fast == loop and isinstance(fast, list), path
     assert dict(zip([p.name for p in archives], used, strict=True)) == {
-        "arrays.npz": True, "deflated.zip": True, "model.pt": True, "names.zip": True, "zip64.zip": True}
+        "arrays.npz": True, "deflated.zip": True, "mixed.pt": True, "model.pt": True, "names.zip": True,
+        "zip64.zip": True}
 
 
 def _local_offsets(path) -> list[int]:

@@ -68,18 +68,21 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
     after another from offset 0. Then ``_zip._locate`` checks each and says what is wrong. Headers
     far apart (large tensors) are read one by one, and still checked together."""
     count = len(members)
-    if not count or any(m.header_offset >= cd_offset or m.compressed_size > cd_offset or m.size > _INT64_ROOM
-                        for m, _, _ in members):
+    if not count:
+        return None
+    entries, raws, flag_column = zip(*members, strict=True)  # columns, transposed in C (no Python per member)
+    member_names, methods, crcs, csizes, sizes, offsets, _, _ = zip(*entries, strict=True)
+    if max(offsets) >= cd_offset or max(csizes) > cd_offset or max(sizes) > _INT64_ROOM:
         return None  # past the directory, or (ZIP64 fields hold up to 2^64 - 1) past an int64: the loop says so
-    offset = np.fromiter((m.header_offset for m, _, _ in members), np.int64, count)
-    nlen = np.fromiter((len(raw) for _, raw, _ in members), np.int64, count)
+    offset = np.array(offsets, np.int64)
+    nlen = np.fromiter(map(len, raws), np.int64, count)
     end = offset + 30 + nlen
     if end.max() > file.size:
         return None
     order = np.argsort(offset, kind="stable")
     at, reach = offset[order], np.maximum.accumulate(end[order])  # reach: the furthest end so far
     gaps = np.flatnonzero(at[1:] > reach[:-1] + RUN_GAP) + 1
-    bounds, starts, reaches, ends = [0, *gaps.tolist(), count], at.tolist(), reach.tolist(), end[order].tolist()
+    bounds, starts, reaches = [0, *gaps.tolist(), count], at.tolist(), reach.tolist()
     runs = []  # (first header, one past the last) of each read: within RUN_GAP of each other, RUN_MOST at most
     for first, last in zip(bounds[:-1], bounds[1:], strict=True):
         while first < last:
@@ -88,32 +91,32 @@ def located(file: MappedFile, members: list[tuple[Any, bytes, int]], cd_offset: 
             runs.append((first, stop))
             first = stop
     reads = file.read_each([(starts[a], reaches[b - 1] - starts[a]) for a, b in runs], "the local headers")
-    heads: list[bytes] = []  # each local header and (below) name, cut from the reads (they span tensor data)
-    names: list[bytes] = []
-    for (first, stop), raw in zip(runs, reads, strict=True):
-        if stop == first + 1:  # (one header and its name: the whole read)
-            heads.append(raw[:30])
-            names.append(raw[30:])
-            continue
-        start = starts[first]
-        for a, b in zip(starts[first:stop], ends[first:stop], strict=True):
-            heads.append(raw[a - start: a - start + 30])
-            names.append(raw[a - start + 30: b - start])
+    # Each header and name cut out of the reads (which span tensor data between them) with numpy:
+    # in sorted order, member k lies at `base[k]` of the reads joined (its run's place there, plus
+    # its distance from the run's first header).
+    blob = np.frombuffer(b"".join(reads), np.uint8)
+    firsts = np.array([a for a, _ in runs], np.int64)
+    members_per_run = np.array([b - a for a, b in runs], np.int64)
+    lengths = np.fromiter(map(len, reads), np.int64, len(reads))
+    placed = np.cumsum(lengths) - lengths
+    base = np.repeat(placed - at[firsts], members_per_run) + at
     rows = np.empty(count, _LOCAL)
-    rows[order] = np.frombuffer(b"".join(heads), _LOCAL)
-    method = np.fromiter((m.method for m, _, _ in members), np.int64, count)
-    flags = np.fromiter((f for _, _, f in members), np.int64, count)
+    rows[order] = blob[base[:, None] + np.arange(30)].view(_LOCAL).ravel()
+    sorted_nlen = nlen[order]
+    name_bytes = np.repeat(base + 30 - (np.cumsum(sorted_nlen) - sorted_nlen), sorted_nlen) + np.arange(
+        int(sorted_nlen.sum()))
+    method = np.array(methods, np.int64)
+    flags = np.array(flag_column, np.int64)
     if ((rows["sig"] != _SIG_LOCAL).any() or not np.array_equal(rows["nlen"], nlen) or (rows["method"] != method).any()
             or (rows["flags"] & _ENCRYPTED).any() or ((rows["flags"] ^ flags) & _UTF8).any()):
         return None
-    if b"".join(names) != b"".join([members[i][1] for i in order.tolist()]):
+    if blob[name_bytes].tobytes() != b"".join(map(raws.__getitem__, order.tolist())):
         return None
-    csize = np.fromiter((m.compressed_size for m, _, _ in members), np.int64, count)
-    size = np.fromiter((m.size for m, _, _ in members), np.int64, count)
+    csize = np.array(csizes, np.int64)
+    size = np.array(sizes, np.int64)
     data = end + rows["xlen"]
     if (data + csize > cd_offset).any() or ((method == 0) & (csize != size)).any():
         return None
     if offset[order[0]] != 0 or ((data + csize)[order[:-1]] > offset[order[1:]]).any():
         return None
-    return [member((m.name, m.method, m.crc32, m.compressed_size, m.size, m.header_offset, d, raw))
-            for (m, raw, _), d in zip(members, data.tolist(), strict=True)]
+    return list(map(member, zip(member_names, methods, crcs, csizes, sizes, offsets, data.tolist(), raws, strict=True)))
