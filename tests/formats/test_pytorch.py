@@ -12,7 +12,7 @@ import zipfile
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import weightio as wio
@@ -573,3 +573,25 @@ def test_python2_numpy_pickles_keep_their_exact_bytes():
         for name, arr in expected.items():
             assert ckpt[name].numpy().tobytes() == arr.tobytes()
         _check_manifest(ckpt, "pytorch/py2_numpy.pkl")
+
+
+_SMALL = st.integers(0, 4)
+_GEOMETRY = st.one_of(_SMALL, _SMALL, _SMALL, st.integers(-2, 6), st.integers(2**256 - 2, 2**256 + 1), st.booleans(),
+                      st.sampled_from([1.0, 2.0]))
+
+
+@settings(max_examples=2000, deadline=None)
+@example(size=(2, 3), stride=(3, 1), offset=0)
+@example(size=(2, 3), stride=(1, 2), offset=5)
+@example(size=(4, 1), stride=(1, 7), offset=0)
+@example(size=(0, 4), stride=(4, 1), offset=3)
+@example(size=(3,), stride=(2,), offset=1)
+@example(size=(True, 2), stride=(2, 1), offset=0)
+@given(size=st.lists(_GEOMETRY, max_size=3).map(tuple), stride=st.lists(_GEOMETRY, max_size=3).map(tuple),
+       offset=st.one_of(st.integers(-1, 9), st.just(2**256), st.just(1.0)))
+def test_the_extent_of_a_vector_or_matrix_is_the_loop_s(size, stride, offset):
+    from weightio.formats.pytorch import reader
+
+    found = reader._extent(size, stride, offset)
+    assert found == reader._extent_loop(size, stride, offset)
+    assert [type(x) for x in found[1:]] == [type(x) for x in reader._extent_loop(size, stride, offset)[1:]]

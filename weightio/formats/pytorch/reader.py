@@ -473,7 +473,27 @@ def _contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 def _extent(size: tuple, stride: tuple, offset: int) -> tuple[int, int, bool]:
     """(numel, index of the last element, C-contiguous) of a view — or numel -1 when a size or
-    stride is not a non-negative int below `_HUGE`, or their lengths differ (the caller reports it)."""
+    stride is not a non-negative int below `_HUGE`, or their lengths differ (the caller reports it).
+
+    Matrices and vectors, most of any checkpoint, are worked out without the loop (a third of
+    the index's time at 500 tensors); `_extent_loop` is the definition they agree with."""
+    if len(size) == 2 == len(stride):
+        d0, d1 = size
+        s0, s1 = stride
+        if (type(d0) is int and type(d1) is int and type(s0) is int and type(s1) is int and 0 <= d0 < _HUGE
+                and 0 <= d1 < _HUGE and 0 <= s0 < _HUGE and 0 <= s1 < _HUGE and 0 <= offset < _HUGE):
+            numel = d0 * d1
+            return (numel, offset + (d0 - 1) * s0 + (d1 - 1) * s1,
+                    (d1 == 1 or s1 == 1) and (d0 == 1 or s0 == d1) or numel == 0)
+    elif len(size) == 1 == len(stride):
+        d0, s0 = size[0], stride[0]
+        if type(d0) is int and type(s0) is int and 0 <= d0 < _HUGE and 0 <= s0 < _HUGE and 0 <= offset < _HUGE:
+            return d0, offset + (d0 - 1) * s0, d0 == 1 or s0 == 1 or d0 == 0
+    return _extent_loop(size, stride, offset)
+
+
+def _extent_loop(size: tuple, stride: tuple, offset: int) -> tuple[int, int, bool]:
+    """`_extent` of any view, dimension by dimension."""
     if len(size) != len(stride) or len(size) > MAX_NDIM or not 0 <= offset < _HUGE:
         return -1, 0, False
     numel, last, expected, contiguous = 1, offset, 1, True
