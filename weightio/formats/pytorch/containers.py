@@ -5,6 +5,7 @@ storages' bytes lie. `.stored_pickles` finds the pickles a file holds (what `wei
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, NamedTuple
 
@@ -40,6 +41,9 @@ class Span(NamedTuple):
     offset: int
     nbytes: int
     record: _zip.ZipMember | None = None
+
+
+_new_span = functools.partial(tuple.__new__, Span)
 
 
 class Container:
@@ -231,7 +235,7 @@ class ZipContainer(Container):
             raise self._fail(f"its storage {storage.key!r} is declared as {storage.numel:,} x {storage.dtype} = "
                              f"{nbytes:,} bytes but record {record.name!r} holds {record.size:,}")
         if record.method == _zip.METHOD_STORED:
-            return Span(record.data_offset, nbytes)
+            return _new_span((record.data_offset, nbytes, None))  # (one per storage: no Python __new__)
         return Span(0, nbytes, record)
 
 
