@@ -23,6 +23,17 @@ def test_import_pulls_in_no_heavy_module():
     assert json.loads(out) == []
 
 
+def test_import_leaves_the_varbuilder_and_the_numpy_formats_until_used():
+    code = ("import sys, json, weightio; first = sorted(m for m in sys.modules if m.startswith('weightio')); "
+            "found = weightio.VarBuilder; print(json.dumps([first, found.__module__, 'VarBuilder' in dir(weightio), "
+            "'weightio.devices' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    first, module, listed, devices = json.loads(out)
+    assert not {"weightio.varbuilder", "weightio.devices", "weightio.names", "weightio.formats.numpy"} & set(first)
+    assert (module, listed, devices) == ("weightio.varbuilder", True, True)
+    assert wio.VarBuilder is __import__("weightio.varbuilder").varbuilder.VarBuilder
+
+
 def test_public_names():
     for name in ("open", "load", "save", "Checkpoint", "TensorView", "WeightioError", "FormatError",
                  "CorruptFileError", "UnsafePickleError", "TensorNotFoundError", "ShapeMismatchError",

@@ -29,7 +29,6 @@ from .errors import (
     WriteError,
 )
 from .limits import Limits
-from .varbuilder import VarBuilder
 from .view import TensorView
 
 if TYPE_CHECKING:
@@ -38,6 +37,8 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
     import numpy as np
+
+    from .varbuilder import VarBuilder
 
 __version__ = "0.1.0"
 
@@ -191,12 +192,20 @@ def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
 
 
 def __getattr__(name: str) -> Any:
-    # `weightio.torch` (load_into & co.) is imported on first use: it imports torch.
-    if name == "torch":
-        import importlib
+    # Imported on first use: `weightio.torch` (load_into & co.) imports torch; `VarBuilder` brings
+    # the device backends and name resolution, which opening and listing a checkpoint never need.
+    import importlib
 
+    if name == "torch":
         return importlib.import_module(".torch", __name__)
+    if name == "VarBuilder":
+        found = globals()["VarBuilder"] = importlib.import_module(".varbuilder", __name__).VarBuilder
+        return found
     raise AttributeError(f"module 'weightio' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 del annotations, TYPE_CHECKING

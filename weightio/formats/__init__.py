@@ -16,7 +16,6 @@ from .._io import MappedFile
 from .._remote import RemoteFile
 from ..errors import FormatError, UsageError
 from ..records import TensorSource
-from . import numpy as _numpy
 from . import safetensors as _safetensors
 from . import sniff as _sniff
 from .base import PLACEHOLDERS_KEY, UNKNOWN_GLOBALS, Reader, TensorInfo
@@ -28,8 +27,8 @@ __all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file"
 # `import weightio` stays cheap and a format's module loads only when such a file is opened).
 READERS: dict[str, Callable[[MappedFile], Reader] | str] = {
     "safetensors": _safetensors.SafetensorsReader,
-    "npy": _numpy.NpyReader,
-    "npz": _numpy.NpzReader,
+    "npy": "weightio.formats.numpy:NpyReader",
+    "npz": "weightio.formats.numpy:NpzReader",
     "pytorch": "weightio.formats.pytorch:PyTorchReader",
     "gguf": "weightio.formats.gguf:GGUFReader",
     "ggml": "weightio.formats.ggml:GGMLReader",
@@ -46,12 +45,13 @@ def resolve(entry: Any) -> Any:
 
 
 
-def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
+def _no_metadata(writer: str, fmt: str) -> Callable[..., None]:
+    """The writer `writer` ("module:attribute", imported when first used) of a format without metadata."""
     def write(sources: Sequence[TensorSource], path: str, metadata: Mapping[str, Any] | None = None, *,
               overwrite: bool = False, **options: Any) -> None:
         if metadata:
             raise UsageError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
-        writer(sources, path, overwrite=overwrite, **options)
+        resolve(writer)(sources, path, overwrite=overwrite, **options)
 
     return write
 
@@ -59,8 +59,8 @@ def _no_metadata(writer: Callable[..., None], fmt: str) -> Callable[..., None]:
 # Writers by format name: ``write(sources, path, metadata=None, *, overwrite=False, **options)``.
 WRITERS: dict[str, Callable[..., None] | str] = {
     "safetensors": _safetensors.write,
-    "npz": _no_metadata(_numpy.write_npz, "npz"),
-    "npy": _no_metadata(_numpy.write_npy, "npy"),
+    "npz": _no_metadata("weightio.formats.numpy:write_npz", "npz"),
+    "npy": _no_metadata("weightio.formats.numpy:write_npy", "npy"),
     "gguf": "weightio.formats.gguf_writer:write",
 }
 
