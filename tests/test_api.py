@@ -32,6 +32,10 @@ def test_import_leaves_the_varbuilder_and_the_numpy_formats_until_used():
     assert not {"weightio.varbuilder", "weightio.devices", "weightio.names", "weightio.formats.numpy"} & set(first)
     assert (module, listed, devices) == ("weightio.varbuilder", True, True)
     assert wio.VarBuilder is __import__("weightio.varbuilder").varbuilder.VarBuilder
+    code = ("import weightio; print(weightio.devices.load_all.__module__, weightio.names.__name__, "
+            "weightio.formats.numpy.__name__)")  # the submodules `import weightio` used to import, reachable
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["weightio.devices", "weightio.names", "weightio.formats.numpy"]
 
 
 def test_public_names():

@@ -194,10 +194,11 @@ def scan(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
 def __getattr__(name: str) -> Any:
     # Imported on first use: `weightio.torch` (load_into & co.) imports torch; `VarBuilder` brings
     # the device backends and name resolution, which opening and listing a checkpoint never need.
+    # Those submodules stay reachable as `weightio.<name>` (importing one makes it an attribute).
     import importlib
 
-    if name == "torch":
-        return importlib.import_module(".torch", __name__)
+    if name in ("torch", "varbuilder", "devices", "names"):
+        return importlib.import_module(f".{name}", __name__)
     if name == "VarBuilder":
         found = globals()["VarBuilder"] = importlib.import_module(".varbuilder", __name__).VarBuilder
         return found

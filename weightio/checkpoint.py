@@ -7,6 +7,7 @@ way Hugging Face writes models: a sharded index (``model.safetensors.index.json`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
@@ -179,6 +180,7 @@ class Checkpoint(Mapping[str, TensorView]):
 class CheckpointItems(ItemsView[str, TensorView]):
     """`Checkpoint.items()`: the Mapping view, iterated without a lookup per name (~10% of listing)."""
 
+    __slots__ = ()
     _mapping: Checkpoint
 
     def __iter__(self) -> Iterator[tuple[str, TensorView]]:
@@ -186,6 +188,9 @@ class CheckpointItems(ItemsView[str, TensorView]):
 
 
 class CheckpointValues(ValuesView[TensorView]):
+    """`Checkpoint.values()`: the Mapping view, iterated without a lookup per name."""
+
+    __slots__ = ()
     _mapping: Checkpoint
 
     def __iter__(self) -> Iterator[TensorView]:
@@ -370,29 +375,27 @@ def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], met
     return checkpoint
 
 
-def open_readers(path: str, readers: list[Reader], metadata: dict[str, Any] | None = None, *,
-                 opened: list[Reader] | None = None) -> Checkpoint:
-    """A checkpoint over readers already open (`opened` first); every one is closed if it cannot be made."""
-    everything = [*(opened or []), *readers]
-    try:
-        return Checkpoint(everything, path=path, metadata=metadata)
-    except BaseException:
-        for reader in everything:
-            reader.close()
-        raise
+def open_readers(path: str, readers: list[Reader], metadata: dict[str, Any] | None = None) -> Checkpoint:
+    """A checkpoint over readers already open; every one is closed if it cannot be made."""
+    with _closed_on_error(readers):
+        return Checkpoint(readers, path=path, metadata=metadata)
 
 
 def _open_files(files: list[str], *, opened: list[Reader] | None = None) -> list[Reader]:
     """`opened` readers plus one per file of `files`; every reader is closed if any file fails to open."""
     readers: list[Reader] = list(opened or [])
-    if not files:
-        return readers
+    if files:
+        with _closed_on_error(readers), using(current_limits()):  # the environment read once, not per shard
+            readers.extend(map(open_file, files))
+    return readers
+
+
+@contextlib.contextmanager
+def _closed_on_error(readers: list[Reader]) -> Iterator[None]:
+    """Close every reader of `readers` (as it is when the error comes) if the block raises."""
     try:
-        with using(current_limits()):  # read from the environment once, not once per shard
-            for file in files:
-                readers.append(open_file(file))
+        yield
     except BaseException:
         for reader in readers:
             reader.close()
         raise
-    return readers

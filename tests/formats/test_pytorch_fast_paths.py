@@ -242,3 +242,18 @@ def test_a_flat_state_dict_flattens_as_the_walk_does(monkeypatch):
 def test_what_is_not_a_plain_state_dict_or_breaks_a_limit_is_the_walks(monkeypatch, root, limits):
     fast, walked = _flattened(monkeypatch, root, **limits)
     assert fast == walked
+
+
+def test_a_legacy_file_of_protocol_4_pickles_opens_with_every_tensor(tmp_path):
+    # its pickles follow one another, each lexed from where it starts, the last in consecutive frames
+    import numpy as np
+
+    import weightio as wio
+
+    state = {f"layer.{i}.weight": torch.full((2,), float(i)) for i in range(3000)}
+    path = tmp_path / "legacy4.pt"
+    torch.save(state, path, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    with wio.open(path) as ckpt:
+        assert list(ckpt) == list(state)
+        for name in ("layer.0.weight", "layer.2999.weight"):
+            np.testing.assert_array_equal(ckpt[name].numpy(), state[name].numpy())

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from .._io import MappedFile
 from .._remote import RemoteFile
 from ..errors import FormatError, UsageError
-from ..records import TensorSource
 from . import safetensors as _safetensors
 from . import sniff as _sniff
 from .base import PLACEHOLDERS_KEY, UNKNOWN_GLOBALS, Reader, TensorInfo
@@ -35,6 +34,12 @@ READERS: dict[str, Callable[[MappedFile], Reader] | str] = {
 }
 
 
+def __getattr__(name: str) -> Any:
+    if name == "numpy":  # imported on first use (`READERS`), yet reachable as `weightio.formats.numpy`
+        return importlib.import_module(".numpy", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def resolve(entry: Any) -> Any:
     """A `READERS` or `WRITERS` entry itself: "module:attribute" entries are imported now."""
     if not isinstance(entry, str):
@@ -45,22 +50,11 @@ def resolve(entry: Any) -> Any:
 
 
 
-def _no_metadata(writer: str, fmt: str) -> Callable[..., None]:
-    """The writer `writer` ("module:attribute", imported when first used) of a format without metadata."""
-    def write(sources: Sequence[TensorSource], path: str, metadata: Mapping[str, Any] | None = None, *,
-              overwrite: bool = False, **options: Any) -> None:
-        if metadata:
-            raise UsageError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
-        resolve(writer)(sources, path, overwrite=overwrite, **options)
-
-    return write
-
-
 # Writers by format name: ``write(sources, path, metadata=None, *, overwrite=False, **options)``.
 WRITERS: dict[str, Callable[..., None] | str] = {
     "safetensors": _safetensors.write,
-    "npz": _no_metadata("weightio.formats.numpy:write_npz", "npz"),
-    "npy": _no_metadata("weightio.formats.numpy:write_npy", "npy"),
+    "npz": "weightio.formats.numpy:write_npz",
+    "npy": "weightio.formats.numpy:write_npy",
     "gguf": "weightio.formats.gguf_writer:write",
 }
 

@@ -53,7 +53,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -379,12 +379,19 @@ def _stored_data(src: TensorSource) -> np.ndarray:
     return src.little_endian_bytes() if src.dtype.kind in "biufc" else np.ascontiguousarray(src.fetch())
 
 
-def write_npy(sources: Sequence[TensorSource], path: str, *, overwrite: bool = False) -> None:
+def _no_metadata(metadata: Mapping[str, Any] | None, fmt: str, path: str) -> None:
+    if metadata:
+        raise UsageError(f"{fmt} files cannot store metadata; drop metadata= or write .safetensors", path=path)
+
+
+def write_npy(sources: Sequence[TensorSource], path: str, metadata: Mapping[str, Any] | None = None, *,
+              overwrite: bool = False) -> None:
     """Write the single tensor of `sources` as an ``.npy`` file (C order, little-endian), atomically.
 
     Raises:
-        UsageError: `sources` holds more or fewer than one tensor.
+        UsageError: `sources` holds more or fewer than one tensor, or `metadata` is given (``.npy`` has none).
     """
+    _no_metadata(metadata, "npy", path)
     if len(sources) != 1:
         raise UsageError(f".npy holds exactly one array; got {len(sources)} tensors (write .npz or "
                           ".safetensors for several)", path=path)
@@ -416,13 +423,16 @@ class _Entry:
     offset: int
 
 
-def write_npz(sources: Sequence[TensorSource], path: str, *, overwrite: bool = False) -> None:
+def write_npz(sources: Sequence[TensorSource], path: str, metadata: Mapping[str, Any] | None = None, *,
+              overwrite: bool = False) -> None:
     """Write `sources` as an uncompressed ``.npz``, atomically, one tensor in memory at a time.
 
     Each member's array data starts on a 64-byte boundary of the archive (an alignment extra
     field pads the local header), so `NpzReader` maps every member zero-copy; ``numpy.load``
     reads the archive as usual. ZIP64 records are written only when a size or offset needs them.
+    `metadata` must be empty: ``.npz`` has no place for it (`UsageError`).
     """
+    _no_metadata(metadata, "npz", path)
     sources = [_member_source(s, path) for s in sources]
     entries: list[_Entry] = []
     with atomic_write(path, overwrite=overwrite) as out:

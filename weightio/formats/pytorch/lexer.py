@@ -134,7 +134,7 @@ class _Lexer(Messages):
         self.globals: list[tuple[str, str]] = []  # GLOBAL/INST arguments, for scan
         self.refusals: list[WeightioError] | None = None  # scan: refused constructs, noted not raised
         self.text8: list[int] = []  # offsets of 8-bit strings (Python 2) and of FRAMEs: see .py2_strings
-        self.frame_end = 0  # where the last FRAME's bytes end
+        self.frame_end = 0  # where the last FRAME's bytes end (from the pickle's start)
 
     def run(self) -> int:
         """Check the pickle starting at ``start``; return the offset just past its STOP.
@@ -408,7 +408,7 @@ class _Lexer(Messages):
             raise self.fail(f"FRAME at offset {at} claims {n:,} bytes but only {self.end - stop:,} remain")
         if at < self.frame_end:  # pickle's own Python unpickler refuses it; CPython's C one reads on
             raise self.fail(f"FRAME at offset {at} begins inside the frame that ends at offset {self.frame_end}")
-        self.frame_end = stop + n
+        self.frame_end = at + 1 + (stop - start) + n  # (offsets count from the pickle's start, as `at` does)
         self.text8.append(at)
 
     def _string8(self, op: int, start: int, stop: int, at: int) -> None:
