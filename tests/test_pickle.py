@@ -288,6 +288,22 @@ def test_the_unpickler_reads_on_across_a_frame_end_where_the_lexer_did(before):
     assert unpickler.load(data, lambda pid: None) == ("a" * 50, 70_000)
 
 
+def test_opcodes_hidden_in_a_string_after_a_frame_never_run():
+    # A frame past the unpickler's first block, its last opcode running past the frame's end: read
+    # from other bytes than the lexer's, the unpickler went on inside the string that follows, and
+    # there ran a LONG_BINPUT of slot 2**31 - 1 (CPython sizes its memo by it: 16 GiB).
+    from weightio.formats.pytorch import unpickler
+
+    before = b"X" + struct.pack("<I", 8150) + b"b" * 8150 + b"0"
+    framed = b"X" + struct.pack("<I", 50) + b"a" * 50 + b"J\x70"
+    hidden = struct.pack("<I", 2**31 - 1) + NONE * (0x72 - 4)  # read as a string's length, 0x72 is LONG_BINPUT
+    data = (P4 + before + b"\x95" + struct.pack("<Q", len(framed)) + framed + b"\x11\x01\x00"
+            + b"C" + bytes([len(hidden)]) + hidden + b"000" + NONE + STOP)
+    assert lexer.lex(data).pos == len(data)
+    with bounded(extra_mib=256):
+        assert unpickler.load(data, lambda pid: None) is None
+
+
 def test_frames_are_checked_from_the_pickle_s_own_start(write):
     # a pickler's consecutive frames, in a pickle that starts inside a larger buffer (a legacy file's
     # pickles follow one another), and a FRAME begun inside another, refused at the same offset
