@@ -27,12 +27,10 @@ Fact = tuple[str, str, tuple[int, ...], int]  # (name, kind, shape, nbytes) of o
 
 
 def _facts(ckpt: Checkpoint, names: Sequence[str]) -> list[Fact]:
-    """What every listing, total and table below needs of each tensor, gathered once."""
-    out = []
-    for name in names:
-        view = ckpt[name]
-        out.append((name, kind(view), view.info.shape, view.info.nbytes))
-    return out
+    """What every listing, total and table below needs of each tensor, gathered once (`names` are
+    in file order: `select`'s; all of them are the checkpoint's own `items()`, without a lookup each)."""
+    views = ckpt.items() if len(names) == len(ckpt) else ((name, ckpt[name]) for name in names)
+    return [(name, kind(view), view.info.shape, view.info.nbytes) for name, view in views]
 
 
 def _by_kind(facts: Sequence[Fact]) -> dict[str, dict[str, int]]:
