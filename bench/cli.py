@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, warm, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LAYERS, HIDDEN, MLP, VOCAB = 20, 1024, 4096, 30000
@@ -131,7 +131,7 @@ def _worker(case: str, peer: str, src: str) -> dict:
     os.sync()  # no run pays for the writeback of the one before it
     argv = command(case, peer, src, str(dst))
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=worker_env())
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)

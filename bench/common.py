@@ -28,7 +28,7 @@ RECORDS = ROOT / "bench" / "results"  # <suite>.json: the rows each suite's char
 IMAGES = ROOT / "docs" / "img"  # <suite>.png: the charts
 
 __all__ = ["CACHE", "Case", "arguments", "chart", "environment", "measure", "median", "publish", "rows",
-           "rss_mib", "run_worker", "warm", "write_section"]
+           "rss_mib", "run_worker", "warm", "worker_env", "write_section"]
 
 
 def rss_mib() -> float:
@@ -66,8 +66,19 @@ class Case:
         self.name, self.peers, self.note = name, peers, note
 
 
+def worker_env() -> dict[str, str]:
+    """The environment of every process a suite starts: bytecode written and reused, as for any
+    installed package. With PYTHONDONTWRITEBYTECODE (set on the machines these suites run on), an
+    editable weightio would be compiled from source by every process — its imports, and every
+    module it imports on first use inside a timed step — while the peers' wheels ship bytecode."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def run_worker(script: Path, args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(script), "--worker", *args], capture_output=True, text=True,
+                         env=worker_env())
     if out.returncode != 0:
         raise RuntimeError(f"worker {args} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,6 +94,9 @@ def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, d
     Peers are interleaved within each repetition, and the order rotates from one repetition to
     the next, so no peer always runs first (right after another peer warmed or dirtied caches).
     """
+    # weightio's bytecode written once, before any timing (what `pip install` does for a wheel)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "weightio"), str(ROOT / "cli")],
+                   env=worker_env(), stdout=subprocess.DEVNULL, check=False)
     samples: dict[str, dict[str, list[dict]]] = {c.name: {p: [] for p in c.peers} for c in cases}
     for rep in range(reps):
         for case in cases:

@@ -4,7 +4,8 @@
 
 Generates (once, in $WEIGHTIO_BENCH_DIR or /tmp/weightio-bench) a ~1 GiB safetensors file of
 500 float32 tensors (written by the safetensors package), a 1 GiB .npy and a 512 MiB .npz of 200
-STORED arrays (written by numpy), then measures, each run in a fresh process, warm cache:
+STORED arrays (written by numpy), then measures, each run in a fresh process, warm cache, timed
+after its imports (weightio's npy/npz reader included; bytecode cached, as for an installed package):
 
 1. open + list names/shapes/dtypes          weightio vs safetensors.safe_open (numpy, torch)
 2. numpy() on every tensor (no data read)   weightio vs safe_open(...).get_tensor (copies)
@@ -66,6 +67,7 @@ def _worker(case: str, peer: str, path: str) -> dict:
     import numpy as np
 
     import weightio as wio
+    import weightio.formats.numpy  # noqa: F401 - the npy/npz reader, which open() imports on first use
 
     if peer.startswith("safetensors"):
         from safetensors import safe_open

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import arguments, environment, publish, warm  # noqa: E402
+from common import arguments, environment, publish, warm, worker_env  # noqa: E402
 from memory import generate  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -314,7 +314,8 @@ def _registered(torch, arrays: dict, timed) -> list[dict]:
 
 
 def run_one(peer: str, path: str) -> dict:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--worker", peer, path], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--worker", peer, path], capture_output=True, text=True,
+                         env=worker_env())
     if out.returncode != 0:
         lines = [x for x in out.stderr.strip().splitlines() if x.strip()]
         return {"failed": lines[-1][:200] if lines else f"exit {out.returncode}"}

@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from coldcache import evict, pss_kib, resident  # noqa: E402
-from common import CACHE, Case, arguments, environment, measure, publish, rows, run_worker  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, run_worker, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 _RUN_WORKER = run_worker
@@ -293,7 +293,7 @@ def _serve_child(mode: str, path: str) -> None:
 def pss_growth(mode: str, path: str, workers: int = WORKERS) -> dict:
     """Start `workers` processes, each loading the model: the sum of their PSS growth, in MiB."""
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), "--serve", mode, path], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(workers)]
+                              stdout=subprocess.PIPE, text=True, env=worker_env()) for _ in range(workers)]
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"

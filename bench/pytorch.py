@@ -11,7 +11,7 @@ many members, then measures, each run in a fresh process, warm page cache:
    dtypes, 500 and 100k tensors     timed after their imports (weightio.formats.pytorch included)
    npz open + list, 100k members    weightio vs np.load (which reads each member to list it)
 2. the whole process                ``python -c "open + list"``: weightio vs torch, imports included
-                                    (bytecode cached for both, see `_process_env`)
+                                    (bytecode cached for both: `common.worker_env`)
 3. numpy() on every tensor          weightio: time and RSS growth (zero-copy views of the zip
                                     records), next to torch.load(mmap=True) + .numpy()
 4. the same file in the legacy      weightio open + list (torch cannot mmap legacy files: it
@@ -24,7 +24,6 @@ and writes the medians and ratios into docs/benchmarks.md (section "pytorch").
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS = 500
@@ -162,21 +161,11 @@ _PROCESS_CODE = {
 }
 
 
-def _process_env() -> dict[str, str]:
-    """The environment of a `python -c` run: bytecode cached (under the bench folder), as for any
-    installed package — with PYTHONDONTWRITEBYTECODE, an editable weightio would be recompiled
-    from source by every process while torch's wheel ships its bytecode."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(CACHE / "pycache")
-    return env
-
-
 def _process_worker(peer: str, path: str) -> dict:
     """The whole `python -c` process, timed from outside (interpreter start and imports included)."""
     command = [sys.executable, "-c", _PROCESS_CODE[peer].format(path=path)]
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=_process_env())
+    subprocess.run(command, check=True, env=worker_env())
     return {"seconds": time.perf_counter() - start, "rss_mib": 0.0}
 
 
@@ -184,7 +173,7 @@ def _compile_once(p: dict[str, Path]) -> None:
     """Run each `python -c` once so both peers start from cached bytecode."""
     for peer in _PROCESS_CODE:
         subprocess.run([sys.executable, "-c", _PROCESS_CODE[peer].format(path=str(p["zip"]))], check=True,
-                       env=_process_env())
+                       env=worker_env())
 
 
 # ----------------------------------------------------------------------------- driver

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SIZES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
@@ -293,7 +293,7 @@ def _process_worker(peer: str, path: str) -> dict:
     else:
         command = [sys.executable, "-c", _PEER_SCRIPT, path]
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=worker_env())
     return {"seconds": time.perf_counter() - start, "rss_mib": 0.0}
 
 
