@@ -277,8 +277,8 @@ def test_the_unpickler_reads_on_across_a_frame_end_where_the_lexer_did(before):
     # An opcode whose argument runs past the end of its FRAME. CPython's C unpickler loads a frame
     # with one read() when the frame is not in the block it holds, and then drops the frame's rest
     # there, going on with other bytes than the lexer had checked: a different value here, and it
-    # could run opcodes hidden in a string's bytes. Given the whole pickle in its first peek(), it
-    # reads on, byte for byte what the lexer walked (and what torch.load reads from a file).
+    # could run opcodes hidden in a string's bytes. With the FRAMEs dropped first, it reads on,
+    # byte for byte what the lexer walked (and what torch.load reads from a file).
     from weightio.formats.pytorch import unpickler
 
     skipped = b"X" + struct.pack("<I", before) + b"b" * before + b"0" if before else b""  # a string, popped
@@ -302,6 +302,22 @@ def test_opcodes_hidden_in_a_string_after_a_frame_never_run():
     assert lexer.lex(data).pos == len(data)
     with bounded(extra_mib=256):
         assert unpickler.load(data, lambda pid: None) is None
+
+
+def test_a_global_hidden_in_a_string_after_a_long_frame_is_neither_looked_up_nor_reported():
+    # the frame is longer than the unpickler's 8 KiB read-ahead; the straddling BININT made it read
+    # "GLOBAL os.system" from inside a SHORT_BINBYTES, which the lexer (and torch.load) read as data
+    from weightio import safety
+    from weightio.formats.pytorch import unpickler
+
+    inside = b"os\nsystem\n)R0"
+    framed = b"X" + struct.pack("<I", 9000) + b"a" * 9000 + b"J\x70"
+    data = (P4 + b"\x95" + struct.pack("<Q", len(framed)) + framed + b"\x11\x01\x00" + b"C" + bytes([99]) + inside
+            + NONE * (99 - len(inside)) + b"000" + NONE + STOP)
+    assert lexer.lex(data, collect=True).globals == []
+    assert unpickler.load(data, lambda pid: None) is None
+    scanned = safety._scan_pickle("x", data, "x")
+    assert (scanned.globals, scanned.refused, scanned.problems) == ((), (), ())
 
 
 def test_frames_are_checked_from_the_pickle_s_own_start(write):

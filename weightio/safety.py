@@ -58,6 +58,7 @@ from ._io import MappedFile
 from .errors import STORAGE_OPTIONS_ADVICE, Advice, CorruptFileError, FormatError, InputError, UsageError, WeightioError
 from .formats import _zip, open_file
 from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler
+from .formats.pytorch.py2_strings import rewrite
 from .formats.sniff import sniff
 from .limits import current as current_limits
 from .scan_report import FileScan, Finding, PickleScan, ScanReport, findings_about
@@ -260,7 +261,7 @@ def _scan_pickle(location: str, data: bytes, path: str) -> PickleScan:
         return PickleScan(location, len(data), problems=(e.problem,),
                           note="not analysed further: weightio refuses it before unpickling")
     static = [f"{m}.{n}" for m, n in lexed.globals]
-    recorded, objects, stopped = _record(data)
+    recorded, objects, stopped = _record(rewrite(data, lexed.text8))  # (no FRAME: what the lexer walked)
     globals_ = tuple(dict.fromkeys(recorded + static))
     refused = tuple(g for g in globals_ if _split(g) not in allowlist.ALLOWLIST)
     problems = [e.problem for e in lexed.refusals]

@@ -11,8 +11,11 @@ Bytes that are not UTF-8 make ``torch.load`` fail (``UnicodeDecodeError``); here
 `rewrite` does this before CPython's unpickler sees the pickle: each 8-bit string opcode the
 lexer noted (`.lexer`, ``text8``) becomes ``BINUNICODE`` of the same bytes when they are UTF-8,
 else ``BINBYTES`` — the same stack effect, the same memo — and ``FRAME`` opcodes, mere read-ahead
-hints whose lengths would no longer hold, are dropped. A pickle without 8-bit strings is used as
-it is. A malformed ``STRING`` is left for CPython to refuse.
+hints, are dropped. They are dropped from every pickle that has them, strings or not: CPython's C
+unpickler loads a frame with one ``read()`` when it is not in the block it holds, and where an
+opcode runs past the frame's end it drops the frame's rest and reads on from other bytes than the
+lexer walked (a different value, or opcodes hidden in a string's bytes). A pickle with neither is
+used as it is. A malformed ``STRING`` is left for CPython to refuse.
 
 Array data pickled as text (numpy arrays of Python 2 pickles) comes back to its bytes with
 `text_bytes`.
@@ -29,12 +32,11 @@ from ...errors import CorruptFileError
 __all__ = ["rewrite", "text_bytes"]
 
 _STRING, _BINSTRING, _SHORT_BINSTRING, _FRAME = b"S"[0], b"T"[0], b"U"[0], b"\x95"[0]
-_STRINGS = (_STRING, _BINSTRING, _SHORT_BINSTRING)
 
 
 def rewrite(data: bytes, text8: list[int]) -> bytes:
-    """`data` with its 8-bit strings (and FRAMEs) at offsets `text8` rewritten (see module doc)."""
-    if not any(data[at] in _STRINGS for at in text8):
+    """`data` with its 8-bit strings and FRAMEs at offsets `text8` rewritten (see module doc)."""
+    if not text8:
         return data
     out, pos = [], 0
     for at in text8:

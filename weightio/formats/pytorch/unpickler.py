@@ -50,16 +50,11 @@ def placeholder_mode() -> bool:
 
 
 def stream(data: bytes) -> io.BufferedReader:
-    """`data` as the stream CPython's C unpickler reads fastest and exactly as the lexer walked it.
-
-    It has ``peek()`` and a buffer as large as the pickle: the unpickler's first ``peek`` hands it
-    the whole pickle, which it then reads in place, byte after byte, as the lexer did. From a bare
-    `BytesIO` (no ``peek``) it makes one ``read()`` call per opcode argument (twice as slow: 100k
-    tensors, 650 against 343 ms); and from any stream it must refill, it loads a ``FRAME`` with one
-    ``read`` and drops the rest of the frame where an opcode runs past its end, going on with other
-    bytes than the lexer checked (opcodes hidden in a string's bytes, a memo bomb among them).
-    """
-    return io.BufferedReader(io.BytesIO(data), buffer_size=max(len(data), io.DEFAULT_BUFFER_SIZE))
+    """`data` (a checked pickle, its FRAMEs dropped by `.py2_strings.rewrite`) as the stream CPython's
+    C unpickler reads fastest: one with ``peek()``, read in prefetched blocks as it reads a file.
+    From a bare `BytesIO` it makes one ``read()`` call per opcode argument (twice as slow: 100k
+    tensors, 650 against 343 ms)."""
+    return io.BufferedReader(io.BytesIO(data))
 
 
 class Unpickler(pickle.Unpickler):
