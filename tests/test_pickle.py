@@ -320,6 +320,14 @@ def test_a_global_hidden_in_a_string_after_a_long_frame_is_neither_looked_up_nor
     assert (scanned.globals, scanned.refused, scanned.problems) == ((), (), ())
 
 
+def test_a_checked_pickle_comes_with_the_offsets_its_lexer_noted():
+    from weightio.formats.pytorch import unpickler
+
+    with pytest.raises(TypeError, match="needs the text8 its lexer noted"):
+        unpickler.load(P2 + NONE + STOP, lambda pid: None, checked=True)  # its FRAMEs would reach CPython
+    assert unpickler.load(P2 + NONE + STOP, lambda pid: None, checked=True, text8=[]) is None
+
+
 def test_frames_are_checked_from_the_pickle_s_own_start(write):
     # a pickler's consecutive frames, in a pickle that starts inside a larger buffer (a legacy file's
     # pickles follow one another), and a FRAME begun inside another, refused at the same offset

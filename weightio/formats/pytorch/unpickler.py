@@ -61,7 +61,9 @@ class Unpickler(pickle.Unpickler):
     """CPython's unpickler with the allowlist as its only source of globals.
 
     Args:
-        data: the pickle's bytes (already checked by `prepass`).
+        data: the pickle's bytes, checked by the lexer and then rewritten by `.py2_strings.rewrite`
+            (which drops the FRAMEs: CPython could otherwise read other bytes than the lexer did).
+            `load` does both.
         persistent_load: turns a persistent id into a stand-in (the container's storages).
     """
 
@@ -127,6 +129,8 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
         CorruptFileError: anything malformed (CPython's own errors included).
     """
     if checked:
+        if text8 is None:  # without it, FRAMEs would reach CPython: see `.py2_strings`
+            raise TypeError("load(checked=True) needs the text8 its lexer noted")
         end = len(data)
     else:
         lexed = lex(data, path=path, what=what, limits=limits)
