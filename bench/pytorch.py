@@ -129,7 +129,7 @@ def _phases(path: str) -> dict:
 def _timed_phases(path: str, limits: Any) -> dict:
     from weightio._io import MappedFile
     from weightio.formats import _zip
-    from weightio.formats.pytorch import containers, lexer, py2_strings, reader, unpickler
+    from weightio.formats.pytorch import containers, lexer, reader, unpickler
     from weightio.formats.pytorch.flatten import flatten
 
     marks = [("start", time.perf_counter())]
@@ -143,7 +143,7 @@ def _timed_phases(path: str, limits: Any) -> dict:
     marks.append(("records + data.pkl read", time.perf_counter()))
     text8 = lexer.lex(data, limits=limits).text8
     marks.append(("prepass", time.perf_counter()))
-    container.root = unpickler.Unpickler(py2_strings.rewrite(data, text8), container._persistent_load).load()
+    container.root = unpickler.Unpickler(data, container._persistent_load, text8).load()
     marks.append(("unpickling", time.perf_counter()))
     tensors, _ = flatten(container.root, budget=1 << 30, root_name="x")
     builder = reader._Builder(container)

@@ -61,14 +61,15 @@ class Unpickler(pickle.Unpickler):
     """CPython's unpickler with the allowlist as its only source of globals.
 
     Args:
-        data: the pickle's bytes, checked by the lexer and then rewritten by `.py2_strings.rewrite`
-            (which drops the FRAMEs: CPython could otherwise read other bytes than the lexer did).
-            `load` does both.
+        data: the pickle's bytes, checked by the lexer (`load` checks them).
         persistent_load: turns a persistent id into a stand-in (the container's storages).
+        text8: the offsets of 8-bit strings and FRAMEs the lexer noted: the pickle is unpickled as
+            `.py2_strings.rewrite` leaves it, its FRAMEs dropped (CPython could otherwise read other
+            bytes than the lexer did).
     """
 
-    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any]) -> None:
-        super().__init__(stream(data), encoding="latin1")
+    def __init__(self, data: bytes, persistent_load: Callable[[Any], Any], text8: list[int]) -> None:
+        super().__init__(stream(rewrite(data, text8)), encoding="latin1")
         self.persistent_load = persistent_load  # the C unpickler's slot: called directly per id
         self.placeholders = _placeholders.get()
 
@@ -138,7 +139,7 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], *, path: str | None
     if end != len(data):
         raise CorruptFileError(f"{what}: {len(data) - end:,} bytes follow its STOP opcode", path=path)
     try:
-        return Unpickler(rewrite(data, text8) if text8 else data, persistent_load).load()
+        return Unpickler(data, persistent_load, text8).load()
     except WeightioError as e:
         raise type(e)(f"{what}: {e.problem}", path=path, tensor=e.tensor, advice=e.advice) from None
     except _MALFORMED as e:
