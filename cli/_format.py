@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 
-from weightio.text import CONTROL, dims, printable
+from weightio.text import dims, needs_escape, printable
 from weightio.text import number as exact
 
 __all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "json_text", "kind",
@@ -43,13 +43,17 @@ def human_count(n: int) -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     """Columns padded to their widest cell; columns listed in `right` are right-aligned. Every cell
     is made printable (a tensor name with a newline or ESC in it stays one harmless cell)."""
-    rows = [[str(c) for c in row] for row in rows]
-    if CONTROL.search(" ".join(chain.from_iterable(rows))) is not None:  # (one scan for the common case)
+    try:  # (one scan for the common case; cells that are all strings are used as they are)
+        text = " ".join(chain.from_iterable(rows))
+    except TypeError:
+        rows = [[str(c) for c in row] for row in rows]
+        text = " ".join(chain.from_iterable(rows))
+    if needs_escape(text):
         rows = [[printable(c) for c in row] for row in rows]
-    everything = [list(header), *rows]
-    widths = [max(map(len, column)) for column in zip(*everything, strict=True)]
-    line = "  ".join(f"{{{i}:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths)).format
-    return "\n".join(line(*row).rstrip() for row in everything)
+    columns = list(zip(header, *rows, strict=True))  # (each column padded in one C-level pass)
+    padded = [map(str.rjust if i in right else str.ljust, column, repeat(max(map(len, column))))
+              for i, column in enumerate(columns)]
+    return "\n".join(map(str.rstrip, map("  ".join, zip(*padded, strict=True))))
 
 
 def plural(n: int, word: str) -> str:
