@@ -124,6 +124,17 @@ def test_sharded_weight_map_points_at_the_wrong_shard(tmp_path):
     assert f"maps tensor {name!r} to {other!r}, which does not hold it; it is in {shard!r}" in str(info.value)
 
 
+def test_sharded_weight_map_names_a_tensor_no_shard_holds(tmp_path):
+    target, index = _copy_sharded(tmp_path)
+    shard = sorted(set(index["weight_map"].values()))[-1]
+    index["weight_map"]["ghost.weight"] = shard
+    _write_index(target, index)
+    with pytest.raises(CorruptFileError) as info:
+        wio.open(target)
+    assert str(info.value) == (f"{target / 'model.safetensors.index.json'}: maps tensor 'ghost.weight' to "
+                               f"{shard!r}, which does not hold it")
+
+
 def test_sharded_name_in_two_shards(tmp_path):
     target, index = _copy_sharded(tmp_path)
     first = target / "model-00001-of-00003.safetensors"
