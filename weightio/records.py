@@ -9,6 +9,7 @@ module sits at the bottom of the layering (see docs/architecture.md) beside `err
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy as np
 
 from .text import dims, number
 
-__all__ = ["MAX_NDIM", "TensorInfo", "TensorSource", "byte_extent", "little_endian"]
+__all__ = ["MAX_NDIM", "TensorInfo", "TensorSource", "byte_extent", "little_endian", "new_info"]
 
 MAX_NDIM = 64  # numpy's own limit; a larger rank cannot be viewed
 
@@ -62,6 +63,12 @@ class TensorInfo(NamedTuple):
             return self.offset, self.offset + self.nbytes
         lo, hi = byte_extent(self.shape, self.strides, self.dtype.itemsize)
         return self.offset + lo, self.offset + hi
+
+
+# ``new_info((dtype, shape, offset, nbytes, strides, ggml_type))``: a `TensorInfo` built in C, for
+# readers that make one per tensor while opening (the class call runs a Python-level ``__new__``);
+# every field must be given.
+new_info = functools.partial(tuple.__new__, TensorInfo)
 
 
 def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:

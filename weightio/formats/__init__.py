@@ -48,8 +48,6 @@ def resolve(entry: Any) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-
-
 # Writers by format name: ``write(sources, path, metadata=None, *, overwrite=False, **options)``.
 WRITERS: dict[str, Callable[..., None] | str] = {
     "safetensors": _safetensors.write,

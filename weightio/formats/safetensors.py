@@ -39,7 +39,6 @@ tensors (metadata keys aside, which the reference orders by a hash).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import re
@@ -54,7 +53,7 @@ from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
 from ..limits import exceeded
-from ..records import TensorSource
+from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
 
@@ -63,7 +62,6 @@ __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 MAX_HEADER_SIZE = 100_000_000  # the reference reader's limit (HeaderTooLarge)
 _LENGTH = struct.Struct("<Q")
 _FIELDS = frozenset(("dtype", "shape", "data_offsets"))
-_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo(...) minus its Python-level __new__
 # code -> (row, stored numpy dtype): safetensors data is little-endian whatever the host
 _CODES = {row.safetensors: (row, row.numpy.newbyteorder("<") if row.numpy.itemsize > 1 else row.numpy)
           for row in TABLE}
@@ -237,7 +235,7 @@ def _plain_entries(header: dict[str, Any], data_start: int, data_size: int) -> d
     minus the messages; a None sends the caller to them.
     """
     tensors: dict[str, TensorInfo] = {}
-    codes, prod, new = _PLAIN, math.prod, _new_info
+    codes, prod, new = _PLAIN, math.prod, new_info
     expected, ordered = 0, True
     try:
         for name, entry in header.items():

@@ -59,7 +59,6 @@ TorchScript archives (a ``constants.pkl`` record, beside ``code/``) hold code an
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import threading
@@ -70,6 +69,7 @@ import numpy as np
 from ..._gc import collector_paused
 from ...errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ...limits import exceeded
+from ...records import new_info
 from ...text import dims, number
 from .. import _zip
 from ..base import MAX_NDIM, Reader, TensorInfo
@@ -267,7 +267,6 @@ def _own_bytes(array: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- tensors
 
 
-_new_info = functools.partial(tuple.__new__, TensorInfo)  # TensorInfo(...) minus its Python-level __new__
 # torch dtypes numpy holds one element per item of: the common, fast case of `_Builder._dense`.
 _PLAIN = frozenset(n for n, d in NUMPY_DTYPES.items() if n not in QUANTIZED_DTYPES
                    and n != "float4_e2m1fn_x2")
@@ -336,7 +335,7 @@ class _Builder:
         if torch_dtype in _PLAIN and not ref.metadata and not self.big:  # the common case
             dtype = NUMPY_DTYPES[torch_dtype]
             strides = None if contiguous else tuple(s * size_of for s in stride)
-            return _new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
+            return new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
                               None)), None, span.record
         info = self._info(torch_dtype, size, stride, start + offset * size_of if numel else start, numel * size_of)
         return info, self._unreadable_reason(torch_dtype, ref), span.record
@@ -368,10 +367,10 @@ class _Builder:
         if self.big and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(">")
         if torch_dtype == "float4_e2m1fn_x2":  # listed as fp4 elements, as safetensors does
-            return _new_info((dtype, size[:-1] + (2 * size[-1],) if size else (2,), offset, nbytes, None, None))
+            return new_info((dtype, size[:-1] + (2 * size[-1],) if size else (2,), offset, nbytes, None, None))
         if _contiguous(size, stride):
-            return _new_info((dtype, size, offset, nbytes, None, None))
-        return _new_info((dtype, size, offset, nbytes, tuple(s * dtype.itemsize for s in stride), None))
+            return new_info((dtype, size, offset, nbytes, None, None))
+        return new_info((dtype, size, offset, nbytes, tuple(s * dtype.itemsize for s in stride), None))
 
     def _unreadable_reason(self, torch_dtype: str, ref: TensorRef) -> str | None:
         if torch_dtype not in NUMPY_DTYPES:
