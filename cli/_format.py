@@ -43,12 +43,11 @@ def human_count(n: int) -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     """Columns padded to their widest cell; columns listed in `right` are right-aligned. Every cell
     is made printable (a tensor name with a newline or ESC in it stays one harmless cell)."""
-    try:  # (one scan for the common case; cells that are all strings are used as they are)
-        text = " ".join(chain.from_iterable(rows))
-    except TypeError:
+    if not isinstance(rows, (list, tuple)):
+        rows = list(rows)  # (read twice below)
+    if not set(map(type, chain.from_iterable(rows))) <= {str}:  # (plain strings are used as they are)
         rows = [[str(c) for c in row] for row in rows]
-        text = " ".join(chain.from_iterable(rows))
-    if needs_escape(text):
+    if needs_escape(" ".join(chain.from_iterable(rows))):  # (one scan for the common case)
         rows = [[printable(c) for c in row] for row in rows]
     columns = list(zip(header, *rows, strict=True))  # (each column padded in one C-level pass)
     padded = [map(str.rjust if i in right else str.ljust, column, repeat(max(map(len, column))))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import eq, itemgetter
 from typing import Any
@@ -15,6 +13,7 @@ import click
 
 import weightio
 from weightio import Checkpoint
+from weightio._gc import collector_paused
 from weightio.formats import PLACEHOLDERS_KEY
 from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
@@ -28,20 +27,6 @@ SCHEMA = "weightio.inspect/1"
 
 
 Fact = tuple[str, str, tuple[int, ...], int]  # (name, kind, shape, nbytes) of one tensor
-
-
-@contextlib.contextmanager
-def _collector_off() -> Iterator[None]:
-    """Python's cyclic collector off while a listing is built: its objects all live until the
-    command ends and none is in a cycle, so the collector would only traverse them again and again
-    (~100 ms of DeepSeek-V3's 92k tensors; the readers pause it during their own parses)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _facts(ckpt: Checkpoint, names: Sequence[str]) -> list[Fact]:
@@ -231,7 +216,10 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
     """
     tree = tree or depth is not None  # a depth is only ever a depth of the tree: asking for one asks for it
     shown = redact(path) if is_url(path) else path
-    with _collector_off(), weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
+    # the listing's objects all live until the command ends, none in a cycle: the collector would only
+    # traverse them again and again (~100 ms of DeepSeek-V3's 92k tensors). Paused by the switch the
+    # readers share, so that no other thread's pause can leave it off.
+    with collector_paused(), weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
                                            download=download) as ckpt:
         names = ckpt.select(*patterns)
         if as_json:

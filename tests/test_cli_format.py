@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from weightio.cli import inspect as cli_inspect
-from weightio.cli._format import table
+from weightio.cli._format import kind, table
 
 import weightio as wio
-from weightio.text import CONTROL, needs_escape, printable
+from weightio.text import _CONTROL_KEEP_LINES, CONTROL, needs_escape, printable
 
 from .conftest import FIXTURES
 
@@ -32,7 +32,28 @@ _CHARS = st.one_of(st.characters(max_codepoint=0x7F), st.sampled_from(
 @given(text=st.text(_CHARS, max_size=12), lines=st.booleans())
 def test_needs_escape_is_exactly_what_the_patterns_find(text, lines):
     assert needs_escape(text, lines=lines) is (_ESCAPED[lines].search(text) is not None)
-    assert (printable(text, lines=lines) != text) is needs_escape(text, lines=lines)
+
+
+@pytest.mark.parametrize("lines", [False, True])
+def test_needs_escape_agrees_with_the_patterns_on_every_code_point(lines):
+    # alone, after ASCII (the translate test) and after a non-ASCII letter (isprintable, then the scan)
+    pattern = _ESCAPED[lines]
+    wrong = [c for c in range(0x110000) for ch in (chr(c),)
+             if not needs_escape(ch, lines=lines) is needs_escape("a" + ch, lines=lines)
+             is needs_escape("é" + ch, lines=lines) is (pattern.search(ch) is not None)]
+    assert wrong == []
+
+
+def test_every_escaped_character_is_one_isprintable_refuses():
+    # the premise of the non-ASCII shortcut: isprintable() true means nothing to escape
+    escaped = [chr(c) for c in range(0x110000) if _ESCAPED[False].match(chr(c))]
+    assert len(escaped) == 0x20 + 1 + 0x20 + 1 + 2 + 7 + 4 + 0x800 and not any(ch.isprintable() for ch in escaped)
+    assert (CONTROL.pattern, _CONTROL_KEEP_LINES.pattern) == (_ESCAPED[False].pattern, _ESCAPED[True].pattern)
+
+
+def test_needs_escape_takes_only_text():
+    with pytest.raises(TypeError, match="needs_escape takes a str, not bytes"):
+        needs_escape(b"abc")
 
 
 @pytest.mark.parametrize(("text", "lines", "expected"), [
@@ -44,7 +65,7 @@ def test_needs_escape_is_exactly_what_the_patterns_find(text, lines):
 ])
 def test_needs_escape_examples(text, lines, expected):
     assert needs_escape(text, lines=lines) is expected
-    assert CONTROL.pattern == _ESCAPED[False].pattern  # (the definition above is weightio's)
+    assert (printable(text, lines=lines) != text) is expected
 
 
 def test_table_pads_aligns_converts_and_escapes():
@@ -56,12 +77,19 @@ def test_table_pads_aligns_converts_and_escapes():
     ]
     assert table(("x", "y"), []) == "x  y"
     assert table(("x", "y"), [("é", "")]).splitlines() == ["x  y", "é"]  # (trailing padding stripped)
+    assert table(("x",), iter([("a",), ("b",)])) == "x\na\nb"  # (rows of any iterable)
+    import enum
+
+    class Code(str, enum.Enum):
+        F32 = "F32"
+
+    assert table(("x",), [(Code.F32,)]) == f"x\n{Code.F32!s}"  # (a str subclass: as str() writes it)
 
 
 def _by_kind_reference(facts):
     totals = {}
-    for _, kind, shape, nbytes in facts:
-        row = totals.setdefault(kind, {"tensors": 0, "parameters": 0, "nbytes": 0})
+    for _, stored_as, shape, nbytes in facts:
+        row = totals.setdefault(stored_as, {"tensors": 0, "parameters": 0, "nbytes": 0})
         row["tensors"] += 1
         row["parameters"] += math.prod(shape)
         row["nbytes"] += nbytes
@@ -86,25 +114,33 @@ def test_facts_of_every_tensor_come_from_the_readers_in_checkpoint_order(path):
     with wio.open(FIXTURES / path) as ckpt:
         names = ckpt.select()
         every = cli_inspect._facts(ckpt, names)
-        by_name = [(name, view.ggml_type or cli_inspect.kind_of(view.info.dtype), view.info.shape, view.info.nbytes)
-                   for name, view in ((n, ckpt[n]) for n in names)]
+        by_name = [(name, kind(view), view.shape, view.nbytes) for name, view in ((n, ckpt[n]) for n in names)]
         assert every == by_name and [f[0] for f in every] == list(ckpt)
         assert cli_inspect._facts(ckpt, names[1:]) == every[1:]  # a selection: looked up name by name
         kinds = {f[1] for f in every}
-        assert kinds == {"float32"} if path.startswith("tiny") else "Q4_0" in kinds
+        assert (kinds == {"float32"}) if path.startswith("tiny") else ("Q4_0" in kinds)
 
 
-def test_inspect_leaves_the_collector_as_it_found_it():
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_inspect_pauses_the_collector_while_listing_and_leaves_it_on(tmp_path, monkeypatch, corrupt):
     import gc
 
-    assert gc.isenabled()
-    with cli_inspect._collector_off():
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with cli_inspect._collector_off():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
+    from click.testing import CliRunner
+    from weightio.cli import main
+
+    from weightio._gc import collector_paused
+
+    path = tmp_path / "m.safetensors"
+    path.write_bytes((FIXTURES / "numpy.safetensors").read_bytes()[: 100 if corrupt else None])
+    seen = []
+    real = cli_inspect.weightio.open
+
+    def opening(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli_inspect.weightio, "open", opening)
+    assert cli_inspect.collector_paused is collector_paused  # (the readers' own switch)
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == (1 if corrupt else 0), result.output
+    assert seen == [False] and gc.isenabled()

@@ -4,6 +4,7 @@ own, and every check of the zero-copy path kept on the parallel-read path."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -248,6 +249,35 @@ def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, m
         copies = wio.devices.load_all(ckpt, "numpy", copy=True)
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
     assert len(seen) == 6 * 5 and len(set(seen)) == 30  # 20,000 bytes a tensor: five 4 KiB pieces each
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
+def test_a_model_of_many_shards_loads_within_a_few_descriptors(tmp_path, monkeypatch):
+    # each stretch opens its description when it starts and closes it when it ends: a load holds
+    # one descriptor per file and at most one per thread, not one per stretch of every file
+    import resource
+
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    monkeypatch.setattr(filling, "_THREADS", 16)
+    shards = 40
+    tensors = {f"w{i:02d}": np.full(16 * 4096, i, np.uint8) for i in range(shards)}  # 16 pieces a shard
+    weight_map = {}
+    for i, (name, value) in enumerate(tensors.items()):
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        wio.save({name: value}, tmp_path / shard)
+        weight_map[name] = shard
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with wio.open(tmp_path) as ckpt:
+        in_use = len(os.listdir("/proc/self/fd"))
+        # per file its mapping's descriptor (Python's mmap keeps a duplicate) and the load's own
+        # duplicate; the 16 threads' descriptions; a little room
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 2 * shards + 16 + 8, hard))
+        try:
+            copies = wio.devices.load_all(ckpt, "numpy", copy=True)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
 
 
 def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):

@@ -132,6 +132,8 @@ def needs_escape(text: str, *, lines: bool = False) -> bool:
     control or DEL: ASCII text is tested by deleting those (`bytes.translate`), other text is
     scanned only when ``isprintable`` finds something.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"needs_escape takes a str, not {type(text).__name__}")
     if text.isascii():
         raw = text.encode("ascii")
         return len(raw.translate(None, _ASCII_CONTROL_KEEP_LINES if lines else _ASCII_CONTROL)) != len(raw)
