@@ -280,6 +280,23 @@ def test_a_model_of_many_shards_loads_within_a_few_descriptors(tmp_path, monkeyp
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
+def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    monkeypatch.setattr(filling, "_THREADS", 4)
+    real, calls, through = filling._reopen, [], []
+    monkeypatch.setattr(filling, "_reopen", lambda fd: calls.append(fd) or (real(fd) if len(calls) == 1 else None))
+    real_read = filling._read
+    monkeypatch.setattr(filling, "_read", lambda fd, *a: through.append(fd) or real_read(fd, *a))
+    path = tmp_path / "m.safetensors"
+    tensors = {f"t{i}": np.full(5000, i, np.float32) for i in range(6)}
+    wio.save(tensors, path)
+    with wio.open(path) as ckpt:
+        copies = wio.devices.load_all(ckpt, "numpy", copy=True)
+    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+    assert len(calls) == 1 + 4 and set(through) == {calls[0]} and len(through) == 30  # the probe, then 4 stretches
+
+
 def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
     import time
 
