@@ -238,7 +238,7 @@ def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(
 def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, monkeypatch):
     # no /proc (macOS, some sandboxes): stretches would share one descriptor, so pieces are read
     monkeypatch.setattr(filling, "PIECE", 4096)
-    monkeypatch.setattr(filling, "_reopen", lambda fd: None)
+    monkeypatch.setattr(filling, "_reopen", lambda fd, identity: None)
     seen = []
     real = filling._read
     monkeypatch.setattr(filling, "_read", lambda *a: seen.append(a[3]) or real(*a))
@@ -268,6 +268,8 @@ def test_a_model_of_many_shards_loads_within_a_few_descriptors(tmp_path, monkeyp
         weight_map[name] = shard
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    real, reopened = filling._reopen, []
+    monkeypatch.setattr(filling, "_reopen", lambda fd, identity: reopened.append(real(fd, identity)) or reopened[-1])
     with wio.open(tmp_path) as ckpt:
         in_use = len(os.listdir("/proc/self/fd"))
         # per file its mapping's descriptor (Python's mmap keeps a duplicate) and the load's own
@@ -278,16 +280,19 @@ def test_a_model_of_many_shards_loads_within_a_few_descriptors(tmp_path, monkeyp
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+    assert len(reopened) == shards * (1 + 16) and None not in reopened  # (no stretch went without its own)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
 def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_one(tmp_path, monkeypatch):
     monkeypatch.setattr(filling, "PIECE", 4096)
     monkeypatch.setattr(filling, "_THREADS", 4)
-    real, calls, through = filling._reopen, [], []
-    monkeypatch.setattr(filling, "_reopen", lambda fd: calls.append(fd) or (real(fd) if len(calls) == 1 else None))
-    real_read = filling._read
+    real, calls, through, stretches = filling._reopen, [], [], []
+    monkeypatch.setattr(filling, "_reopen",
+                        lambda fd, identity: calls.append(fd) or (real(fd, identity) if len(calls) == 1 else None))
+    real_read, real_stripe = filling._read, filling._read_stripe
     monkeypatch.setattr(filling, "_read", lambda fd, *a: through.append(fd) or real_read(fd, *a))
+    monkeypatch.setattr(filling, "_read_stripe", lambda *a: stretches.append(len(a[3])) or real_stripe(*a))
     path = tmp_path / "m.safetensors"
     tensors = {f"t{i}": np.full(5000, i, np.float32) for i in range(6)}
     wio.save(tensors, path)
@@ -295,6 +300,26 @@ def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_
         copies = wio.devices.load_all(ckpt, "numpy", copy=True)
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
     assert len(calls) == 1 + 4 and set(through) == {calls[0]} and len(through) == 30  # the probe, then 4 stretches
+    assert len(stretches) == 4 and sum(stretches) == 30  # read as stretches (in file order), not as pieces
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_a_description_of_another_file_is_never_handed_out(tmp_path):
+    # a descriptor number closed and reused for another file: its identity (device, inode) differs
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"AAAA")
+    b.write_bytes(b"BBBB")
+    fd = os.open(a, os.O_RDONLY)
+    identity = filling._identity(fd)
+    own = filling._reopen(fd, identity)
+    assert own is not None and os.pread(own, 4, 0) == b"AAAA"
+    os.close(own)
+    os.close(fd)
+    reused = os.open(b, os.O_RDONLY)
+    try:
+        assert filling._reopen(reused, identity) is None
+    finally:
+        os.close(reused)
 
 
 def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):

@@ -71,6 +71,7 @@ def fill(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     Raises:
         CorruptFileError: a source's file changed since it was opened, or shrank during the reads.
         WeightioError: a source's checkpoint was closed before its descriptor could be duplicated.
+        InputError: no descriptor left to read a source's file with (``ulimit -n``).
     """
     with Filler(stripes=_THREADS) as filler:
         filler.wait(filler.start(pairs, inline=True))
@@ -124,14 +125,16 @@ class Filler:
                 try:
                     fd = self._fds[key] = self._stack.enter_context(file.descriptor())
                 except OSError as e:  # (EMFILE: a model of more shards than descriptors allowed)
-                    raise InputError(f"cannot open another descriptor of the file to read it: {e.strerror or e}",
-                                     path=file.path, errno=e.errno) from e
+                    raise InputError(f"cannot open another descriptor of the file to read it: {e.strerror or e} "
+                                     "(raise the limit: ulimit -n)", path=file.path, errno=e.errno) from e
             pieces = [(d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
                       for a, b in _pieces(d.nbytes, piece)]
-            probe = _reopen(fd) if self.stripes > 1 and len(pieces) > 1 else None
+            identity = _identity(fd) if self.stripes > 1 and len(pieces) > 1 else None
+            probe = None if identity is None else _reopen(fd, identity)
             if probe is not None:  # descriptions of their own can be had: one per stretch, while it is read
                 os.close(probe)
-                tasks += [(_read_stripe, fd, file, group, self._stop) for group in _stripes(pieces, self.stripes)]
+                tasks += [(_read_stripe, fd, identity, file, group, self._stop)
+                          for group in _stripes(pieces, self.stripes)]
             else:  # (stretches sharing one description would defeat read-ahead: pieces are better)
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
@@ -172,7 +175,8 @@ def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np
     return groups
 
 
-def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]], stop: threading.Event) -> None:
+def _read_stripe(fd: int, identity: tuple[int, int], file: MappedFile, group: list[tuple[np.ndarray, int]],
+                 stop: threading.Event) -> None:
     """Read a stretch of the file, piece after piece, through an open file description of its own.
 
     The kernel keeps read-ahead state per open file description: threads sharing one descriptor
@@ -183,9 +187,13 @@ def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]],
     It is opened when the stretch starts and closed when it ends, so a load holds at most one per
     thread however many files it reads (a model of 163 shards, 16 stripes each, would otherwise
     need 2,600 descriptors); if none can be had then (no descriptor left), the stretch is read
-    through `fd`, the file's shared one.
+    through `fd`, the file's shared one: slower from a cold cache (its read-ahead is shared), as
+    correct (``pread`` names its offset). `identity`: the file's device and inode, taken when the
+    load began, which the new description must have.
     """
-    own = _reopen(fd)
+    if stop.is_set():  # another piece failed before this stretch began
+        return
+    own = _reopen(fd, identity)
     try:
         through = fd if own is None else own
         if own is not None and hasattr(os, "posix_fadvise"):
@@ -201,18 +209,23 @@ def _read_stripe(fd: int, file: MappedFile, group: list[tuple[np.ndarray, int]],
             os.close(own)
 
 
-def _reopen(fd: int) -> int | None:
-    """A new open file description of `fd`'s file (Linux), or None where there is none to be had."""
+def _identity(fd: int) -> tuple[int, int] | None:
+    """The device and inode of `fd`'s file, or None if it cannot be had."""
+    try:
+        found = os.fstat(fd)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _reopen(fd: int, identity: tuple[int, int]) -> int | None:
+    """A new open file description of `fd`'s file (Linux), or None where there is none to be had;
+    it must be the file of `identity` (device, inode), whatever its path or descriptor now names."""
     try:
         own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    try:
-        was, now = os.fstat(fd), os.fstat(own)
-    except OSError:
-        os.close(own)
-        return None
-    if (was.st_dev, was.st_ino) != (now.st_dev, now.st_ino):
+    if _identity(own) != identity:
         os.close(own)
         return None
     return own
