@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 from operator import eq, itemgetter
 from typing import Any
@@ -13,7 +15,6 @@ import click
 
 import weightio
 from weightio import Checkpoint
-from weightio._gc import collector_paused
 from weightio.formats import PLACEHOLDERS_KEY
 from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
@@ -27,6 +28,20 @@ SCHEMA = "weightio.inspect/1"
 
 
 Fact = tuple[str, str, tuple[int, ...], int]  # (name, kind, shape, nbytes) of one tensor
+
+
+@contextlib.contextmanager
+def _no_automatic_collection() -> Iterator[None]:
+    """No automatic run of Python's cyclic collector in the block: the listing's objects all live
+    until the command ends and none is in a cycle, so it would only traverse them again and again
+    (~100 ms of DeepSeek-V3's 92k tensors). Done by the first threshold (0: never), which the
+    readers' own pauses (``gc.disable()``/``enable()``, on any thread) leave alone, and restored after."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(0, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 def _facts(ckpt: Checkpoint, names: Sequence[str]) -> list[Fact]:
@@ -216,11 +231,8 @@ def inspect_command(path: str, tree: bool, depth: int | None, patterns: tuple[st
     """
     tree = tree or depth is not None  # a depth is only ever a depth of the tree: asking for one asks for it
     shown = redact(path) if is_url(path) else path
-    # the listing's objects all live until the command ends, none in a cycle: the collector would only
-    # traverse them again and again (~100 ms of DeepSeek-V3's 92k tensors). Paused by the switch the
-    # readers share, so that no other thread's pause can leave it off.
-    with collector_paused(), weightio.open(path, unknown_globals=unknown_globals, storage_options=storage_options,
-                                           download=download) as ckpt:
+    with _no_automatic_collection(), weightio.open(path, unknown_globals=unknown_globals,
+                                                   storage_options=storage_options, download=download) as ckpt:
         names = ckpt.select(*patterns)
         if as_json:
             doc = inspect_json(shown, ckpt, names, patterns, tree, depth)

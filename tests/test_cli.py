@@ -416,10 +416,8 @@ def test_the_cli_uses_only_the_public_api():
     import ast
     import importlib
 
-    # (weightio._gc: the process-wide pause of the cyclic collector, which the readers share; a
-    # switch of the command's own could be left off by another thread's pause)
     allowed_modules = {"weightio", "weightio.stats", "weightio.convert", "weightio.formats", "weightio.dtypes",
-                       "weightio.limits", "weightio.hub", "weightio.remote", "weightio.text", "weightio._gc"}
+                       "weightio.limits", "weightio.hub", "weightio.remote", "weightio.text"}
     for source in (FIXTURES.parent / "cli").glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("weightio"):

@@ -122,13 +122,11 @@ def test_facts_of_every_tensor_come_from_the_readers_in_checkpoint_order(path):
 
 
 @pytest.mark.parametrize("corrupt", [False, True])
-def test_inspect_pauses_the_collector_while_listing_and_leaves_it_on(tmp_path, monkeypatch, corrupt):
+def test_inspect_lists_without_automatic_collections_and_restores_the_thresholds(tmp_path, monkeypatch, corrupt):
     import gc
 
     from click.testing import CliRunner
     from weightio.cli import main
-
-    from weightio._gc import collector_paused
 
     path = tmp_path / "m.safetensors"
     path.write_bytes((FIXTURES / "numpy.safetensors").read_bytes()[: 100 if corrupt else None])
@@ -136,11 +134,27 @@ def test_inspect_pauses_the_collector_while_listing_and_leaves_it_on(tmp_path, m
     real = cli_inspect.weightio.open
 
     def opening(*args, **kwargs):
-        seen.append(gc.isenabled())
+        seen.append(gc.get_threshold()[0])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cli_inspect.weightio, "open", opening)
-    assert cli_inspect.collector_paused is collector_paused  # (the readers' own switch)
+    before = gc.get_threshold()
     result = CliRunner().invoke(main, ["inspect", str(path)])
     assert result.exit_code == (1 if corrupt else 0), result.output
-    assert seen == [False] and gc.isenabled()
+    assert seen == [0] and gc.get_threshold() == before and before[0] > 0 and gc.isenabled()
+
+
+def test_a_pause_of_the_readers_on_another_thread_cannot_leave_the_collector_off():
+    # the readers' pause switches gc.disable()/enable(); the command's, the first threshold: neither
+    # can undo the other, in whatever order they begin and end
+    import gc
+
+    from weightio._gc import collector_paused
+
+    before = gc.get_threshold()
+    pause = collector_paused()
+    pause.__enter__()  # another thread opening a checkpoint
+    with cli_inspect._no_automatic_collection():
+        pause.__exit__(None, None, None)  # it ends first
+        assert gc.isenabled() and gc.get_threshold()[0] == 0
+    assert gc.isenabled() and gc.get_threshold() == before

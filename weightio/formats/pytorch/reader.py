@@ -336,7 +336,7 @@ class _Builder:
             dtype = NUMPY_DTYPES[torch_dtype]
             strides = None if contiguous else tuple(s * size_of for s in stride)
             return new_info((dtype, size, start + offset * size_of if numel else start, numel * size_of, strides,
-                              None)), None, span.record
+                             None)), None, span.record
         info = self._info(torch_dtype, size, stride, start + offset * size_of if numel else start, numel * size_of)
         return info, self._unreadable_reason(torch_dtype, ref), span.record
 
