@@ -235,6 +235,16 @@ def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(
     assert {how for _, how in advice} == {os.POSIX_FADV_SEQUENTIAL} and len(advice) == 4
 
 
+def _load_six_tensors_owned(tmp_path) -> None:
+    """Six tensors of 20,000 bytes (five 4 KiB pieces each) saved, loaded with copy=True, compared."""
+    path = tmp_path / "m.safetensors"
+    tensors = {f"t{i}": np.full(5000, i, np.float32) for i in range(6)}
+    wio.save(tensors, path)
+    with wio.open(path) as ckpt:
+        copies = wio.devices.load_all(ckpt, "numpy", copy=True)
+    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+
+
 def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, monkeypatch):
     # no /proc (macOS, some sandboxes): stretches would share one descriptor, so pieces are read
     monkeypatch.setattr(filling, "PIECE", 4096)
@@ -242,12 +252,7 @@ def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, m
     seen = []
     real = filling._read
     monkeypatch.setattr(filling, "_read", lambda *a: seen.append(a[3]) or real(*a))
-    path = tmp_path / "m.safetensors"
-    tensors = {f"t{i}": np.full(5000, i, np.float32) for i in range(6)}
-    wio.save(tensors, path)
-    with wio.open(path) as ckpt:
-        copies = wio.devices.load_all(ckpt, "numpy", copy=True)
-    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+    _load_six_tensors_owned(tmp_path)
     assert len(seen) == 6 * 5 and len(set(seen)) == 30  # 20,000 bytes a tensor: five 4 KiB pieces each
 
 
@@ -293,12 +298,7 @@ def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_
     real_read, real_stripe = filling._read, filling._read_stripe
     monkeypatch.setattr(filling, "_read", lambda fd, *a: through.append(fd) or real_read(fd, *a))
     monkeypatch.setattr(filling, "_read_stripe", lambda *a: stretches.append(len(a[3])) or real_stripe(*a))
-    path = tmp_path / "m.safetensors"
-    tensors = {f"t{i}": np.full(5000, i, np.float32) for i in range(6)}
-    wio.save(tensors, path)
-    with wio.open(path) as ckpt:
-        copies = wio.devices.load_all(ckpt, "numpy", copy=True)
-    assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
+    _load_six_tensors_owned(tmp_path)
     assert len(calls) == 1 + 4 and set(through) == {calls[0]} and len(through) == 30  # the probe, then 4 stretches
     assert len(stretches) == 4 and sum(stretches) == 30  # read as stretches (in file order), not as pieces
 
