@@ -14,6 +14,7 @@ import pytest
 import weightio as wio
 from weightio import _json
 from weightio._gc import collector_paused
+from weightio._io import MappedFile
 from weightio.errors import CorruptFileError
 from weightio.formats.safetensors import SafetensorsReader
 
@@ -80,6 +81,33 @@ def test_opening_holds_one_descriptor_per_shard_and_maps_on_first_read():
         assert first.shape == (99, 32) and not first.flags.writeable
     assert _descriptors() == before + 1  # the live array keeps its mapping (and the mapping's descriptor)
     del first
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_a_checkpoint_dropped_without_closing_gives_its_descriptors_back():
+    before = _descriptors()
+    for _ in range(3):  # (opened in a loop and never closed, a model of 200 shards would run out within five)
+        ckpt = wio.open(FIXTURES / "tiny-bert-sharded")
+        assert len(ckpt) == 39 and _descriptors() == before + 3
+    kept = ckpt["embeddings.word_embeddings.weight"].numpy()
+    expected = kept.copy()
+    del ckpt
+    assert _descriptors() == before + 1  # the array keeps its shard's mapping; the three descriptors are closed
+    assert np.array_equal(kept, expected)  # and reads the same bytes
+    del kept
+    assert _descriptors() == before
+
+
+def test_an_empty_file_is_refused_with_its_descriptor_closed_once(tmp_path, monkeypatch):
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(b"")
+    closed = []
+    real = os.close
+    monkeypatch.setattr(os, "close", lambda fd: closed.append(fd) or real(fd))
+    with pytest.raises(CorruptFileError, match=r"empty\.safetensors: empty file \(0 bytes\)"):
+        MappedFile(path)
+    gc.collect()
+    assert len(closed) == 1  # by __init__, and not again when the half-made object is collected
 
 
 def test_a_small_header_is_read_with_one_pread(tmp_path, monkeypatch):

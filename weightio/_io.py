@@ -43,6 +43,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -133,11 +134,11 @@ class MappedFile:
         self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self.size = opened.st_size
         self._stamp = (opened.st_size, opened.st_mtime_ns)
-        if self.size == 0:
+        self._closed = self.size == 0  # (`__del__` closes the descriptor of a file dropped unclosed)
+        if self._closed:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
         self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
-        self._closed = False
         self._head: bytes | None = b"" if head else None
         self._mmap: _FileMapping | None = None
         self._data: np.ndarray | None = None
@@ -365,6 +366,14 @@ class MappedFile:
         if mm is not None:
             with contextlib.suppress(BufferError):
                 mm.close()
+
+    def __del__(self, _close: Any = os.close) -> None:
+        """A file dropped without `close` gives its descriptor back (as Python's own files do), so
+        opening checkpoints in a loop without closing them cannot run out of descriptors. Its
+        mapping, if any, lives on with the views over it and is unmapped by the last one."""
+        if not getattr(self, "_closed", True):  # (an `__init__` that failed before `_closed` holds no descriptor)
+            self._closed = True
+            _close(self._fd)
 
 
 class _FileMapping(mmap.mmap):
