@@ -547,6 +547,34 @@ def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
     assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
 
 
+def test_a_ring_that_fails_leaves_no_fill_writing_into_its_buffers(monkeypatch):
+    import time
+
+    from weightio.devices import filling
+
+    class FailingEngine(_LoggingEngine):
+        def copy(self, dev, pos, host, n, at):
+            if len([e for e in self.log if e[0] == "copy"]) == 1:
+                raise RuntimeError("device lost")
+            super().copy(dev, pos, host, n, at)
+
+    real, begun, ended = filling._copy, [], []
+
+    def slow_copy(dst, src):
+        begun.append(dst)
+        time.sleep(0.02)
+        real(dst, src)
+        ended.append(dst)
+
+    monkeypatch.setattr(filling, "_copy", slow_copy)
+    loader = devices.StagedLoader(FailingEngine(), chunk=1000, slots=3, max_run=5000)
+    arrays = {f"t{i}": np.full(1000, i, np.uint8) for i in range(12)}  # memory of their own: copied, not read
+    with pytest.raises(RuntimeError, match="device lost"):
+        loader.load(arrays)
+    assert len(ended) == len(begun) >= 3  # every fill begun (one behind the failed copy) had ended
+    loader.release()
+
+
 def test_a_torch_device_torch_does_not_have_is_a_usage_error():
     pytest.importorskip("torch")
     from weightio.devices import place

@@ -343,3 +343,72 @@ def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
     with wio.open(path) as ckpt, pytest.raises(CorruptFileError, match="injected"):
         wio.devices.load_all(ckpt, "numpy", copy=True)
     assert len(second) < 20  # it gave up between pieces (or never began) instead of reading all 49
+
+
+class _PoolFailingAt:
+    """The fill pool, except that its `fail_at`-th `submit` raises (as one does at interpreter shutdown)."""
+
+    def __init__(self, pool, fail_at: int):
+        self.pool, self.fail_at, self.submitted = pool, fail_at, 0
+
+    def submit(self, fn, *args):
+        self.submitted += 1
+        if self.submitted == self.fail_at:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return self.pool.submit(fn, *args)
+
+
+def test_a_start_cut_short_leaves_no_read_running_once_the_filler_is_closed(tmp_path, monkeypatch):
+    import time
+
+    from weightio._threads import shared_pool
+
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    monkeypatch.setattr(filling, "shared_pool", lambda kind, n: _PoolFailingAt(shared_pool(kind, n), 3))
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(40_000, dtype=np.uint8)}, path)
+    real, ended = filling._read, []
+
+    def slow_read(fd, file, dst, offset):
+        time.sleep(0.1)
+        real(fd, file, dst, offset)
+        ended.append(time.monotonic())
+
+    monkeypatch.setattr(filling, "_read", slow_read)
+    with wio.open(path) as ckpt:
+        src = ckpt["a"].numpy()
+        dst = np.zeros(src.nbytes, np.uint8)
+        with pytest.raises(RuntimeError, match="interpreter shutdown"), filling.Filler() as filler:
+            filler.start([(dst, src)])  # ten pieces: the third cannot be queued
+        closed = time.monotonic()
+    assert len(ended) == 2 and max(ended) <= closed  # the two queued reads ended before the descriptor closed
+    assert dst[:8192].tolist() == src[:8192].tolist() and not dst[8192:].any()
+
+
+def test_leaving_a_filler_on_an_error_cancels_what_was_queued_and_waits_for_what_runs(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(400_000, dtype=np.uint8)}, path)
+    real, ended, started = filling._read, [], threading.Event()
+
+    def slow_read(fd, file, dst, offset):
+        started.set()
+        time.sleep(0.05)
+        real(fd, file, dst, offset)
+        ended.append(time.monotonic())
+
+    monkeypatch.setattr(filling, "_read", slow_read)
+    with wio.open(path) as ckpt:
+        src = ckpt["a"].numpy()
+        dst = np.zeros(src.nbytes, np.uint8)
+        with pytest.raises(KeyboardInterrupt), filling.Filler() as filler:
+            futures = filler.start([(dst, src)])  # 98 pieces, never waited for
+            started.wait(10)
+            raise KeyboardInterrupt
+        closed = time.monotonic()
+    assert ended and max(ended) <= closed  # what had begun ended before the descriptor closed
+    assert sum(f.cancelled() for f in futures) >= len(futures) - len(ended) - filling._THREADS
+    assert all(f.done() for f in futures)

@@ -97,12 +97,24 @@ class Filler:
         self._stop = threading.Event()  # set on an error: stripes stop between pieces
         self._stack = contextlib.ExitStack()
         self._fds: dict[int, int] = {}
+        self._queued: list[Future] = []  # every task this filler put on the pool and may not have seen end
 
     def __enter__(self) -> Filler:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
+        """Settle every task queued (on an error: those not begun are cancelled, the others stop between
+        pieces), then close the descriptors: no read runs on one after it is closed, and the file is
+        checked after every read, whatever the caller waited for (a `start` cut short by an error,
+        a second interrupt during `wait`'s clean-up)."""
+        try:
+            if exc[0] is not None:
+                self._stop.set()
+                for future in self._queued:
+                    future.cancel()
+            _settle(self._queued)
+        finally:
+            self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
 
     def start(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, inline: bool = False) -> list[Future]:
         """Queue the copies of `pairs` (see `fill`); the futures to `wait` for. With `inline`, a
@@ -142,7 +154,12 @@ class Filler:
                 fn(*args)
             return []
         pool = shared_pool("fill", _THREADS)
-        return [pool.submit(fn, *args) for fn, *args in tasks]
+        self._queued = [future for future in self._queued if not future.done()]
+        futures: list[Future] = []
+        for fn, *args in tasks:  # (each tracked as it is queued: `__exit__` waits for it even if a later one fails)
+            futures.append(pool.submit(fn, *args))
+            self._queued.append(futures[-1])
+        return futures
 
     def wait(self, futures: list[Future]) -> None:
         """Block until every future is done; on the first error, cancel what has not started,
@@ -155,11 +172,16 @@ class Filler:
             self._stop.set()
             for future in futures:
                 future.cancel()
-            for future in futures:
-                if not future.cancelled():
-                    with contextlib.suppress(BaseException):
-                        future.result()
+            _settle(futures)
             raise
+
+
+def _settle(futures: list[Future]) -> None:
+    """Block until each of `futures` has ended or was cancelled (their errors are another's to report)."""
+    for future in futures:
+        if not future.cancelled():
+            with contextlib.suppress(BaseException):
+                future.result()
 
 
 def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np.ndarray, int]]]:

@@ -26,7 +26,6 @@ The device primitives come from an `Engine`: each GPU framework's backend (`weig
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -271,25 +270,16 @@ class StagedLoader:
                 self.engine.copy(target.dev, lo - target.start, slot.handle, hi - lo, lo - pos)
             slot.record()
 
-        with Filler(self.piece) as filler:
-            try:
-                for targets, pos, src in chunks:
-                    if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
-                        send_oldest()
-                    slot = self._next_slot()
-                    slot.wait()  # the copy that last read this buffer has finished
-                    n = len(src)
-                    filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
-                while filling:
+        with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
+            for targets, pos, src in chunks:
+                if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
                     send_oldest()
-            except BaseException:
-                for *_, futures in filling:  # nothing may still write into the ring when we return
-                    for future in futures:
-                        future.cancel()
-                for *_, futures in filling:
-                    with contextlib.suppress(BaseException):
-                        filler.wait(futures)
-                raise
+                slot = self._next_slot()
+                slot.wait()  # the copy that last read this buffer has finished
+                n = len(src)
+                filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
+            while filling:
+                send_oldest()
 
     def _next_slot(self) -> _Slot:
         if not self._slots:
