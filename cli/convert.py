@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from weightio import UsageError, WeightioError
-from weightio.convert import ConvertResult, convert, into_directory, parse_size, target_dtype
 from weightio.formats import SUFFIXES, WRITERS, format_for_path
 from weightio.remote import is_url
 from weightio.text import printable
 
 from ._format import human_bytes, json_text, plural
 from ._options import common_options, echo, limit_options, progress_bar, remote_options, unknown_globals_option
+
+if TYPE_CHECKING:
+    from weightio.convert import ConvertResult
+
+# weightio.convert (~20 ms of imports: the writers, the model files' copier) is imported when the
+# command runs or checks an option, not by every command the program starts with.
+
+
+def _target_dtype(text: str) -> object:
+    from weightio.convert import target_dtype
+
+    return target_dtype(text)
+
+
+def _shard_size(text: str) -> object:
+    from weightio.convert import parse_size
+
+    return parse_size(text)
 
 
 def _validated(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
@@ -37,6 +54,8 @@ def _check_destination(src: str, dst: str, fmt: str | None) -> None:
     if is_url(dst):
         raise click.BadParameter("writing to the Hub is not supported (nor to any URL); convert to a local path",
                                  param_hint="DST")
+    from weightio.convert import into_directory
+
     if fmt is not None or into_directory(src, dst):
         return
     try:
@@ -106,10 +125,10 @@ def progress_callback(bar: Any, verify: bool) -> Callable[[int, int], None]:
 @click.command("convert")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--dtype", callback=_validated(target_dtype), metavar="TYPE",
+@click.option("--dtype", callback=_validated(_target_dtype), metavar="TYPE",
               help="Cast floating-point tensors: bf16, fp16, fp32, fp64, fp8 (= float8_e4m3fn), fp8_e5m2, …")
 @click.option("--dequantize", is_flag=True, help="Write block-quantized GGUF/ggml tensors as float32 (or --dtype).")
-@click.option("--max-shard-size", callback=_validated(parse_size), metavar="SIZE",
+@click.option("--max-shard-size", callback=_validated(_shard_size), metavar="SIZE",
               help="Split a safetensors output into shards of at most SIZE (5GB, 500MiB) with an index, "
                    "as huggingface_hub writes them.")
 @click.option("--format", "fmt", type=click.Choice(sorted(WRITERS)), default=None,
@@ -169,6 +188,8 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
       weightio convert llama-2-7b.ggmlv3.q4_0.bin llama.gguf --ggml-eps 1e-5 --ggml-context-length 4096
       weightio convert whole_model.pt model.safetensors --unknown-globals placeholder
     """
+    from weightio.convert import convert
+
     _check_destination(src, dst, fmt)
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
                               "name": ggml_name, "description": ggml_description}.items() if v is not None}

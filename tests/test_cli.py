@@ -430,6 +430,22 @@ def test_the_cli_uses_only_the_public_api():
                 assert all(a.name == "weightio" or not a.name.startswith("weightio") for a in node.names), source.name
 
 
+def test_a_local_inspect_imports_no_event_loop_no_thread_pool_and_no_converter():
+    # asyncio (~45 ms with ssl), weightio.convert (~20 ms) and concurrent.futures (logging) are
+    # imported by the commands and paths that use them, not by every start of the program.
+    code = ("import sys, json, io, contextlib; from weightio.cli import main\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    main(['inspect', sys.argv[1]], standalone_mode=False)\n"
+            "print(json.dumps([out.getvalue().count('\\n'), sorted(m for m in sys.modules if m in "
+            "('asyncio', 'ssl', 'concurrent.futures', 'logging', 'weightio.convert', 'weightio.model_files', "
+            "'fsspec', 'huggingface_hub', 'tqdm'))]))")
+    found = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "tiny-bert")], capture_output=True, text=True,
+                           check=True, timeout=60).stdout
+    lines, heavy = json.loads(found.splitlines()[-1])
+    assert lines > 39 and heavy == []  # (the listing of the 39 tensors was printed)
+
+
 def test_the_exit_status_comes_from_one_table():
     from weightio.cli import exit_code
 

@@ -23,7 +23,6 @@ import contextvars
 import posixpath
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -513,6 +512,8 @@ def _open_all(makers: list[Callable[[], Any]], close_on_error: list[Reader] | No
         results = [_attempt(m) for m in makers]
     else:
         contexts = [contextvars.copy_context() for _ in makers]  # limits and unknown_globals of the caller
+        from concurrent.futures import ThreadPoolExecutor  # (imported when first needed: it imports logging)
+
         with ThreadPoolExecutor(min(_OPENERS, len(makers)), thread_name_prefix="weightio-open") as workers:
             results = list(workers.map(lambda c, m: c.run(_attempt, m), contexts, makers))
     readers = [r for r in results if isinstance(r, Reader)]

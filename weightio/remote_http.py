@@ -14,7 +14,6 @@ loopback), which is what decides whether a hundred requests leave within one rou
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +22,8 @@ from ._failures import Failure, redact
 from ._remote import BLOCK
 from .errors import InputError, UsageError
 
-__all__ = ["Found", "first_reads", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async", "read_up_to",
-           "total_size", "wave"]
+__all__ = ["Found", "first_reads", "gather", "has_aiohttp", "http_filesystem", "probe", "probe_all", "probe_async",
+           "read_up_to", "total_size", "wave"]
 
 _SHORT_HEAD = 4096  # the first bytes fetched of an .npy or .npz: its .npy header (numpy writes 128 bytes and
 # more only for record dtypes) and an archive's first local header; the rest of the first block is data
@@ -74,7 +73,7 @@ def probe_all(fs: Any, items: list[tuple[str, str]]) -> list[Found | None]:
     from fsspec.asyn import sync
 
     async def every() -> list[Any]:
-        return await asyncio.gather(*(probe_async(fs, p, u) for p, u in items), return_exceptions=True)
+        return await gather(*(probe_async(fs, p, u) for p, u in items))
 
     return [r if isinstance(r, Found) else None for r in sync(fs.loop, every)]
 
@@ -86,8 +85,7 @@ async def probe_async(fs: Any, path: str, url: str) -> Found:
     head, tail = first_reads(path)
     if not tail:
         return await _probe_first(fs, path, url, head)
-    found, last = await asyncio.gather(_probe_first(fs, path, url, head), _probe_last(fs, path, tail),
-                                       return_exceptions=True)
+    found, last = await gather(_probe_first(fs, path, url, head), _probe_last(fs, path, tail))
     if isinstance(found, BaseException):
         raise found
     if isinstance(last, tuple) and last[1] == found.info.get("size") and last[2] == found.info.get("ETag") \
@@ -106,6 +104,15 @@ async def _probe_last(fs: Any, path: str, tail: int) -> tuple[bytes, int, str | 
         if size is None:
             return None  # not read: an unranged answer is not fetched whole
         return await read_up_to(response.content.read, min(tail, size) + 1), size, response.headers.get("ETag")
+
+
+async def gather(*awaitables: Any) -> list[Any]:
+    """``asyncio.gather(*awaitables, return_exceptions=True)``. asyncio is imported here, on fsspec's
+    event loop (which has imported it already), not with the module: ``import weightio.remote``, which
+    the command line makes for every command, would otherwise pay ~45 ms for it (ssl included)."""
+    import asyncio
+
+    return await asyncio.gather(*awaitables, return_exceptions=True)
 
 
 async def read_up_to(read: Any, limit: int) -> bytes:
@@ -185,7 +192,7 @@ def wave(fs: Any, asks: Sequence[tuple[str, dict[str, str], int, int]]) -> list[
 
     async def every() -> list[Any]:
         session = await fs.set_session()
-        return await asyncio.gather(*(get_range(session, *ask) for ask in asks), return_exceptions=True)
+        return await gather(*(get_range(session, *ask) for ask in asks))
 
     return [r if isinstance(r, tuple) else None for r in sync(fs.loop, every)]
 

@@ -15,10 +15,9 @@ the objects one by one through fsspec's public methods.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from .remote_http import Found, first_reads, read_up_to, total_size
+from .remote_http import Found, first_reads, gather, read_up_to, total_size
 
 __all__ = ["probe", "probe_all", "wave"]
 
@@ -43,8 +42,7 @@ def probe_all(fs: Any, paths: list[str]) -> list[Found | None]:
         return [None] * len(paths)
 
     async def every() -> list[Any]:
-        return await asyncio.gather(*(_probe_async(call, path, *key) for path, key in zip(paths, keys, strict=True)),
-                                    return_exceptions=True)
+        return await gather(*(_probe_async(call, path, *key) for path, key in zip(paths, keys, strict=True)))
 
     try:
         got = sync(fs.loop, every)
@@ -67,7 +65,7 @@ async def _probe_async(call: Any, path: str, bucket: str, key: str, version: str
             answer["Body"].close()
 
     asked = [get(f"bytes=0-{head - 1}", head)] + ([get(f"bytes=-{tail}", tail)] if tail else [])
-    got = await asyncio.gather(*asked, return_exceptions=True)
+    got = await gather(*asked)
     if isinstance(got[0], BaseException):
         return None
     answer, first = got[0]
@@ -107,7 +105,7 @@ def wave(fs: Any, path: str, etag: str | None, ranges: list[tuple[int, int]]) ->
         return got if len(got) == length else None
 
     async def every() -> list[Any]:
-        return await asyncio.gather(*(get(a, n) for a, n in ranges), return_exceptions=True)
+        return await gather(*(get(a, n) for a, n in ranges))
 
     try:
         got = sync(fs.loop, every)
