@@ -230,7 +230,7 @@ def _worker(case: str, peer: str, path: str) -> dict:
 
     if peer == "safetensors":
         import safetensors  # noqa: F401
-    else:  # imports done before timing, as for the peer (orjson, for large headers, is part of the open)
+    else:  # imports done before timing, as for the peer (msgspec, for large headers, is part of the open)
         import weightio.formats.safetensors  # noqa: F401
 
     def wio_open():

@@ -23,7 +23,7 @@ from weightio.errors import CorruptFileError, WeightioError
 
 FUZZ = Path(__file__).resolve().parent / "fuzz" / "fuzz.py"
 HARNESSES = ("safetensors", "npy", "npz", "pytorch_zip", "pytorch_legacy", "pytorch_tar", "gguf", "ggml",
-             "cli_convert", "pytorch_differential", "pytorch_placeholder", "huge")
+             "cli_convert", "pytorch_differential", "safetensors_differential", "pytorch_placeholder", "huge")
 RUNS, SECONDS = 1500, 6
 
 

@@ -1,5 +1,5 @@
 """Opening at scale (issue 16): the collector pause, one descriptor and one read per shard, headers
-in any order, orjson and the standard parser agreeing, and the fast paths keeping every check."""
+in any order, msgspec and the standard parser agreeing, and the fast paths keeping every check."""
 
 from __future__ import annotations
 
@@ -166,9 +166,9 @@ def test_empty_tensors_at_one_offset_are_ordered_by_name(tmp_path):
         assert ckpt["aa"].shape == (2, 0) and ckpt["w"].numpy().tolist() == [7.0]
 
 
-@pytest.mark.parametrize("orjson", [True, False])
-def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch, orjson):
-    monkeypatch.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
+@pytest.mark.parametrize("fast", [True, False])
+def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch, fast):
+    monkeypatch.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
     parse = _json.parse_json_object
     text = '{"metadata": {"total_size": 8, "note": "a:b"}, "weight_map": {"x:y": "s:1.safetensors", "w": "s"}}'
     assert parse(text, path="i", what="index") == json.loads(text)
@@ -181,8 +181,10 @@ def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch,
     escaped = '{"weight_map": {"a\\u003a": "x", "a:": "y"}}'  # \u escapes spell the same key: the exact parser
     with pytest.raises(CorruptFileError, match="twice"):
         parse(escaped, path="i", what="index")
-    huge = '{"metadata": {"total_size": 1180591620717411303424}, "weight_map": {}}'  # 2^70: orjson reads a float
+    huge = '{"metadata": {"total_size": 1180591620717411303424}, "weight_map": {}}'  # 2^70, read exactly by both
     assert parse(huge, path="i", what="index")["metadata"]["total_size"] == 2**70
+    floats = '{"metadata": {"x": 1e400, "y": 0.1}, "weight_map": {}}'  # (floats: the standard parser's reading)
+    assert parse(floats, path="i", what="index")["metadata"] == {"x": float("inf"), "y": 0.1}
     deep = '{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}"
     with pytest.raises(CorruptFileError, match="index nests too deeply"):
         parse(deep, path="i", what="index")
@@ -193,9 +195,9 @@ def test_a_shape_of_floats_is_refused_by_either_parser(tmp_path, monkeypatch):
     path = tmp_path / "f.safetensors"
     path.write_bytes(safetensors_bytes(header, bytes(8)))
     messages = []
-    for orjson in (True, False):
+    for fast in (True, False):
         with monkeypatch.context() as m:
-            m.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
+            m.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
             with pytest.raises(CorruptFileError) as info:
                 wio.open(path)
             messages.append(str(info.value))
@@ -232,29 +234,29 @@ def test_varbuilder_get_on_numpy_checks_the_file_and_reports_the_use(tmp_path):
 def test_the_standard_parser_refuses_as_json_loads_did(monkeypatch, text, message):
     """Small texts go to the standard library's parser through decoders made once (json.loads
     with hooks made one per call): the same refusals, the byte-order mark's included."""
-    monkeypatch.setattr(_json, "_orjson", False)  # as where orjson is not installed
+    monkeypatch.setattr(_json, "_msgspec", False)  # as where msgspec is not installed
     with pytest.raises(CorruptFileError) as e:
         _json.parse_json_object(text, path="i", what="index")
     assert e.value.message == message
 
 
-def test_orjson_is_imported_only_for_a_large_text_unless_already_there(monkeypatch):
+def test_msgspec_is_imported_only_for_a_large_text_unless_already_there(monkeypatch):
     from types import SimpleNamespace
 
-    orjson = pytest.importorskip("orjson")
-    monkeypatch.setattr(_json, "_orjson", None)
+    msgspec = pytest.importorskip("msgspec")
+    monkeypatch.setattr(_json, "_msgspec", None)
     monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={}))  # as in a process that never imported it
     small = json.dumps({"weight_map": {"a": "x"}})
     assert _json.parse_json_object(small, path="i", what="index") == {"weight_map": {"a": "x"}}
-    assert _json._orjson is None  # the standard parser: orjson is not imported for a small text
-    large = json.dumps({"weight_map": {f"t.{i}": "model.safetensors" for i in range(20_000)}})
-    assert len(large) >= _json.ORJSON_FROM
-    assert len(_json.parse_json_object(large, path="i", what="index")["weight_map"]) == 20_000
-    assert _json._orjson is orjson
-    monkeypatch.setattr(_json, "_orjson", None)
-    monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={"orjson": orjson}))  # imported by anyone
+    assert _json._msgspec is None  # the standard parser: msgspec is not imported for a small text
+    large = json.dumps({"weight_map": {f"t.{i}": "model.safetensors" for i in range(40_000)}})
+    assert len(large) >= _json.FAST_FROM
+    assert len(_json.parse_json_object(large, path="i", what="index")["weight_map"]) == 40_000
+    assert _json._msgspec is msgspec
+    monkeypatch.setattr(_json, "_msgspec", None)
+    monkeypatch.setattr(_json, "sys", SimpleNamespace(modules={"msgspec": msgspec}))  # imported by anyone
     assert _json.parse_json_object(small, path="i", what="index") == {"weight_map": {"a": "x"}}
-    assert _json._orjson is orjson  # then small texts go to it too
+    assert _json._msgspec is msgspec  # then small texts go to it too
 
 
 def test_the_first_bytes_are_kept_only_while_a_reader_parses(tmp_path):

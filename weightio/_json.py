@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import CorruptFileError
 
-__all__ = ["decode_utf8", "parse_json_object"]
+__all__ = ["FAST_FROM", "decode_utf8", "fast_json", "parse_json_object"]
 
 
 class _Duplicate(Exception):
@@ -50,7 +50,8 @@ def _no_duplicates(text: str, parsed: dict[str, Any]) -> bool:
 
 
 class _Undecided(Exception):
-    """A float: orjson reads integers beyond 64 bits as floats, the standard parser exactly."""
+    """A float: the document goes to the standard parser (floats are rare in these files, and how
+    two parsers read one, out of range say, is not compared here; integers both read exactly)."""
 
 
 def _colons(value: Any) -> int:
@@ -83,32 +84,39 @@ def decode_utf8(data: bytes, *, path: str, what: str) -> str:
         raise CorruptFileError(f"{what} is not valid UTF-8 (byte {e.start})", path=path) from None
 
 
-_orjson: Any = None  # the orjson module; False where it is not installed (looked up on first use)
-# Text length from which orjson is imported: below it, its import (measured ~3 ms) costs more than
-# its parse saves (~4 µs per kB); once imported (by us or anyone), every text goes to it.
-ORJSON_FROM = 256 << 10
+_msgspec: Any = None  # the msgspec module; False where it is not installed (looked up on first use)
+# Text length from which msgspec is imported: its import (~16 ms on a 2-CPU VM, typing_extensions
+# included) is repaid by ~10 µs a kB parsed (~20 with a typed safetensors header) only from about here.
+# Once it is imported (by us or anyone), every text goes to it.
+FAST_FROM = 1 << 20
+
+
+def fast_json(text: str) -> Any:
+    """The msgspec module when `text` is worth parsing with it (see `FAST_FROM`), else None (also
+    where msgspec is not installed)."""
+    global _msgspec
+    if _msgspec is None:
+        if len(text) < FAST_FROM and "msgspec" not in sys.modules:
+            return None  # importing it would cost more than it saves on this text
+        try:
+            import msgspec
+        except ImportError:
+            msgspec = False
+        _msgspec = msgspec
+    return _msgspec or None
 
 
 def _fast_loads(text: str) -> Any:
-    """`text` parsed by orjson (measured 1.4 to 2.4 times as fast as the standard library on
-    safetensors headers and index files), or None where orjson is not installed or refuses the
-    text: the standard parser then says exactly what is wrong. orjson keeps the last of two
-    equal keys, and reads an integer beyond 64 bits as a float: callers that cannot tell such
-    a float from a written one must check (`_colons` does; the safetensors fast path does)."""
-    global _orjson
-    if _orjson is None:
-        if len(text) < ORJSON_FROM and "orjson" not in sys.modules:
-            return None  # importing it (a few ms) would cost more than it saves on this text
-        try:
-            import orjson
-        except ImportError:
-            orjson = False
-        _orjson = orjson
-    if _orjson is False:
+    """`text` parsed by msgspec (about 1.5 times as fast as the standard library on safetensors
+    headers and index files, integers of any size read exactly), or None where msgspec is not
+    used for it or refuses the text: the standard parser then says exactly what is wrong.
+    msgspec keeps the last of two equal keys: callers prove there were none (`_colons`)."""
+    msgspec = fast_json(text)
+    if msgspec is None:
         return None
     try:
-        return _orjson.loads(text)
-    except ValueError:  # orjson.JSONDecodeError, its recursion limit included
+        return msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):  # (a ValidationError is a DecodeError)
         return None
 
 
@@ -118,8 +126,8 @@ def parse_json_object(data: bytes | str, *, path: str, what: str, check_duplicat
     Args:
         check_duplicates: False skips the duplicate check; a caller that passes False must prove
             the absence of duplicates another way (see `weightio.formats.safetensors`), and parse
-            again with True when it cannot. Either way the text is parsed with orjson where it is
-            installed (duplicates then proved absent by counting colons), else (or when orjson
+            again with True when it cannot. Either way a large text is parsed with msgspec where it
+            is installed (duplicates then proved absent by counting colons), else (or when msgspec
             refuses it, or the count cannot decide) with the standard library's parser, whose
             per-object hook finds duplicates.
 

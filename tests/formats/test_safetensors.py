@@ -381,9 +381,9 @@ _ENTRY = st.fixed_dictionaries({
 }, optional={"extra": st.just(1)})
 
 
-def _outcome(path, monkeypatch, slow: bool, orjson: bool = True):
-    """What reading `path` gives: the fast path (orjson's parse, or the standard library's where
-    orjson is not installed) or, with `slow`, the exact one."""
+def _outcome(path, monkeypatch, slow: bool, fast: bool = True):
+    """What reading `path` gives: the fast path (msgspec's typed decode, or the standard library's
+    parse where msgspec is not used) or, with `slow`, the exact one."""
     import warnings
 
     from weightio import _json
@@ -393,13 +393,13 @@ def _outcome(path, monkeypatch, slow: bool, orjson: bool = True):
     with monkeypatch.context() as m:
         if slow:
             m.setattr(module, "_plain_entries", lambda header, start, size: None)
-        m.setattr(_json, "_orjson", pytest.importorskip("orjson") if orjson else False)
+        m.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", WeightioWarning)
             try:
                 reader = SafetensorsReader(path)
             except WeightioError as e:
-                return type(e).__name__
+                return f"{type(e).__name__}: {e}"  # the same refusal, word for word
     try:
         return {k: (tuple(v), type(v.shape[0]).__name__ if v.shape else "") for k, v in reader.tensors.items()}, \
             reader.metadata
@@ -423,7 +423,7 @@ def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entrie
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", bytes(range(data_len))))
     exact = _outcome(path, monkeypatch, slow=True)
     assert _outcome(path, monkeypatch, slow=False) == exact
-    assert _outcome(path, monkeypatch, slow=False, orjson=False) == exact
+    assert _outcome(path, monkeypatch, slow=False, fast=False) == exact
 
 
 _BITS = {"F32": 32, "U8": 8, "BF16": 16, "F4": 4}
@@ -456,7 +456,92 @@ def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, mo
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes(text, b"\x01" * offset))
     fast = _outcome(path, monkeypatch, slow=False)
-    assert fast == _outcome(path, monkeypatch, slow=True) == _outcome(path, monkeypatch, slow=False, orjson=False)
+    assert fast == _outcome(path, monkeypatch, slow=True) == _outcome(path, monkeypatch, slow=False, fast=False)
     if mutation == "none" and not any("\x00" in n or not n for n, _, _ in specs) and not any(
             c == "F4" and int(np.prod(s)) % 2 for _, c, s in specs):
         assert isinstance(fast, tuple) and sorted(fast[0]) == sorted(n for n, _, _ in specs)
+
+
+_META_KEYS = st.sampled_from(["format", "dtype", "shape", "data_offsets", "a}", "x:y", "__metadata__", ""])
+_META_VALUES = st.one_of(st.text(alphabet=list('a}{:"\\,'), max_size=4), st.integers(-2, 2), st.none(),
+                         st.just([1]), st.just({"k": "v"}))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(st.tuples(_NAMES, st.sampled_from(sorted(_BITS)), st.lists(st.integers(0, 3), max_size=3)),
+                      max_size=3, unique_by=lambda s: s[0]),
+       metadata=st.one_of(st.none(), st.just("null"), st.dictionaries(_META_KEYS, _META_VALUES, max_size=3)),
+       where=st.sampled_from(["first", "last", "twice"]), spaces=st.booleans(),
+       number=st.sampled_from(["none", "huge", "negative", "rank", "missing", "nested"]))
+def test_fast_and_exact_paths_agree_on_metadata_and_numbers(tmp_path_factory, monkeypatch, specs, metadata, where,
+                                                            spaces, number):
+    """What the typed decoder (msgspec) sees differently from the standard parser: where the metadata
+    is, which keys and values it has (entry field names, a '}' or ':' in its strings, non-strings,
+    null), integers beyond 64 bits or negative, a rank over 64, a missing field, a nested object."""
+    sep = (", ", ": ") if spaces else (",", ":")
+    members, offset = [], 0
+    for name, code, shape in specs:
+        size = (int(np.prod(shape)) * _BITS[code] + 7) // 8
+        entry = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+        members.append(json.dumps(name) + sep[1] + json.dumps(entry, separators=sep))
+    if members and number != "none":
+        members[0] = {
+            "huge": members[0].replace("[0,", f"[{2**64},", 1).replace("[0, ", f"[{2**64}, ", 1),
+            "negative": members[0].replace("[0,", "[-0,", 1).replace("[0, ", "[-1, ", 1),
+            "rank": members[0].replace('"shape":[', '"shape":[' + "1," * 64, 1).replace(
+                '"shape": [', '"shape": [' + "1, " * 64, 1),
+            "missing": members[0].replace('"dtype"', '"type"', 1),
+            "nested": members[0].replace('"shape"', '"x": {"shape": [1]}, "shape"', 1),
+        }[number]
+    if metadata is not None:
+        meta = '"__metadata__"' + sep[1] + (metadata if metadata == "null" else json.dumps(metadata, separators=sep))
+        members = [meta] + members if where == "first" else members + [meta] if where == "last" else \
+            [meta] + members + [meta]
+    path = tmp_path_factory.mktemp("h") / "x.safetensors"
+    path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", b"\x01" * offset))
+    exact = _outcome(path, monkeypatch, slow=True)
+    assert _outcome(path, monkeypatch, slow=False) == exact
+    assert _outcome(path, monkeypatch, slow=False, fast=False) == exact
+
+
+def test_a_large_header_is_validated_by_msgspec_with_the_same_result(tmp_path, monkeypatch):
+    msgspec = pytest.importorskip("msgspec")
+    from weightio import _json
+    from weightio.formats import safetensors as module
+
+    tensors = {f"model.layers.{i}.mlp.w": np.full((3, 2), i, np.float32) for i in range(14_000)}
+    path = tmp_path / "big.safetensors"
+    wio.save(tensors, path, metadata={"format": "pt", "note": "a}b:c"})
+    assert (path.stat().st_size - 14_000 * 24) >= _json.FAST_FROM  # a header of more than 1 MiB
+    taken, real = [], module._typed_entries
+    monkeypatch.setattr(_json, "_msgspec", None)
+    monkeypatch.setattr(module, "_typed_entries", lambda *a: taken.append(1) or real(*a))
+    monkeypatch.setattr(module.SafetensorsReader, "_strict_entries", lambda *a: pytest.fail("the exact path was taken"))
+    with wio.open(path) as ckpt:
+        assert taken == [1] and _json._msgspec is msgspec and len(ckpt) == 14_000
+        assert ckpt.metadata == {"format": "pt", "note": "a}b:c"}
+        last = ckpt["model.layers.13999.mlp.w"]
+        assert last.shape == (3, 2) and last.numpy().tolist() == [[13999.0] * 2] * 3
+        fast = {k: tuple(v) for k, v in ckpt.readers[0].tensors.items()}
+    monkeypatch.undo()
+    monkeypatch.setattr(_json, "_msgspec", False)
+    with wio.open(path) as ckpt:
+        assert {k: tuple(v) for k, v in ckpt.readers[0].tensors.items()} == fast
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size(tmp_path, monkeypatch, fast):
+    # (found by the safetensors_differential fuzz harness: the standard parser's fast path, which
+    # has no duplicate-key hook, reported the syntax error further on instead of the duplicate)
+    from weightio import _json
+
+    monkeypatch.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors_bytes('{"w":{"shape":"I64","shape":[],"data_offsets":[0,8]},,}', bytes(8)))
+    with pytest.raises(CorruptFileError, match=r"x\.safetensors: header has the key 'shape' twice$"):
+        SafetensorsReader(path)
+    many = json.dumps({f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)})
+    path.write_bytes(safetensors_bytes(many[:-1] + ', "t0": {}}', bytes(3)))  # over the limit, and a duplicate
+    with wio.limits.using(tensors=2), pytest.raises(CorruptFileError, match="header has the key 't0' twice$"):
+        SafetensorsReader(path)

@@ -211,6 +211,37 @@ def _same_tar_members(reader: Any, data: bytes) -> None:
     assert ours == theirs, "tarfile reads other members than weightio"
 
 
+def _safetensors_differential(file: MappedFile) -> Any:
+    """The safetensors reader's three header paths, checked against each other on every input:
+    msgspec's decode against the format's schema (what a header of 1 MiB or more gets), the
+    standard parser's fast path (a smaller one) and the exact path (`_strict_entries`, which every
+    refusal of the others falls back to) must give the same tensors and metadata, or the same
+    refusal word for word. Any difference is an AssertionError (a finding); then the input is read
+    as usual."""
+    import msgspec
+
+    from weightio import _json
+    from weightio.formats import safetensors as module
+
+    outcomes = []
+    for fast, exact in ((msgspec, False), (False, False), (False, True)):
+        saved = _json._msgspec, module.SafetensorsReader._plain
+        _json._msgspec = fast
+        if exact:
+            module.SafetensorsReader._plain = lambda *args: None
+        try:
+            reader = module.SafetensorsReader(file.path)
+            outcomes.append(({k: tuple(v) for k, v in reader.tensors.items()}, list(reader.tensors), reader.metadata))
+            reader.close()
+        except WeightioError as e:
+            outcomes.append((type(e).__name__, str(e)))
+        finally:
+            _json._msgspec, module.SafetensorsReader._plain = saved
+    assert outcomes[0] == outcomes[2], ("msgspec's path and the exact path disagree", outcomes[0], outcomes[2])
+    assert outcomes[1] == outcomes[2], ("the standard parser's path and the exact path disagree", outcomes[1])
+    return module.SafetensorsReader(file)
+
+
 _PT = lambda file: _pytorch_checked(file)  # noqa: E731 - defined below, with the checks it adds
 HARNESSES: dict[str, Harness] = {
     "safetensors": Harness(weightio.formats.safetensors.SafetensorsReader, lambda f, h: f == "safetensors",
@@ -226,6 +257,8 @@ HARNESSES: dict[str, Harness] = {
     "cli_convert": Harness(MappedFile, lambda f, h: True, 16384, "input.bin",
                            run=lambda path: _convert_everywhere(path)),
     "pytorch_differential": Harness(_pytorch_differential, lambda f, h: f in ("pytorch", "npz"), 16384, "input.pt"),
+    "safetensors_differential": Harness(_safetensors_differential, lambda f, h: f == "safetensors", 16384,
+                                        "input.safetensors"),
     # every pickle of every container in placeholder mode: unknown globals become placeholders, and the same
     # isolation, work and memory checks hold (no allowlisted global changes, no code runs)
     "pytorch_placeholder": Harness(lambda file: _pytorch_checked(file, "placeholder"), lambda f, h: f == "pytorch",

@@ -118,7 +118,10 @@ HOSTILE_TEXT = [b"../", b"/", b"..", b"\x1b[", b"\x1b]0;", b"\x07", b"\xc2\x9b",
 DICTS = {"safetensors": SAFETENSORS, "npy": NPY, "npz": NPZ, "pytorch_zip": PYTORCH_ZIP,
          "pytorch_legacy": PYTORCH_LEGACY, "pytorch_tar": PYTORCH_TAR, "gguf": GGUF, "ggml": GGML,
          "cli_convert": SAFETENSORS + NPZ + GGUF + PYTORCH_ZIP + HOSTILE_TEXT,
-         "pytorch_differential": PYTORCH_DIFFERENTIAL, "pytorch_placeholder": PYTORCH_PLACEHOLDER}
+         "pytorch_differential": PYTORCH_DIFFERENTIAL, "pytorch_placeholder": PYTORCH_PLACEHOLDER,
+         # where msgspec's typed decode may differ: the metadata first or not, a '}' in its strings, -0, 1.0
+         "safetensors_differential": SAFETENSORS + [b'{"__metadata__":{', b'"}"', b'"a:b"', b"-0", b"1.0", b"1E2",
+                                                    b'"x":1,']}
 
 
 def quote(token: bytes) -> str:

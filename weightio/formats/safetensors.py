@@ -38,6 +38,7 @@ tensors (metadata keys aside, which the reference orders by a hash).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -45,10 +46,10 @@ import re
 import struct
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from .._gc import collector_paused
-from .._json import decode_utf8, parse_json_object
+from .._json import decode_utf8, fast_json, parse_json_object
 from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
@@ -111,17 +112,27 @@ class SafetensorsReader(Reader):
     def _plain(self, text: str, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
         """Every tensor, in file order, when the header is plain and valid; else None.
 
-        The fast path parses without the duplicate-key hook (with orjson where installed), and
-        accepts the header only when a handful of C-level checks pass (`_plain_entries`); anything unusual (a
-        float, a ``\\u`` escape, an extra field, an invalid entry, a hole) sends the caller to
-        `_strict_entries`, which re-parses strictly and validates entry by entry with precise
-        messages. Both paths accept exactly the same headers.
+        The fast path parses without the duplicate-key hook and accepts the header only when a
+        handful of C-level checks pass: a large header (`weightio._json.fast_json`) is decoded by
+        msgspec against the format's schema (`_typed`), any other by the standard parser, its
+        entries checked by `_plain_entries`. Anything unusual (a float, a ``\\u`` escape, an extra
+        field, an invalid entry, a hole) sends the caller to `_strict_entries`, which re-parses
+        strictly and validates entry by entry with precise messages. All paths accept exactly the
+        same headers, and refuse none themselves: every refusal (invalid JSON, a limit) is the
+        exact path's, so a header with two faults gets the same message whatever its size.
         """
         if "\\u" in text:
             return None
-        header = parse_json_object(text, path=self.path, what="header", check_duplicates=False)
+        msgspec = fast_json(text)
+        if msgspec is not None:
+            return self._typed(msgspec, text, data_start, data_size)
+        try:
+            header = parse_json_object(text, path=self.path, what="header", check_duplicates=False)
+        except CorruptFileError:
+            return None
         keys = list(header)
-        self._check_limits(header)
+        if self._over_limits(header, header.get("__metadata__")) is not None:
+            return None
         metadata = header.pop("__metadata__", {})
         if type(metadata) is not dict or not all(type(v) is str for v in metadata.values()):
             return None  # (the exact path says what is wrong, or that the header nests too deeply)
@@ -129,26 +140,47 @@ class SafetensorsReader(Reader):
         tensors = _plain_entries(header, data_start, data_size)
         return tensors if tensors is not None and _no_duplicate_keys(text, keys, self.metadata) else None
 
+    def _typed(self, msgspec: Any, text: str, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
+        """`_plain` of a header msgspec decodes: its C decoder checks each entry's field types and
+        signs as it parses (`_schema`), so the loop (`_typed_entries`) only checks sizes and order."""
+        entries, strings, metadata_only = _schema(msgspec)
+        try:
+            header = entries.decode(text)
+            metadata = _metadata(text, strings, metadata_only) if "__metadata__" in header else {}
+        except (msgspec.DecodeError, RecursionError):  # (a ValidationError is a DecodeError)
+            return None
+        keys = list(header)
+        if self._over_limits(header, metadata) is not None:
+            return None
+        header.pop("__metadata__", None)
+        self.metadata = metadata = metadata if metadata is not None else {}
+        tensors = _typed_entries(header, data_start, data_size)
+        return tensors if tensors is not None and _no_duplicate_keys(text, keys, metadata) else None
+
     def _strict_entries(self, text: str, data_start: int) -> list[tuple[int, int, str, TensorInfo]]:
         header = parse_json_object(text, path=self.path, what="header")
-        self._check_limits(header)
+        error = self._over_limits(header, header.get("__metadata__"))
+        if error is not None:
+            raise error
         _check_unicode(header, self._fail)
         self.metadata = self._read_metadata(header.pop("__metadata__", None))
         return [self._slow_entry(name, entry, data_start) for name, entry in header.items()]
 
-    def _check_limits(self, header: dict[str, Any]) -> None:
-        """Tensor count and name length against `limits` (names only exactly when one may be long)."""
+    def _over_limits(self, header: dict[str, Any], metadata: Any) -> CorruptFileError | None:
+        """The error for a tensor count or a name length beyond `limits`, else None (names measured
+        exactly only when one may be long); `metadata`: the header's ``__metadata__`` value, whatever it is."""
         count = len(header) - ("__metadata__" in header)
         if count > self.limits.tensors:
-            raise exceeded("tensor count", count, "tensors", self.limits.tensors, path=self.path, unit="")
-        limit, metadata = self.limits.name_bytes, header.get("__metadata__")
+            return exceeded("tensor count", count, "tensors", self.limits.tensors, path=self.path, unit="")
+        limit = self.limits.name_bytes
         keys = metadata if isinstance(metadata, dict) else {}
         if max(max(map(len, header), default=0), max(map(len, keys), default=0)) * 4 <= limit:
-            return  # UTF-8 takes at most 4 bytes a character: no name can be too long
+            return None  # UTF-8 takes at most 4 bytes a character: no name can be too long
         for name in (*header, *keys):
             size = len(name.encode("utf-8", "surrogatepass"))
             if size > limit:
-                raise exceeded(f"the length of name {name[:20]!r}…:", size, "name_bytes", limit, path=self.path)
+                return exceeded(f"the length of name {name[:20]!r}…:", size, "name_bytes", limit, path=self.path)
+        return None
 
     def _slow_entry(self, name: str, entry: Any, data_start: int) -> tuple[int, int, str, TensorInfo]:
         begin, end, row, shape = self._read_entry(name, entry)
@@ -253,6 +285,38 @@ def _plain_entries(header: dict[str, Any], data_start: int, data_size: int) -> d
             tensors[name] = new((dtype, tuple(shape), data_start + begin, end - begin, None, None))
     except (KeyError, TypeError, ValueError):
         return None
+    return _covering(tensors, ordered, expected, data_start, data_size)
+
+
+def _typed_entries(header: dict[str, Any], data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
+    """`_plain_entries` of entries msgspec decoded against `_schema`: each field is None (absent) or
+    of the type and sign the format says (a shape a tuple of at most `MAX_NDIM` non-negative ints,
+    offsets two non-negative ints), so only the codes, the sizes and the order are left to check.
+    The caller guarantees that the text had no ``\\u`` escape."""
+    if "" in header:
+        return None
+    tensors: dict[str, TensorInfo] = {}
+    codes, prod, new = _PLAIN, math.prod, new_info
+    expected, ordered = 0, True
+    try:
+        for name, entry in header.items():
+            bits, dtype = codes[entry.dtype]  # (None, absent: KeyError)
+            shape, (begin, end) = entry.shape, entry.data_offsets  # (absent: TypeError)
+            if not (begin < end and prod(shape) * bits == (end - begin) << 3):
+                return None
+            if begin != expected:
+                ordered = False
+            expected = end
+            tensors[name] = new((dtype, shape, data_start + begin, end - begin, None, None))
+    except (KeyError, TypeError):
+        return None
+    return _covering(tensors, ordered, expected, data_start, data_size)
+
+
+def _covering(tensors: dict[str, TensorInfo], ordered: bool, expected: int, data_start: int,
+              data_size: int) -> dict[str, TensorInfo] | None:
+    """`tensors` in data order when they cover the data section exactly, else None (the entry
+    loops' last step: `ordered` when each began where the one before ended, the last at `expected`)."""
     if ordered:
         return tensors if expected == data_size else None
     items = sorted(tensors.items(), key=lambda item: item[1].offset)
@@ -262,6 +326,45 @@ def _plain_entries(header: dict[str, Any], data_start: int, data_size: int) -> d
             return None
         expected += info.nbytes
     return dict(items) if expected == data_start + data_size else None
+
+
+_SCHEMA: Any = None  # msgspec decoders of a header: its entries, a metadata object, the whole header's metadata
+
+
+def _schema(msgspec: Any) -> tuple[Any, Any, Any]:
+    """msgspec decoders (made once) of: the header as name -> entry (each field None when absent, the
+    others ignored: an extra field changes the ':' count, which `_no_duplicate_keys` then refuses;
+    ``__metadata__`` decodes as an entry of Nones unless it has such fields of other types, and the
+    decode then fails); a metadata object (str -> str); the header's ``__metadata__`` alone."""
+    global _SCHEMA
+    if _SCHEMA is None:
+        count = Annotated[int, msgspec.Meta(ge=0)]
+        shape = Annotated[tuple[count, ...], msgspec.Meta(max_length=MAX_NDIM)]
+        entry = msgspec.defstruct("Entry", [("dtype", str | None, None), ("shape", shape | None, None),
+                                            ("data_offsets", tuple[count, count] | None, None)], gc=False)
+        metadata = dict[str, str] | None
+        field = msgspec.field(default=None, name="__metadata__")
+        whole = msgspec.defstruct("Metadata", [("metadata", metadata, field)], gc=False)
+        _SCHEMA = (msgspec.json.Decoder(dict[str, entry]), msgspec.json.Decoder(metadata), msgspec.json.Decoder(whole))
+    return _SCHEMA
+
+
+_LEADING_METADATA = '{"__metadata__":{'
+
+
+def _metadata(text: str, strings: Any, whole: Any) -> dict[str, str] | None:
+    """The header's ``__metadata__`` (None for a JSON null), decoded by msgspec.
+
+    Writers put it first: then the object ends at the first ``}`` after it (its values are
+    strings, and a ``}`` inside a string would leave that string open, which no decoder accepts),
+    so only that slice is decoded; else the whole text is decoded again for it alone. A header
+    that has the key twice is refused by `_no_duplicate_keys`, whichever one is read here."""
+    if text.startswith(_LEADING_METADATA):
+        end = text.find("}", len(_LEADING_METADATA))
+        if end > 0:
+            with contextlib.suppress(ValueError):  # (msgspec's DecodeError is a ValueError)
+                return strings.decode(text[len(_LEADING_METADATA) - 1 : end + 1])
+    return whole.decode(text).metadata
 
 
 def _no_duplicate_keys(text: str, keys: list[str], metadata: dict[str, str]) -> bool:
