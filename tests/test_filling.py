@@ -419,3 +419,23 @@ def test_leaving_a_filler_on_an_error_cancels_what_was_queued_and_waits_for_what
     assert len(ended) == len(starts) >= 1 and max(ended) <= closed  # what had begun ended before the close
     assert sum(f.cancelled() for f in futures) == len(futures) - len(starts)  # the rest never began
     assert all(f.done() for f in futures)
+
+
+def test_an_interrupt_while_settling_is_raised_only_once_every_task_has_ended():
+    import _thread
+    import threading
+    import time
+
+    from weightio._threads import shared_pool
+
+    ended = []
+    future = shared_pool("fill", filling._THREADS).submit(lambda: time.sleep(0.4) or ended.append(time.monotonic()))
+    timer = threading.Timer(0.1, _thread.interrupt_main)  # a second Ctrl-C, while the clean-up waits
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            filling._settle([future])
+        raised = time.monotonic()
+    finally:
+        timer.cancel()
+    assert future.done() and ended and ended[0] <= raised

@@ -98,6 +98,19 @@ def test_a_checkpoint_dropped_without_closing_gives_its_descriptors_back():
     assert _descriptors() == before
 
 
+def test_an_open_file_cannot_be_copied_or_pickled(tmp_path):
+    import copy
+    import pickle
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"abc")
+    file = MappedFile(path)
+    for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="a MappedFile cannot be copied or pickled; open the file again"):
+            attempt(file)
+    file.close()
+
+
 def test_an_empty_file_is_refused_with_its_descriptor_closed_once(tmp_path, monkeypatch):
     path = tmp_path / "empty.safetensors"
     path.write_bytes(b"")

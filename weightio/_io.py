@@ -134,7 +134,7 @@ class MappedFile:
         self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
         self.size = opened.st_size
         self._stamp = (opened.st_size, opened.st_mtime_ns)
-        self._closed = self.size == 0  # (`__del__` closes the descriptor of a file dropped unclosed)
+        self._closed = self.size == 0  # (`__del__` closes a file dropped unclosed, once `_lock` is set)
         if self._closed:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
@@ -371,9 +371,18 @@ class MappedFile:
         """A file dropped without `close` gives its descriptor back (as Python's own files do), so
         opening checkpoints in a loop without closing them cannot run out of descriptors. Its
         mapping, if any, lives on with the views over it and is unmapped by the last one."""
-        if not getattr(self, "_closed", True):  # (an `__init__` that failed before `_closed` holds no descriptor)
-            self._closed = True
-            _close(self._fd)
+        lock = getattr(self, "_lock", None)  # (an `__init__` that failed before it holds no descriptor)
+        if lock is None:
+            return
+        with lock:  # (a weak reference may still hand this object to another thread while this runs)
+            if not self._closed:
+                self._closed = True
+                _close(self._fd)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refused: a copy would share the descriptor, and closing one would close the other's
+        (or, once the number is reused, another file's)."""
+        raise TypeError(f"a {type(self).__name__} cannot be copied or pickled; open the file again")
 
 
 class _FileMapping(mmap.mmap):

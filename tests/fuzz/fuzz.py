@@ -217,7 +217,9 @@ def _safetensors_differential(file: MappedFile) -> Any:
     standard parser's fast path (a smaller one) and the exact path (`_strict_entries`, which every
     refusal of the others falls back to) must give the same tensors and metadata, or the same
     refusal word for word. Any difference is an AssertionError (a finding); then the input is read
-    as usual."""
+    as usual. Except where a path says the header "nests too deeply": how deep a parser gets
+    before Python's recursion limit depends on the stack under it (a field ignored with a warning
+    ~990 levels deep is read, or refused, by the same path at two stack depths)."""
     import msgspec
 
     from weightio import _json
@@ -237,8 +239,9 @@ def _safetensors_differential(file: MappedFile) -> Any:
             outcomes.append((type(e).__name__, str(e)))
         finally:
             _json._msgspec, module.SafetensorsReader._plain = saved
-    assert outcomes[0] == outcomes[2], ("msgspec's path and the exact path disagree", outcomes[0], outcomes[2])
-    assert outcomes[1] == outcomes[2], ("the standard parser's path and the exact path disagree", outcomes[1])
+    if not any("nests too deeply" in str(outcome) for outcome in outcomes):  # (see below)
+        assert outcomes[0] == outcomes[2], ("msgspec's path and the exact path disagree", outcomes[0], outcomes[2])
+        assert outcomes[1] == outcomes[2], ("the standard parser's path and the exact path disagree", outcomes[1])
     return module.SafetensorsReader(file)
 
 

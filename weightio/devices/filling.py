@@ -112,9 +112,11 @@ class Filler:
                 self._stop.set()
                 for future in self._queued:
                     future.cancel()
-            _settle(self._queued)
-        finally:
-            self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
+        finally:  # (an interrupt during the cancels still waits for every task)
+            try:
+                _settle(self._queued)
+            finally:
+                self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
 
     def start(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, inline: bool = False) -> list[Future]:
         """Queue the copies of `pairs` (see `fill`); the futures to `wait` for. With `inline`, a
@@ -177,11 +179,24 @@ class Filler:
 
 
 def _settle(futures: list[Future]) -> None:
-    """Block until each of `futures` has ended or was cancelled (their errors are another's to report)."""
+    """Block until each of `futures` has ended or was cancelled (their errors are another's to report).
+
+    An exception raised in this thread while it waits (a second Ctrl-C) does not cut the wait
+    short: it is raised once every task has settled, so nothing reads or writes after this returns.
+    """
+    from concurrent.futures import CancelledError  # (imported already: the futures come from a pool)
+
+    interrupted: BaseException | None = None
     for future in futures:
-        if not future.cancelled():
-            with contextlib.suppress(BaseException):
-                future.result()
+        while not future.done():
+            try:
+                future.exception()  # returns once the task has ended
+            except CancelledError:
+                pass
+            except BaseException as e:  # raised in this thread while it waited
+                interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
 
 
 def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np.ndarray, int]]]:
