@@ -40,11 +40,14 @@ def _no_duplicates(text: str, parsed: dict[str, Any]) -> bool:
     """True when `text`, parsed keeping the last of equal keys into `parsed`, provably had no
     duplicate key: outside strings JSON has one ':' per object member, so the text's ':' count
     is (members written) + (':' inside strings); a repeated key drops a member (and maybe
-    strings), so the counts differ. ``\\u`` escapes could spell a ':': not decided here."""
+    strings), so the counts differ. ``\\u`` escapes could spell a ':': not decided here. A text
+    with exactly one ':' per member kept proves it alone (no string holds one, none was dropped),
+    without joining every string to count them (`_members` first, `_colons` only when it differs)."""
     if "\\u" in text:
         return False
     try:
-        return text.count(":") == _colons(parsed)
+        colons = text.count(":")
+        return colons == _members(parsed) or colons == _colons(parsed)
     except (RecursionError, _Undecided):
         return False
 
@@ -52,6 +55,20 @@ def _no_duplicates(text: str, parsed: dict[str, Any]) -> bool:
 class _Undecided(Exception):
     """A float: the document goes to the standard parser (floats are rare in these files, and how
     two parsers read one, out of range say, is not compared here; integers both read exactly)."""
+
+
+def _members(value: Any) -> int:
+    """Object members over a parsed JSON value (`_Undecided` at a float): `_colons` without the
+    ':' inside strings."""
+    kind = type(value)
+    if kind is dict:
+        values = list(value.values())
+        return len(value) + (0 if set(map(type, values)) <= {str} else sum(map(_members, values)))
+    if kind is list:
+        return sum(map(_members, value))
+    if kind is float:
+        raise _Undecided
+    return 0
 
 
 def _colons(value: Any) -> int:
