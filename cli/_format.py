@@ -13,8 +13,8 @@ import numpy as np
 from weightio.text import dims, needs_escape, printable
 from weightio.text import number as exact
 
-__all__ = ["human_bytes", "human_count", "table", "elide", "shape_text", "number", "json_value", "json_text", "kind",
-           "kind_of", "plural"]
+__all__ = ["human_bytes", "human_count", "table", "column_table", "elide", "shape_text", "number", "json_value",
+           "json_text", "kind", "kind_of", "plural"]
 
 MAX_VALUE = 80  # characters of a metadata value shown before eliding
 MAX_ITEMS = 3  # items of a long list shown before eliding
@@ -45,13 +45,22 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
     is made printable (a tensor name with a newline or ESC in it stays one harmless cell)."""
     if not isinstance(rows, (list, tuple)):
         rows = list(rows)  # (read twice below)
-    if not set(map(type, chain.from_iterable(rows))) <= {str}:  # (plain strings are used as they are)
-        rows = [[str(c) for c in row] for row in rows]
-    if needs_escape(" ".join(chain.from_iterable(rows))):  # (one scan for the common case)
-        rows = [[printable(c) for c in row] for row in rows]
-    columns = list(zip(header, *rows, strict=True))  # (each column padded in one C-level pass)
-    padded = [map(str.rjust if i in right else str.ljust, column, repeat(max(map(len, column))))
-              for i, column in enumerate(columns)]
+    return column_table(header, list(zip(*rows, strict=True)) if rows else [()] * len(header), right)
+
+
+def column_table(header: Sequence[str], columns: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """`table` of the cells given column by column (each column as long as the others): a listing
+    of 100k tensors is made and padded one column at a time, in C-level passes, with no row built."""
+    if len(columns) != len(header) or len(set(map(len, columns))) > 1:
+        raise ValueError(f"{len(header)} columns of one length needed, got lengths {list(map(len, columns))}")
+    cells = chain.from_iterable(columns)
+    if not set(map(type, cells)) <= {str}:  # (plain strings are used as they are)
+        columns = [[str(c) for c in column] for column in columns]
+    if needs_escape(" ".join(chain.from_iterable(columns))):  # (one scan for the common case)
+        columns = [list(map(printable, column)) for column in columns]
+    padded = [map(str.rjust if i in right else str.ljust, chain((title,), column),
+                  repeat(max(len(title), max(map(len, column), default=0))))
+              for i, (title, column) in enumerate(zip(header, columns, strict=True))]
     return "\n".join(map(str.rstrip, map("  ".join, zip(*padded, strict=True))))
 
 

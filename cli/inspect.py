@@ -20,7 +20,18 @@ from weightio.remote import is_url, redact, traffic
 from weightio.text import printable
 
 from . import _tree
-from ._format import elide, human_bytes, human_count, json_text, json_value, kind_of, plural, shape_text, table
+from ._format import (
+    column_table,
+    elide,
+    human_bytes,
+    human_count,
+    json_text,
+    json_value,
+    kind_of,
+    plural,
+    shape_text,
+    table,
+)
 from ._options import common_options, echo, limit_options, remote_options, unknown_globals_option
 from ._suggest import filter_hints
 
@@ -138,9 +149,9 @@ def _tensor_table(facts: list[Fact]) -> str:
     shapes, sizes = list(map(itemgetter(2), facts)), list(map(itemgetter(3), facts))
     shape_texts = {shape: shape_text(shape) for shape in set(shapes)}
     size_texts = {nbytes: human_bytes(nbytes) for nbytes in set(sizes)}
-    rows = list(zip(map(itemgetter(0), facts), map(itemgetter(1), facts), map(shape_texts.__getitem__, shapes),
-                    map(size_texts.__getitem__, sizes), strict=True))
-    return table(("name", "dtype", "shape", "size"), rows, right=(3,))
+    columns = [list(map(itemgetter(0), facts)), list(map(itemgetter(1), facts)),
+               list(map(shape_texts.__getitem__, shapes)), list(map(size_texts.__getitem__, sizes))]
+    return column_table(("name", "dtype", "shape", "size"), columns, right=(3,))
 
 
 def _tree_table(nodes: list[_tree.Node], depth: int | None) -> str:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from weightio.cli import inspect as cli_inspect
-from weightio.cli._format import kind, table
+from weightio.cli._format import column_table, kind, table
 
 import weightio as wio
 from weightio.text import _CONTROL_KEEP_LINES, CONTROL, needs_escape, printable
@@ -84,6 +84,24 @@ def test_table_pads_aligns_converts_and_escapes():
         F32 = "F32"
 
     assert table(("x",), [(Code.F32,)]) == f"x\n{Code.F32!s}"  # (a str subclass: as str() writes it)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(max_size=4), st.one_of(st.text(max_size=3), st.integers(-5, 5)),
+                               st.text(alphabet="[]0123456789, ", max_size=6)), max_size=6),
+       right=st.sets(st.integers(0, 2)))
+def test_a_table_given_by_columns_is_the_table_of_its_rows(rows, right):
+    columns = [[row[i] for row in rows] for i in range(3)]
+    assert column_table(("name", "dtype", "shape"), columns, right) == table(("name", "dtype", "shape"), rows, right)
+
+
+def test_a_table_given_by_columns_needs_one_column_per_title_all_of_one_length():
+    assert column_table(("x", "y"), [[], []]) == "x  y"
+    assert column_table(("x", "y"), [["a", "bb"], ["1", "\x07"]]).splitlines() == ["x   y", "a   1", "bb  \\x07"]
+    with pytest.raises(ValueError, match=r"2 columns of one length needed, got lengths \[2, 1\]"):
+        column_table(("x", "y"), [["a", "b"], ["c"]])
+    with pytest.raises(ValueError, match=r"2 columns of one length needed, got lengths \[1\]"):
+        column_table(("x", "y"), [["a"]])
 
 
 def _by_kind_reference(facts):
