@@ -51,8 +51,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 def column_table(header: Sequence[str], columns: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
     """`table` of the cells given column by column (each column as long as the others): a listing
     of 100k tensors is made and padded one column at a time, in C-level passes, with no row built."""
-    if len(columns) != len(header) or len(set(map(len, columns))) > 1:
-        raise ValueError(f"{len(header)} columns of one length needed, got lengths {list(map(len, columns))}")
+    if len(columns) != len(header):
+        raise ValueError(f"{len(header)} columns needed (one per title), got {len(columns)}")
+    if len(set(map(len, columns))) > 1:
+        raise ValueError(f"columns of one length needed, got lengths {list(map(len, columns))}")
     cells = chain.from_iterable(columns)
     if not set(map(type, cells)) <= {str}:  # (plain strings are used as they are)
         columns = [[str(c) for c in column] for column in columns]

@@ -92,16 +92,23 @@ def test_table_pads_aligns_converts_and_escapes():
        right=st.sets(st.integers(0, 2)))
 def test_a_table_given_by_columns_is_the_table_of_its_rows(rows, right):
     columns = [[row[i] for row in rows] for i in range(3)]
-    assert column_table(("name", "dtype", "shape"), columns, right) == table(("name", "dtype", "shape"), rows, right)
+    header = ("name", "dtype", "shape")
+    cells = [header] + [tuple(printable(str(c)) for c in row) for row in rows]  # row by row, as written out by hand
+    widths = [max(len(row[i]) for row in cells) for i in range(3)]
+    expected = "\n".join("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in
+                                    enumerate(zip(row, widths, strict=True))).rstrip() for row in cells)
+    assert column_table(header, columns, right) == table(header, rows, right) == expected
 
 
 def test_a_table_given_by_columns_needs_one_column_per_title_all_of_one_length():
     assert column_table(("x", "y"), [[], []]) == "x  y"
     assert column_table(("x", "y"), [["a", "bb"], ["1", "\x07"]]).splitlines() == ["x   y", "a   1", "bb  \\x07"]
-    with pytest.raises(ValueError, match=r"2 columns of one length needed, got lengths \[2, 1\]"):
+    with pytest.raises(ValueError, match=r"^columns of one length needed, got lengths \[2, 1\]$"):
         column_table(("x", "y"), [["a", "b"], ["c"]])
-    with pytest.raises(ValueError, match=r"2 columns of one length needed, got lengths \[1\]"):
+    with pytest.raises(ValueError, match=r"^2 columns needed \(one per title\), got 1$"):
         column_table(("x", "y"), [["a"]])
+    with pytest.raises(ValueError, match=r"^3 columns needed \(one per title\), got 2$"):
+        table(("x", "y", "z"), [("a", "b")] * 5)
 
 
 def _by_kind_reference(facts):

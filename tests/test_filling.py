@@ -439,3 +439,75 @@ def test_an_interrupt_while_settling_is_raised_only_once_every_task_has_ended():
     finally:
         timer.cancel()
     assert future.done() and ended and ended[0] <= raised
+
+
+def test_a_task_queued_but_not_recorded_never_runs_once_the_filler_has_closed(tmp_path, monkeypatch):
+    # An interrupt that lands after the pool queued a task but before `start` recorded it: the
+    # filler cannot wait for that task, so it must never begin once the filler has closed.
+    import threading
+
+    from weightio._threads import shared_pool
+
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    pool, release = shared_pool("fill", filling._THREADS), threading.Event()
+    busy = [pool.submit(release.wait, 10) for _ in range(filling._THREADS)]  # every thread taken
+
+    class Interrupted:
+        def submit(self, fn, *args):
+            pool.submit(fn, *args)  # queued behind the busy threads...
+            raise KeyboardInterrupt  # ...and the interrupt lands before start() records it
+
+    monkeypatch.setattr(filling, "shared_pool", lambda kind, n: Interrupted())
+    reads = []
+    monkeypatch.setattr(filling, "_read", lambda *a: reads.append(a))
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(20_000, dtype=np.uint8)}, path)
+    with wio.open(path) as ckpt:
+        src = ckpt["a"].numpy()
+        dst = np.zeros(src.nbytes, np.uint8)
+        with pytest.raises(KeyboardInterrupt), filling.Filler() as filler:
+            filler.start([(dst, src)])
+    release.set()
+    for future in busy:
+        future.result(10)
+    pool.submit(lambda: None).result(10)  # the orphan, queued before this, has had its turn
+    assert reads == [] and not dst.any()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_fills_with_pools_of_its_own(tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(filling, "PIECE", 4096)  # (pieces on the pool, not one read inline)
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(300_000, dtype=np.uint8)}, path)
+    with wio.open(path) as ckpt:
+        first = wio.devices.load_all(ckpt, "numpy", copy=True)["a"]  # the parent's fill pool now has threads
+        assert first.tolist()[:3] == [0, 1, 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (3.12+: fork of a process with threads)
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's pool threads do not exist here
+        try:
+            from weightio import _threads
+
+            if _threads._pools:  # (the parent's pool, whose threads are gone: a task queued there would wait forever)
+                os._exit(5)
+            with wio.open(path) as ckpt:
+                again = wio.devices.load_all(ckpt, "numpy", copy=True)["a"]
+            os._exit(0 if np.array_equal(again, np.arange(300_000, dtype=np.uint8)) else 3)
+        except BaseException:
+            os._exit(4)
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's fill never finished (the parent's pool threads do not exist in it)")
+    assert os.waitstatus_to_exitcode(status) == 0

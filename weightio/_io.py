@@ -131,14 +131,15 @@ class MappedFile:
         only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open.
         With `head`, reads in the first `HEAD` bytes come from one ``pread`` until `release_head`."""
         self.path = os.fspath(path)
+        self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
+        self._closed = True  # (until a descriptor is held: `__del__` closes the one of a file dropped unclosed)
         self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
+        self._closed = opened.st_size == 0
         self.size = opened.st_size
         self._stamp = (opened.st_size, opened.st_mtime_ns)
-        self._closed = self.size == 0  # (`__del__` closes a file dropped unclosed, once `_lock` is set)
         if self._closed:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
-        self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
         self._head: bytes | None = b"" if head else None
         self._mmap: _FileMapping | None = None
         self._data: np.ndarray | None = None
@@ -371,10 +372,9 @@ class MappedFile:
         """A file dropped without `close` gives its descriptor back (as Python's own files do), so
         opening checkpoints in a loop without closing them cannot run out of descriptors. Its
         mapping, if any, lives on with the views over it and is unmapped by the last one."""
-        lock = getattr(self, "_lock", None)  # (an `__init__` that failed before it holds no descriptor)
-        if lock is None:
+        if getattr(self, "_closed", True):  # (closed, or an `__init__` that failed before it held a descriptor)
             return
-        with lock:  # (a weak reference may still hand this object to another thread while this runs)
+        with self._lock:  # (a weak reference may still hand this object to another thread while this runs)
             if not self._closed:
                 self._closed = True
                 _close(self._fd)

@@ -6,6 +6,7 @@ so that ``import weightio`` stays cheap.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -28,3 +29,14 @@ def shared_pool(kind: str, workers: int) -> ThreadPoolExecutor:
 
             pool = _pools[kind] = ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
         return pool
+
+
+def _forget_pools() -> None:
+    """In a forked child the pools' threads do not exist: start afresh (else tasks would wait forever)."""
+    global _lock
+    _pools.clear()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)

@@ -98,6 +98,8 @@ class Filler:
         self._stack = contextlib.ExitStack()
         self._fds: dict[int, int] = {}
         self._queued: list[Future] = []  # every task this filler put on the pool and may not have seen end
+        self._gate = threading.Condition()  # tasks running now (`_running`); none begins once `_closing`
+        self._running, self._closing = 0, False
 
     def __enter__(self) -> Filler:
         return self
@@ -116,7 +118,36 @@ class Filler:
             try:
                 _settle(self._queued)
             finally:
-                self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
+                try:
+                    self._close_gate()  # (a task queued but not recorded, `start` interrupted, never begins)
+                finally:
+                    self._stack.__exit__(*exc)  # after an error the descriptors close unchecked: the error stands
+
+    def _task(self, fn: Any, *args: Any) -> None:
+        """What the pool runs: `fn(*args)`, unless the filler has closed (then nothing)."""
+        with self._gate:
+            if self._closing:
+                return
+            self._running += 1
+        try:
+            fn(*args)
+        finally:
+            with self._gate:
+                self._running -= 1
+                self._gate.notify_all()
+
+    def _close_gate(self) -> None:
+        """No task begins from now on; block until none runs (an interrupt meanwhile: raised after)."""
+        interrupted: BaseException | None = None
+        with self._gate:
+            self._closing = True
+            while self._running:
+                try:
+                    self._gate.wait()
+                except BaseException as e:  # raised in this thread while it waited
+                    interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
 
     def start(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, inline: bool = False) -> list[Future]:
         """Queue the copies of `pairs` (see `fill`); the futures to `wait` for. With `inline`, a
@@ -159,7 +190,7 @@ class Filler:
         self._queued = [future for future in self._queued if not future.done()]
         futures: list[Future] = []
         for fn, *args in tasks:  # (each tracked as it is queued: `__exit__` waits for it even if a later one fails)
-            futures.append(pool.submit(fn, *args))
+            futures.append(pool.submit(self._task, fn, *args))
             self._queued.append(futures[-1])
         return futures
 
@@ -188,8 +219,10 @@ def _settle(futures: list[Future]) -> None:
 
     interrupted: BaseException | None = None
     for future in futures:
-        while not future.done():
+        while True:
             try:
+                if future.done():
+                    break
                 future.exception()  # returns once the task has ended
             except CancelledError:
                 pass
