@@ -360,27 +360,36 @@ class _PoolFailingAt:
         return self.pool.submit(fn, *args)
 
 
+def _slowed_reads(monkeypatch, seconds: float, begun) -> tuple[list, list]:
+    """`filling._read` made `seconds` slower: the offsets of the reads begun (each sets `begun`) and
+    the times the reads ended."""
+    import time
+
+    real, starts, ended = filling._read, [], []
+
+    def slow_read(fd, file, dst, offset):
+        starts.append(offset)
+        begun.set()
+        time.sleep(seconds)
+        real(fd, file, dst, offset)
+        ended.append(time.monotonic())
+
+    monkeypatch.setattr(filling, "_read", slow_read)
+    return starts, ended
+
+
 def test_a_start_cut_short_leaves_no_read_running_once_the_filler_is_closed(tmp_path, monkeypatch):
     import threading
     import time
 
     from weightio._threads import shared_pool
 
-    begun, starts, ended = threading.Event(), [], []
+    begun = threading.Event()
     monkeypatch.setattr(filling, "PIECE", 4096)
     monkeypatch.setattr(filling, "shared_pool", lambda kind, n: _PoolFailingAt(shared_pool(kind, n), 3, begun))
     path = tmp_path / "m.safetensors"
     wio.save({"a": np.arange(40_000, dtype=np.uint8)}, path)
-    real = filling._read
-
-    def slow_read(fd, file, dst, offset):
-        starts.append(offset)
-        begun.set()
-        time.sleep(0.1)
-        real(fd, file, dst, offset)
-        ended.append(time.monotonic())
-
-    monkeypatch.setattr(filling, "_read", slow_read)
+    starts, ended = _slowed_reads(monkeypatch, 0.1, begun)
     with wio.open(path) as ckpt:
         src = ckpt["a"].numpy()
         dst = np.zeros(src.nbytes, np.uint8)
@@ -398,16 +407,8 @@ def test_leaving_a_filler_on_an_error_cancels_what_was_queued_and_waits_for_what
     monkeypatch.setattr(filling, "PIECE", 4096)
     path = tmp_path / "m.safetensors"
     wio.save({"a": np.arange(400_000, dtype=np.uint8)}, path)
-    real, starts, ended, started = filling._read, [], [], threading.Event()
-
-    def slow_read(fd, file, dst, offset):
-        starts.append(offset)
-        started.set()
-        time.sleep(0.05)
-        real(fd, file, dst, offset)
-        ended.append(time.monotonic())
-
-    monkeypatch.setattr(filling, "_read", slow_read)
+    started = threading.Event()
+    starts, ended = _slowed_reads(monkeypatch, 0.05, started)
     with wio.open(path) as ckpt:
         src = ckpt["a"].numpy()
         dst = np.zeros(src.nbytes, np.uint8)
