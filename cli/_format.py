@@ -55,8 +55,7 @@ def column_table(header: Sequence[str], columns: Sequence[Sequence[Any]], right:
         raise ValueError(f"{len(header)} columns needed (one per title), got {len(columns)}")
     if len(set(map(len, columns))) > 1:
         raise ValueError(f"columns of one length needed, got lengths {list(map(len, columns))}")
-    cells = chain.from_iterable(columns)
-    if not set(map(type, cells)) <= {str}:  # (plain strings are used as they are)
+    if not set(map(type, chain.from_iterable(columns))) <= {str}:  # (plain strings are used as they are)
         columns = [[str(c) for c in column] for column in columns]
     if needs_escape(" ".join(chain.from_iterable(columns))):  # (one scan for the common case)
         columns = [list(map(printable, column)) for column in columns]

@@ -206,12 +206,12 @@ def test_index_json_duplicates_are_found_by_either_parser(tmp_path, monkeypatch,
 def test_counting_members_alone_decides_only_a_text_without_a_colon_in_its_strings(monkeypatch):
     counted = []
     real = _json._colons
-    monkeypatch.setattr(_json, "_colons", lambda value: counted.append(1) or real(value))
+    monkeypatch.setattr(_json, "_colons", lambda value, strings=True: counted.append(strings) or real(value, strings))
     plain = {"metadata": {"total_size": 8, "parts": [{"a": 1}, {"b": 2}]}, "weight_map": {"w": "m.safetensors"}}
-    assert _json._members(plain) == 7 and _json._no_duplicates(json.dumps(plain), plain) and not counted
+    assert real(plain, strings=False) == 7 and _json._no_duplicates(json.dumps(plain), plain) and True not in counted
     coloned = {"metadata": {"note": "a:b"}, "weight_map": {"x:y": "s:1.safetensors"}}
-    assert _json._members(coloned) == 4 and real(coloned) == 7
-    assert _json._no_duplicates(json.dumps(coloned), coloned) and counted  # the strings counted too
+    assert real(coloned, strings=False) == 4 and real(coloned) == 7
+    assert _json._no_duplicates(json.dumps(coloned), coloned) and True in counted  # the strings counted too
     doubled = '{"weight_map": {"a": "x", "a": "y:z"}}'  # 4 ':' in the text; kept: 2 members, 1 in strings
     assert not _json._no_duplicates(doubled, json.loads(doubled))
 

@@ -42,12 +42,12 @@ def _no_duplicates(text: str, parsed: dict[str, Any]) -> bool:
     is (members written) + (':' inside strings); a repeated key drops a member (and maybe
     strings), so the counts differ. ``\\u`` escapes could spell a ':': not decided here. A text
     with exactly one ':' per member kept proves it alone (no string holds one, none was dropped),
-    without joining every string to count them (`_members` first, `_colons` only when it differs)."""
+    without joining every string to count them (the members first, the strings only when it differs)."""
     if "\\u" in text:
         return False
     try:
         colons = text.count(":")
-        return colons == _members(parsed) or colons == _colons(parsed)
+        return colons == _colons(parsed, strings=False) or colons == _colons(parsed)
     except (RecursionError, _Undecided):
         return False
 
@@ -57,32 +57,21 @@ class _Undecided(Exception):
     two parsers read one, out of range say, is not compared here; integers both read exactly)."""
 
 
-def _members(value: Any) -> int:
-    """Object members over a parsed JSON value (`_Undecided` at a float): `_colons` without the
-    ':' inside strings."""
-    kind = type(value)
-    if kind is dict:
-        values = list(value.values())
-        return len(value) + (0 if set(map(type, values)) <= {str} else sum(map(_members, values)))
-    if kind is list:
-        return sum(map(_members, value))
-    if kind is float:
-        raise _Undecided
-    return 0
-
-
-def _colons(value: Any) -> int:
-    """Object members plus ':' inside strings, over a parsed JSON value (`_Undecided` at a float)."""
+def _colons(value: Any, strings: bool = True) -> int:
+    """Object members plus (with `strings`) the ':' inside strings, over a parsed JSON value
+    (`_Undecided` at a float)."""
     kind = type(value)
     if kind is str:
-        return value.count(":")
+        return value.count(":") if strings else 0
     if kind is dict:
         values = list(value.values())
-        inside = ("".join(values).count(":") if set(map(type, values)) <= {str}  # (a weight_map: in C)
-                  else sum(map(_colons, values)))
-        return len(value) + "".join(value).count(":") + inside
+        if set(map(type, values)) <= {str}:  # (a weight_map: in C)
+            inside = "".join(values).count(":") if strings else 0
+        else:
+            inside = sum(_colons(v, strings) for v in values)
+        return len(value) + ("".join(value).count(":") if strings else 0) + inside
     if kind is list:
-        return sum(map(_colons, value))
+        return sum(_colons(v, strings) for v in value)
     if kind is float:
         raise _Undecided
     return 0
