@@ -1,9 +1,11 @@
 """Check the built distributions in DIST (``python .ci/check_dist.py dist``) beyond `twine check`.
 
 The wheel holds every package pyproject.toml lists (the click app as ``weightio.cli``, no
-top-level ``cli``), ``py.typed``, ``__main__``, the ``weightio`` console script, the version of
+top-level ``cli``), ``py.typed``, ``__main__``, the compiled C fast path (``weightio._speedups``:
+the wheel is built for this platform), the ``weightio`` console script, the version of
 weightio/__init__.py, and no runtime dependency that only the tests use; the sdist holds what the
-test suite needs to run from it (tests, fixtures, docs). Prints one line per file checked.
+test suite needs to run from it (tests, fixtures, docs) and the C source. Prints one line per file
+checked.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def check_wheel(path: Path, version: str) -> list[str]:
     required = {f"{p.replace('.', '/')}/__init__.py" for p in packages}
     required |= {"weightio/py.typed", "weightio/__main__.py", "weightio/cli/__main__.py", f"{info}/METADATA"}
     problems += [f"missing {name}" for name in sorted(required - names)]
+    if not any(name.startswith("weightio/_speedups.") and name.endswith((".so", ".pyd")) for name in names):
+        problems.append("no compiled weightio/_speedups module (was the C extension built?)")
     tops = {name.split("/")[0] for name in names}
     problems += [f"unexpected top-level entry {top}" for top in sorted(tops - {"weightio", info})]
     with zipfile.ZipFile(path) as wheel:
@@ -56,7 +60,7 @@ def check_sdist(path: Path, version: str) -> list[str]:
     with tarfile.open(path) as sdist:
         names = {name.removeprefix(prefix) for name in sdist.getnames()}
     required = {"pyproject.toml", "README.md", "CHANGELOG.md", "weightio/__init__.py", "cli/__init__.py",
-                "tests/conftest.py", "fixtures/manifest.json", "docs/index.md", "mkdocs.yml"}
+                "tests/conftest.py", "fixtures/manifest.json", "docs/index.md", "mkdocs.yml", "weightio/_speedups.c"}
     print(f"{path.name}: {len(names)} files")
     return [f"sdist is missing {name}" for name in sorted(required - names)]
 
@@ -64,7 +68,7 @@ def check_sdist(path: Path, version: str) -> list[str]:
 def main(dist: Path) -> int:
     version = source_version()
     wheels, sdists = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
-    if [w.name for w in wheels] != [f"weightio-{version}-py3-none-any.whl"] or len(sdists) != 1:
+    if len(wheels) != 1 or not wheels[0].name.startswith(f"weightio-{version}-cp") or len(sdists) != 1:
         found = sorted(p.name for p in dist.iterdir())
         print(f"expected one weightio {version} wheel and one sdist in {dist}, found {found}")
         return 1

@@ -25,7 +25,7 @@ PACKAGES = {"weightio": ROOT / "weightio", "weightio.cli": ROOT / "cli"}
 CORE = {"weightio.errors", "weightio.dtypes", "weightio.limits", "weightio.records", "weightio._io", "weightio._remote",
         "weightio._memory", "weightio._failures", "weightio._streaming",
         "weightio._json", "weightio._gc", "weightio._outputs", "weightio._threads", "weightio.layout",
-        "weightio.text"}
+        "weightio.text", "weightio._speedups"}
 ALLOWED = {  # prefix -> what modules under it may import (besides themselves and their own package)
     "weightio.quant": CORE - {"weightio._io", "weightio._outputs", "weightio._json", "weightio._gc", "weightio.layout"},
     "weightio.formats": CORE | {"weightio.quant"},
@@ -42,10 +42,10 @@ _LAZY = re.compile(r"^(weightio(?:\.[a-z_][a-z0-9_]*)+):[A-Za-z_]\w*$")
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
-    """Module name -> (file, is a package)."""
+    """Module name -> (file, is a package); C extensions by their source (``weightio/_speedups.c``)."""
     found = {}
     for package, folder in PACKAGES.items():
-        for file in folder.rglob("*.py"):
+        for file in sorted(folder.rglob("*.py")) + sorted(folder.rglob("*.c")):
             parts = list(file.relative_to(folder).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             found[".".join([package, *parts[: -1 if is_package else None]])] = (file, is_package)
@@ -86,6 +86,8 @@ def imports() -> dict[str, set[tuple[str, str | None]]]:
     known = modules()
     graph: dict[str, set] = defaultdict(set)
     for name, (file, is_package) in known.items():
+        if file.suffix != ".py":
+            continue  # (a C extension imports nothing of weightio)
         base = name if is_package else name.rpartition(".")[0]
         for node in _runtime_nodes(ast.parse(file.read_text(), str(file))):
             for target, attr in _targets(node, base, known):

@@ -156,6 +156,18 @@ def test_the_tar_test_agrees_with_tarfile_and_imports_it_only_for_plausible_head
         head = rng.randbytes(512)
         assert opens_as_tar(head) == _tarfile_opens(head)
     assert min(seen.values()) > 1000, seen  # both answers exercised
+    for base in bases:  # checksums spelt the odd ways int(text, 8) reads, and near misses
+        rest = base[:148] + base[156:]
+        value = 256 + sum(rest)
+        octal = f"{value:o}"
+        spellings = [octal, f"+{octal}", f"0o{octal}", f"0O{octal}", octal[:2] + "_" + octal[2:], f"\x1c{octal}\x0b",
+                     f"-{octal}", f"{octal}8", f"{octal}a", f'"{octal}']
+        spellings += ["".join(rng.choice("0123456789 +-_oO\t\x1c\x0c\"{:a") for _ in range(8)) for _ in range(2000)]
+        for spelling in spellings:
+            field = (spelling.encode("latin-1") + b"\0" * 8)[:8]
+            head = base[:148] + field + base[156:]
+            assert opens_as_tar(head) == _tarfile_opens(head), field
+            seen[_tarfile_opens(head)] += 1
     code = ("import sys, numpy as np, weightio as wio; np.save(sys.argv[1], np.arange(3.0)); "
             "wio.open(sys.argv[1]).close(); print('tarfile' in sys.modules)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
+import os
+import subprocess
+import sys
 import weakref
 
 import ml_dtypes
@@ -19,6 +23,7 @@ from weightio.errors import (
     WeightioWarning,
     WriteError,
 )
+from weightio.formats import safetensors as module
 from weightio.formats.safetensors import SafetensorsReader
 from weightio.view import TensorView
 
@@ -381,30 +386,54 @@ _ENTRY = st.fixed_dictionaries({
 }, optional={"extra": st.just(1)})
 
 
-def _outcome(path, monkeypatch, slow: bool, fast: bool = True):
-    """What reading `path` gives: the fast path (msgspec's typed decode, or the standard library's
-    parse where msgspec is not used) or, with `slow`, the exact one."""
-    import warnings
+# The ways a header can be read, every one available here: the C fast path (weightio/_speedups.c,
+# where it was built), msgspec's typed decode, the standard library's parse, and the exact path
+# (`_strict_entries`) that every refusal falls back to.
+WAYS = ("native", "typed", "standard", "exact") if module._c_header is not None else ("typed", "standard", "exact")
+_C_HEADER = module._c_header
+
+
+@contextlib.contextmanager
+def _reading(monkeypatch, way: str):
+    """Headers read in the block the `way` (one of `WAYS`) reads them (a refusal: the exact path's)."""
+    import msgspec
 
     from weightio import _json
-    from weightio.errors import WeightioError
-    from weightio.formats import safetensors as module
 
     with monkeypatch.context() as m:
-        if slow:
-            m.setattr(module, "_plain_entries", lambda header, start, size: None)
-        m.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", WeightioWarning)
-            try:
-                reader = SafetensorsReader(path)
-            except WeightioError as e:
-                return f"{type(e).__name__}: {e}"  # the same refusal, word for word
+        m.setattr(module, "_c_header", _C_HEADER if way == "native" else None)
+        m.setattr(_json, "_msgspec", msgspec if way == "typed" else False)
+        if way == "exact":
+            m.setattr(SafetensorsReader, "_plain", lambda *args: None)
+        yield
+
+
+def _outcome(path, monkeypatch, way: str):
+    """What reading `path` gives the `way` (one of `WAYS`): its tensors (with their shapes' element
+    type) and metadata, or its refusal word for word."""
+    import warnings
+
+    from weightio.errors import WeightioError
+
+    with _reading(monkeypatch, way), warnings.catch_warnings():
+        warnings.simplefilter("ignore", WeightioWarning)
+        try:
+            reader = SafetensorsReader(path)
+        except WeightioError as e:
+            return f"{type(e).__name__}: {e}"  # the same refusal, word for word
     try:
         return {k: (tuple(v), type(v.shape[0]).__name__ if v.shape else "") for k, v in reader.tensors.items()}, \
-            reader.metadata
+            list(reader.tensors), reader.metadata
     finally:
         reader.close()
+
+
+def _agreed(path, monkeypatch):
+    """The one outcome every way of `WAYS` gives `path` (an AssertionError names the ways that differ)."""
+    outcomes = {way: _outcome(path, monkeypatch, way) for way in WAYS}
+    for way, outcome in outcomes.items():
+        assert outcome == outcomes["exact"], (way, outcome, "exact", outcomes["exact"])
+    return outcomes["exact"]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -421,9 +450,7 @@ def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entrie
         members.append(members[0])
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", bytes(range(data_len))))
-    exact = _outcome(path, monkeypatch, slow=True)
-    assert _outcome(path, monkeypatch, slow=False) == exact
-    assert _outcome(path, monkeypatch, slow=False, fast=False) == exact
+    _agreed(path, monkeypatch)
 
 
 _BITS = {"F32": 32, "U8": 8, "BF16": 16, "F4": 4}
@@ -455,8 +482,7 @@ def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, mo
         }[mutation]
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes(text, b"\x01" * offset))
-    fast = _outcome(path, monkeypatch, slow=False)
-    assert fast == _outcome(path, monkeypatch, slow=True) == _outcome(path, monkeypatch, slow=False, fast=False)
+    fast = _agreed(path, monkeypatch)
     if mutation == "none" and not any("\x00" in n or not n for n, _, _ in specs) and not any(
             c == "F4" and int(np.prod(s)) % 2 for _, c, s in specs):
         assert isinstance(fast, tuple) and sorted(fast[0]) == sorted(n for n, _, _ in specs)
@@ -500,9 +526,7 @@ def test_fast_and_exact_paths_agree_on_metadata_and_numbers(tmp_path_factory, mo
             [meta] + members + [meta]
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", b"\x01" * offset))
-    exact = _outcome(path, monkeypatch, slow=True)
-    assert _outcome(path, monkeypatch, slow=False) == exact
-    assert _outcome(path, monkeypatch, slow=False, fast=False) == exact
+    _agreed(path, monkeypatch)
 
 
 def test_a_large_header_is_validated_by_msgspec_with_the_same_result(tmp_path, monkeypatch):
@@ -515,6 +539,7 @@ def test_a_large_header_is_validated_by_msgspec_with_the_same_result(tmp_path, m
     wio.save(tensors, path, metadata={"format": "pt", "note": "a}b:c"})
     assert (path.stat().st_size - 14_000 * 24) >= _json.FAST_FROM  # a header of more than 1 MiB
     taken, real = [], module._typed_entries
+    monkeypatch.setattr(module, "_c_header", None)  # (the C path, where built, would read it first: below)
     monkeypatch.setattr(_json, "_msgspec", None)
     monkeypatch.setattr(module, "_typed_entries", lambda *a: taken.append(1) or real(*a))
     monkeypatch.setattr(module.SafetensorsReader, "_strict_entries", lambda *a: pytest.fail("the exact path was taken"))
@@ -525,23 +550,183 @@ def test_a_large_header_is_validated_by_msgspec_with_the_same_result(tmp_path, m
         assert last.shape == (3, 2) and last.numpy().tolist() == [[13999.0] * 2] * 3
         fast = {k: tuple(v) for k, v in ckpt.readers[0].tensors.items()}
     monkeypatch.undo()
+    monkeypatch.setattr(module, "_c_header", None)
     monkeypatch.setattr(_json, "_msgspec", False)
     with wio.open(path) as ckpt:
         assert {k: tuple(v) for k, v in ckpt.readers[0].tensors.items()} == fast
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size(tmp_path, monkeypatch, fast):
+needs_c_header = pytest.mark.skipif(_C_HEADER is None, reason="weightio._speedups is not built here")
+
+
+@needs_c_header
+def test_a_plain_header_is_read_in_c_with_the_same_result(tmp_path, monkeypatch):
+    tensors = {f"model.layers.{i}.mlp.é": np.full((3, 2), i, np.float32) for i in range(3000)}
+    tensors["scalar"] = np.array(7, np.int64)
+    path = tmp_path / "big.safetensors"
+    wio.save(tensors, path, metadata={"format": "pt", "note": "a}b:c"})
+    monkeypatch.setattr(SafetensorsReader, "_plain", lambda *a: pytest.fail("the Python paths were taken"))
+    with wio.open(path) as ckpt:
+        infos = ckpt.readers[0].tensors
+        assert len(ckpt) == 3001 and ckpt.metadata == {"format": "pt", "note": "a}b:c"}
+        assert ckpt["model.layers.2999.mlp.é"].numpy().tolist() == [[2999.0] * 2] * 3
+        assert ckpt["scalar"].shape == () and ckpt["scalar"].numpy() == 7
+        first = infos["model.layers.0.mlp.é"]
+        assert type(first) is module.TensorInfo and first.dtype is module._PLAIN["F32"][1]
+        assert type(first.shape) is tuple and all(type(d) is int for d in first.shape)
+        native = {k: tuple(v) for k, v in infos.items()}, list(infos), dict(ckpt.metadata)
+    monkeypatch.undo()
+    monkeypatch.setattr(module, "_c_header", None)
+    with wio.open(path) as ckpt:
+        infos = ckpt.readers[0].tensors
+        assert ({k: tuple(v) for k, v in infos.items()}, list(infos), dict(ckpt.metadata)) == native
+
+
+# Headers at the edges of what the C path reads (True) or hands to the Python paths (False); every way
+# must agree on each (`_agreed`), with 4 bytes of data. `@E`: a valid entry of 4 bytes.
+_ENTRY_TEXT = '"dtype":"F32","shape":[1],"data_offsets":[0,4]'
+_EDGES = [(text.replace("@E", _ENTRY_TEXT), plain) for text, plain in [
+    ('{"a":{@E}}', True),
+    (' \t\r\n{ "a" : { "shape" : [ 1 ] , "data_offsets" : [ 0 , 4 ] , "dtype" : "F32" } }        ', True),
+    ('{"__metadata__":{},"a":{@E}}', True),
+    ('{"a":{@E},"__metadata__":{"k":"v","é":"ü"}}', True),
+    ('{"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[3],"data_offsets":[1,4]}}', True),
+    ('{"b":{"dtype":"U8","shape":[3],"data_offsets":[1,4]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', True),
+    ('{"a":{"dtype":"U8","shape":[' + "1," * 63 + '4],"data_offsets":[0,4]}}', True),
+    ('{"a":{"dtype":"U8","shape":[' + "1," * 64 + '4],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[01],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4e0]}}', False),
+    ('{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0000000000000000000,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1}}', False),
+    ('{"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[1]}}', False),
+    ('{"a":{}}', False),
+    ('{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":32,"shape":[1],"data_offsets":[0,4]}}', False),
+    ('{"":{@E}}', False),
+    ('{"a\\u0062":{@E}}', False),
+    ('{"a\\"":{@E}}', False),
+    ('{"a\tb":{@E}}', False),
+    ('{"a":{@E},"a":{@E}}', False),
+    ('{"__metadata__":{},"__metadata__":{},"a":{@E}}', False),
+    ('{"__metadata__":{"k":"v","k":"w"},"a":{@E}}', False),
+    ('{"__metadata__":{"k":1},"a":{@E}}', False),
+    ('{"__metadata__":null,"a":{@E}}', False),
+    ('{"__metadata__":{"k":{"x":"y"}},"a":{@E}}', False),
+    ('{"a":{@E},}', False),
+    ('{"a":{@E}}}', False),
+    ('{"a":{@E}} x', False),
+    ('{"a":{@E}', False),
+    ('\ufeff{"a":{@E}}', False),
+    ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}', False),
+    ('{"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{@E}}', False),
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', False),
+    ('{"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,4]}}', False),
+    ('{}', False),
+]]
+
+
+@needs_c_header
+@pytest.mark.parametrize("text,plain", _EDGES)
+def test_the_c_path_reads_plain_headers_and_leaves_the_rest_to_python(tmp_path, monkeypatch, text, plain):
+    raw = text.encode()
+    found = _C_HEADER(raw, 8 + len(raw), module._PLAIN, module.TensorInfo, 64, 10**6, 65535)
+    covered = None if found is None else module._covering(found[0], found[2], found[3], 8 + len(raw), 4)
+    assert (covered is not None) == plain
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors_bytes(text, bytes(4)))
+    outcome = _agreed(path, monkeypatch)
+    if plain:  # what it read is what every way reads
+        assert {k: tuple(v) for k, v in covered.items()} == {k: t for k, (t, _) in outcome[0].items()}
+        assert list(covered) == outcome[1] and found[1] == outcome[2]
+
+
+_U8 = b'":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+
+
+@needs_c_header  # (invalid UTF-8, an encoded surrogate, a raw NUL, nothing, cut short)
+@pytest.mark.parametrize("raw", [b'{"\xff' + _U8, b'{"a\xed\xa0\x80' + _U8, b'{"a\x00' + _U8, b"", b"{", b'{"a',
+                                 b"\x00"])
+def test_the_c_path_leaves_invalid_text_to_python(raw):
+    assert _C_HEADER(raw, 8, module._PLAIN, module.TensorInfo, 64, 10**6, 65535) is None
+
+
+@needs_c_header
+def test_the_c_path_checks_its_arguments():
+    with pytest.raises(ValueError, match="info_type must be a tuple subclass"):
+        _C_HEADER(b"{}", 8, module._PLAIN, dict, 64, 1, 1)
+    with pytest.raises(ValueError, match="max_ndim 0..64"):
+        _C_HEADER(b"{}", 8, module._PLAIN, module.TensorInfo, 65, 1, 1)
+    with pytest.raises(ValueError, match="the limits >= 0"):
+        _C_HEADER(b"{}", 8, module._PLAIN, module.TensorInfo, 64, -1, 1)
+    with pytest.raises(TypeError):
+        _C_HEADER("{}", 8, module._PLAIN, module.TensorInfo, 64, 10**6, 65535)
+
+
+@pytest.mark.parametrize("limit,fits", [("exact", True), ("one byte less", False)])
+@pytest.mark.parametrize("where", ["a tensor name", "a metadata key"])
+def test_every_way_holds_names_to_the_limit_by_their_utf8_length(tmp_path, monkeypatch, limit, fits, where):
+    name = "ü" * 7 + "x"  # 15 bytes in UTF-8, 8 characters (and longer than "__metadata__", which counts too)
+    header = {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
+    if where == "a tensor name":
+        header = {name: header["a"]}
+    else:
+        header["__metadata__"] = {name: "v"}
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors_bytes(json.dumps(header, ensure_ascii=False), bytes(1)))
+    with wio.limits.using(name_bytes=15 if limit == "exact" else 14):
+        outcome = _agreed(path, monkeypatch)
+    assert isinstance(outcome, tuple) == fits
+    if not fits:
+        assert "the length of name 'üüüüüüüx'…: 15 exceeds the 14-byte limit (limits.name_bytes" in outcome
+
+
+@pytest.mark.parametrize("count,fits", [(3, True), (2, False)])
+def test_every_way_holds_the_tensor_count_to_the_limit(tmp_path, monkeypatch, count, fits):
+    header = {f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)}
+    header["__metadata__"] = {"format": "pt"}  # (not a tensor)
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors_bytes(json.dumps(header), bytes(3)))
+    with wio.limits.using(tensors=count):
+        outcome = _agreed(path, monkeypatch)
+    assert isinstance(outcome, tuple) == fits
+    if not fits:
+        assert "tensor count 3 exceeds the 2 limit (limits.tensors" in outcome
+
+
+def test_the_c_path_is_built_where_ci_says_it_must_be():
+    if not os.environ.get("WEIGHTIO_REQUIRE_SPEEDUPS"):
+        pytest.skip("WEIGHTIO_REQUIRE_SPEEDUPS is not set (.ci/run sets it)")
+    assert _C_HEADER is not None
+
+
+def test_weightio_no_speedups_turns_the_c_path_off():
+    code = "from weightio.formats import safetensors as m; print(m._c_header)"
+    env = dict(os.environ, WEIGHTIO_NO_SPEEDUPS="1")
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout == "None\n"
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size(tmp_path, monkeypatch, way):
     # (found by the safetensors_differential fuzz harness: the standard parser's fast path, which
     # has no duplicate-key hook, reported the syntax error further on instead of the duplicate)
-    from weightio import _json
-
-    monkeypatch.setattr(_json, "_msgspec", pytest.importorskip("msgspec") if fast else False)
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes('{"w":{"shape":"I64","shape":[],"data_offsets":[0,8]},,}', bytes(8)))
-    with pytest.raises(CorruptFileError, match=r"x\.safetensors: header has the key 'shape' twice$"):
+    with _reading(monkeypatch, way), pytest.raises(CorruptFileError, match=r"x\.safetensors: header has the key "
+                                                                           "'shape' twice$"):
         SafetensorsReader(path)
     many = json.dumps({f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)})
     path.write_bytes(safetensors_bytes(many[:-1] + ', "t0": {}}', bytes(3)))  # over the limit, and a duplicate
-    with wio.limits.using(tensors=2), pytest.raises(CorruptFileError, match="header has the key 't0' twice$"):
+    with _reading(monkeypatch, way), wio.limits.using(tensors=2), \
+            pytest.raises(CorruptFileError, match="header has the key 't0' twice$"):
+        SafetensorsReader(path)
+    path.write_bytes(safetensors_bytes(many, bytes(3)))  # over the limit only
+    with _reading(monkeypatch, way), wio.limits.using(tensors=2), \
+            pytest.raises(CorruptFileError, match=r"x\.safetensors: tensor count 3 exceeds the 2 limit \(limits\."):
         SafetensorsReader(path)

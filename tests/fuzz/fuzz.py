@@ -212,36 +212,43 @@ def _same_tar_members(reader: Any, data: bytes) -> None:
 
 
 def _safetensors_differential(file: MappedFile) -> Any:
-    """The safetensors reader's three header paths, checked against each other on every input:
-    msgspec's decode against the format's schema (what a header of 1 MiB or more gets), the
-    standard parser's fast path (a smaller one) and the exact path (`_strict_entries`, which every
-    refusal of the others falls back to) must give the same tensors and metadata, or the same
-    refusal word for word. Any difference is an AssertionError (a finding); then the input is read
-    as usual. Except where a path says the header "nests too deeply": how deep a parser gets
-    before Python's recursion limit depends on the stack under it (a field ignored with a warning
-    ~990 levels deep is read, or refused, by the same path at two stack depths)."""
+    """The safetensors reader's header paths, checked against each other on every input: the C
+    path (`weightio._speedups`, where built; what every plain header gets), msgspec's decode
+    against the format's schema (what a header of 1 MiB or more gets), the standard parser's fast
+    path (a smaller one) and the exact path (`_strict_entries`, which every refusal of the others
+    falls back to) must give the same tensors and metadata, or the same refusal word for word. Any
+    difference is an AssertionError (a finding); then the input is read as usual. Except where a
+    path says the header "nests too deeply": how deep a parser gets before Python's recursion limit
+    depends on the stack under it (a field ignored with a warning ~990 levels deep is read, or
+    refused, by the same path at two stack depths)."""
     import msgspec
 
     from weightio import _json
     from weightio.formats import safetensors as module
 
-    outcomes = []
-    for fast, exact in ((msgspec, False), (False, False), (False, True)):
-        saved = _json._msgspec, module.SafetensorsReader._plain
-        _json._msgspec = fast
+    native = module._c_header
+    ways = {"the C path": (native, False, False), "msgspec's path": (None, msgspec, False),
+            "the standard parser's path": (None, False, False), "the exact path": (None, False, True)}
+    outcomes = {}
+    for way, (speedups, fast, exact) in ways.items():
+        if way == "the C path" and native is None:
+            continue
+        saved = module._c_header, _json._msgspec, module.SafetensorsReader._plain
+        module._c_header, _json._msgspec = speedups, fast
         if exact:
             module.SafetensorsReader._plain = lambda *args: None
         try:
             reader = module.SafetensorsReader(file.path)
-            outcomes.append(({k: tuple(v) for k, v in reader.tensors.items()}, list(reader.tensors), reader.metadata))
+            outcomes[way] = ({k: tuple(v) for k, v in reader.tensors.items()}, list(reader.tensors), reader.metadata)
             reader.close()
         except WeightioError as e:
-            outcomes.append((type(e).__name__, str(e)))
+            outcomes[way] = (type(e).__name__, str(e))
         finally:
-            _json._msgspec, module.SafetensorsReader._plain = saved
-    if not any("nests too deeply" in str(outcome) for outcome in outcomes):  # (see below)
-        assert outcomes[0] == outcomes[2], ("msgspec's path and the exact path disagree", outcomes[0], outcomes[2])
-        assert outcomes[1] == outcomes[2], ("the standard parser's path and the exact path disagree", outcomes[1])
+            module._c_header, _json._msgspec, module.SafetensorsReader._plain = saved
+    if not any("nests too deeply" in str(outcome) for outcome in outcomes.values()):  # (see below)
+        exact = outcomes["the exact path"]
+        for way, outcome in outcomes.items():
+            assert outcome == exact, (f"{way} and the exact path disagree", outcome, exact)
     return module.SafetensorsReader(file)
 
 

@@ -42,8 +42,10 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import struct
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -57,6 +59,13 @@ from ..limits import exceeded
 from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
+
+try:  # the header's fast path in C (weightio/_speedups.c), where it was built
+    from .._speedups import safetensors_header as _c_header
+except ImportError:
+    _c_header = None
+if os.environ.get("WEIGHTIO_NO_SPEEDUPS"):  # turned off by the user: the Python paths read every header
+    _c_header = None
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 
@@ -99,15 +108,32 @@ class SafetensorsReader(Reader):
             raise exceeded("header length", n, "header_bytes", self.limits.header_bytes, path=self.path)
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
-        text = decode_utf8(self.file.read(8, n, "the header"), path=self.path, what="header")
+        raw = self.file.read(8, n, "the header")
         with collector_paused():  # a large header is a few hundred thousand containers, none in a cycle
-            tensors = self._plain(text, 8 + n, size - 8 - n)
+            tensors = self._native(raw, 8 + n, size - 8 - n) if _c_header is not None else None
+            if tensors is None:
+                text = decode_utf8(raw, path=self.path, what="header")
+                tensors = self._plain(text, 8 + n, size - 8 - n)
             if tensors is None:
                 entries = self._strict_entries(text, 8 + n)
                 entries.sort()
                 self._check_coverage(entries, size - 8 - n)
                 tensors = {name: info for _, _, name, info in entries}
         self.tensors = tensors
+
+    def _native(self, raw: bytes, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
+        """`_plain` in C (`weightio._speedups`): every tensor, in file order, when the header is plain
+        (no escape, no float, no extra field: see weightio/_speedups.c), valid and within `limits`
+        (checked there, names by their exact UTF-8 length); else None, and the Python paths read it.
+        It accepts a subset of what `_plain` accepts, with the same tensors and metadata."""
+        limits = self.limits
+        found = _c_header(raw, data_start, _PLAIN, TensorInfo, MAX_NDIM, min(limits.tensors, sys.maxsize),
+                          min(limits.name_bytes, sys.maxsize))
+        if found is None:
+            return None
+        tensors, metadata, ordered, expected = found
+        self.metadata = metadata
+        return _covering(tensors, ordered, expected, data_start, data_size)
 
     def _plain(self, text: str, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
         """Every tensor, in file order, when the header is plain and valid; else None.

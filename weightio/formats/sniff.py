@@ -148,6 +148,10 @@ def opens_as_tar(head: bytes) -> bool:
 
 
 _HIGH_BYTES = bytes(range(128, 256))
+# Every byte that `int(text.strip(), 8)` can get past in the checksum field (digits, Python's ASCII
+# whitespace, a sign, '_' and a "0o" prefix): a field holding any other byte before its first NUL
+# (a safetensors header's JSON, say) is refused by tarfile without parsing it.
+_CHECKSUM_BYTES = b"0123456789 \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f+-_oO"
 
 
 def _tar_checksum_may_match(block: bytes) -> bool:
@@ -157,6 +161,8 @@ def _tar_checksum_may_match(block: bytes) -> bool:
     base-256 field and for a match, which `tarfile` itself then judges."""
     if block.count(0) == len(block) or block[148] in (0o200, 0o377):
         return True
+    if block[148:156].split(b"\0", 1)[0].translate(None, _CHECKSUM_BYTES):
+        return False  # (the common case: no number there at all)
     try:
         stored = int(block[148:156].split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
     except (UnicodeDecodeError, ValueError):

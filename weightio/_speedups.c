@@ -1,0 +1,415 @@
+/* weightio._speedups: the safetensors header's fast path in C (optional; weightio works without it).
+
+   One function, `safetensors_header`, reads a header that is *plain*: a JSON object whose strings
+   hold no backslash escape, whose numbers are non-negative integers of at most 18 digits, whose
+   members are tensor entries of exactly {dtype, shape, data_offsets} (any order, each once) and at
+   most one "__metadata__" object of strings, with no key twice; each entry of a known dtype code,
+   at most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
+   `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8. Anything
+   else returns None, and the caller reads the header the Python way, which accepts or refuses it
+   with its own words: this function refuses nothing and accepts only what that path accepts, with
+   the same result (checked by differential tests and a differential fuzz harness).
+
+   Safety: the input is a bytes object read through its length only; no recursion (the grammar
+   above has a fixed depth of three); every number is bounded before it is used (18 digits, products
+   checked for overflow); every object built is owned by the result or released on every exit.
+   Nothing is allocated from a number in the file: sizes come from the input's length. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DIGITS 18 /* < 2^63: no overflow while reading, none in (end - begin) * 8 */
+#define MAX_RANK 64   /* numpy's limit; the caller's max_ndim may not exceed it */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Cursor;
+
+static inline void skip_space(Cursor *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t'))
+        c->p++;
+}
+
+/* The next character (after whitespace) is `ch`: consume it. */
+static inline int take(Cursor *c, unsigned char ch) {
+    skip_space(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A string with no escape and no control character: its bytes (still UTF-8, not yet checked). */
+static int string_bytes(Cursor *c, const char **start, Py_ssize_t *length) {
+    skip_space(c);
+    if (c->p >= c->end || *c->p != '"')
+        return 0;
+    const unsigned char *s = ++c->p;
+    while (c->p < c->end) {
+        unsigned char ch = *c->p;
+        if (ch == '"') {
+            *start = (const char *)s;
+            *length = c->p - s;
+            c->p++;
+            return 1;
+        }
+        if (ch == '\\' || ch < 0x20)
+            return 0;
+        c->p++;
+    }
+    return 0;
+}
+
+/* A non-negative JSON integer of at most MAX_DIGITS digits, not followed by a fraction or exponent. */
+static int integer(Cursor *c, uint64_t *value) {
+    skip_space(c);
+    const unsigned char *start = c->p;
+    uint64_t x = 0;
+    if (c->p >= c->end || *c->p < '0' || *c->p > '9')
+        return 0;
+    if (*c->p == '0') {
+        c->p++;
+    } else {
+        while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+            if (c->p - start >= MAX_DIGITS)
+                return 0;
+            x = x * 10 + (uint64_t)(*c->p - '0');
+            c->p++;
+        }
+    }
+    if (c->p < c->end && ((*c->p >= '0' && *c->p <= '9') || *c->p == '.' || *c->p == 'e' || *c->p == 'E'))
+        return 0; /* a leading zero, a fraction or an exponent */
+    *value = x;
+    return 1;
+}
+
+/* After a member or an element: ',' (1, more follow), `close` (0, the container ends), else -1. */
+static inline int next_or_close(Cursor *c, unsigned char close) {
+    skip_space(c);
+    if (c->p < c->end) {
+        unsigned char ch = *c->p++;
+        if (ch == ',')
+            return 1;
+        if (ch == close)
+            return 0;
+    }
+    return -1;
+}
+
+/* '[' integers ']': at most `limit` of them into `out`; their count, or -1. */
+static int integers(Cursor *c, uint64_t *out, int limit) {
+    int n = 0;
+    if (!take(c, '['))
+        return -1;
+    skip_space(c);
+    if (c->p < c->end && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        if (n >= limit || !integer(c, &out[n]))
+            return -1;
+        n++;
+        int more = next_or_close(c, ']');
+        if (more < 0)
+            return -1;
+        if (!more)
+            return n;
+    }
+}
+
+static inline int is_key(const char *s, Py_ssize_t n, const char *key) {
+    return (size_t)n == strlen(key) && memcmp(s, key, (size_t)n) == 0;
+}
+
+/* A str of UTF-8 bytes; NULL with no error set when they are not valid UTF-8. */
+static PyObject *text(const char *s, Py_ssize_t n) {
+    PyObject *out = PyUnicode_DecodeUTF8(s, n, "strict");
+    if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return out;
+}
+
+/* The "__metadata__" object: str -> str into `metadata` (empty), no key longer than `max_key`
+   bytes. 1, or 0 (not plain; error set if an allocation failed). */
+static int read_metadata(Cursor *c, PyObject *metadata, Py_ssize_t max_key) {
+    if (!take(c, '{'))
+        return 0;
+    skip_space(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        const char *ks, *vs;
+        Py_ssize_t kn, vn;
+        if (!string_bytes(c, &ks, &kn) || kn > max_key || !take(c, ':') || !string_bytes(c, &vs, &vn))
+            return 0;
+        PyObject *key = text(ks, kn);
+        if (key == NULL)
+            return 0;
+        PyObject *value = text(vs, vn);
+        if (value == NULL) {
+            Py_DECREF(key);
+            return 0;
+        }
+        Py_ssize_t before = PyDict_GET_SIZE(metadata);
+        int failed = PyDict_SetItem(metadata, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (failed || PyDict_GET_SIZE(metadata) == before) /* an error, or a key twice */
+            return 0;
+        int more = next_or_close(c, '}');
+        if (more < 0)
+            return 0;
+        if (!more)
+            return 1;
+    }
+}
+
+typedef struct {
+    const char *code;
+    Py_ssize_t code_length;
+    uint64_t shape[MAX_RANK];
+    int rank;
+    uint64_t begin, end;
+} Entry;
+
+enum { DTYPE = 1, SHAPE = 2, OFFSETS = 4 };
+
+/* One tensor entry's object: exactly its three fields, each once. 1, or 0 (not plain). */
+static int read_entry(Cursor *c, Entry *e, int max_ndim) {
+    int seen = 0;
+    if (!take(c, '{'))
+        return 0;
+    for (;;) {
+        const char *key;
+        Py_ssize_t n;
+        uint64_t offsets[2];
+        if (!string_bytes(c, &key, &n) || !take(c, ':'))
+            return 0;
+        if (is_key(key, n, "dtype") && !(seen & DTYPE)) {
+            if (!string_bytes(c, &e->code, &e->code_length))
+                return 0;
+            seen |= DTYPE;
+        } else if (is_key(key, n, "shape") && !(seen & SHAPE)) {
+            if ((e->rank = integers(c, e->shape, max_ndim)) < 0)
+                return 0;
+            seen |= SHAPE;
+        } else if (is_key(key, n, "data_offsets") && !(seen & OFFSETS)) {
+            if (integers(c, offsets, 2) != 2)
+                return 0;
+            e->begin = offsets[0];
+            e->end = offsets[1];
+            seen |= OFFSETS;
+        } else {
+            return 0; /* another field, or one twice */
+        }
+        int more = next_or_close(c, '}');
+        if (more < 0)
+            return 0;
+        if (!more)
+            return seen == (DTYPE | SHAPE | OFFSETS);
+    }
+}
+
+/* The (bits, dtype) row of the entry's code (kept in *last_row, with its code in *last_code): a tuple, or NULL (unknown code; or an error set). */
+static PyObject *code_row(const Entry *e, PyObject *codes, PyObject **last_code, PyObject **last_row) {
+    if (*last_code != NULL && PyUnicode_IS_COMPACT_ASCII(*last_code) &&
+        PyUnicode_GET_LENGTH(*last_code) == e->code_length &&
+        memcmp(PyUnicode_DATA(*last_code), e->code, (size_t)e->code_length) == 0)
+        return *last_row;
+    PyObject *code = text(e->code, e->code_length);
+    if (code == NULL)
+        return NULL;
+    PyObject *row = PyDict_GetItemWithError(codes, code);
+    if (row == NULL || !PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2 || !PyLong_Check(PyTuple_GET_ITEM(row, 0))) {
+        Py_DECREF(code);
+        return NULL;
+    }
+    Py_XSETREF(*last_code, code);
+    Py_XSETREF(*last_row, Py_NewRef(row));
+    return row;
+}
+
+/* The entry's element count times its bits equals its span in bits, with no overflow on the way. */
+static int sized(const Entry *e, uint64_t bits) {
+    uint64_t count = 1;
+    for (int i = 0; i < e->rank; i++)
+        if (__builtin_mul_overflow(count, e->shape[i], &count))
+            return 0;
+    if (__builtin_mul_overflow(count, bits, &count))
+        return 0;
+    return e->begin < e->end && count == (e->end - e->begin) * 8;
+}
+
+/* info_type((dtype, shape, offset, nbytes, None, None)), built as tuple.__new__ builds it. */
+static PyObject *new_info(PyTypeObject *info_type, PyObject *dtype, const Entry *e, uint64_t data_start) {
+    PyObject *shape = PyTuple_New(e->rank);
+    if (shape == NULL)
+        return NULL;
+    for (int i = 0; i < e->rank; i++) {
+        PyObject *d = PyLong_FromUnsignedLongLong(e->shape[i]);
+        if (d == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, d);
+    }
+    PyObject *offset = PyLong_FromUnsignedLongLong(data_start + e->begin);
+    PyObject *nbytes = PyLong_FromUnsignedLongLong(e->end - e->begin);
+    PyObject *info = info_type->tp_alloc(info_type, 6);
+    if (offset == NULL || nbytes == NULL || info == NULL) {
+        Py_DECREF(shape);
+        Py_XDECREF(offset);
+        Py_XDECREF(nbytes);
+        Py_XDECREF(info);
+        return NULL;
+    }
+    Py_INCREF(dtype);
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(info, 0, dtype);
+    PyTuple_SET_ITEM(info, 1, shape);
+    PyTuple_SET_ITEM(info, 2, offset);
+    PyTuple_SET_ITEM(info, 3, nbytes);
+    PyTuple_SET_ITEM(info, 4, Py_None);
+    PyTuple_SET_ITEM(info, 5, Py_None);
+    return info;
+}
+
+typedef struct {
+    PyObject *codes;
+    PyTypeObject *info_type;
+    int max_ndim;
+    Py_ssize_t max_tensors, max_name_bytes;
+    uint64_t data_start;
+    PyObject *tensors, *metadata;
+    PyObject *last_code, *last_row;
+    uint64_t expected;
+    int ordered, has_metadata;
+} Header;
+
+/* One member of the header object: the metadata, or a tensor added to `h->tensors`. 1, or 0. */
+static int read_member(Cursor *c, Header *h) {
+    const char *key;
+    Py_ssize_t n;
+    Entry e;
+    if (!string_bytes(c, &key, &n) || n > h->max_name_bytes || !take(c, ':'))
+        return 0; /* (the key "__metadata__" is held to the limit too, as the Python paths hold it) */
+    if (is_key(key, n, "__metadata__")) {
+        if (h->has_metadata)
+            return 0;
+        h->has_metadata = 1;
+        return read_metadata(c, h->metadata, h->max_name_bytes);
+    }
+    if (n == 0 || PyDict_GET_SIZE(h->tensors) >= h->max_tensors || !read_entry(c, &e, h->max_ndim))
+        return 0;
+    PyObject *row = code_row(&e, h->codes, &h->last_code, &h->last_row);
+    if (row == NULL)
+        return 0;
+    uint64_t bits = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(row, 0));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!sized(&e, bits))
+        return 0;
+    if (e.begin != h->expected)
+        h->ordered = 0;
+    h->expected = e.end;
+    PyObject *name = text(key, n);
+    if (name == NULL)
+        return 0;
+    PyObject *info = new_info(h->info_type, PyTuple_GET_ITEM(row, 1), &e, h->data_start);
+    if (info == NULL) {
+        Py_DECREF(name);
+        return 0;
+    }
+    Py_ssize_t before = PyDict_GET_SIZE(h->tensors);
+    int failed = PyDict_SetItem(h->tensors, name, info);
+    Py_DECREF(name);
+    Py_DECREF(info);
+    return !failed && PyDict_GET_SIZE(h->tensors) > before; /* (a name twice: not plain) */
+}
+
+static int read_header(Cursor *c, Header *h) {
+    if (!take(c, '{'))
+        return 0;
+    skip_space(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+    } else {
+        for (;;) {
+            if (!read_member(c, h))
+                return 0;
+            int more = next_or_close(c, '}');
+            if (more < 0)
+                return 0;
+            if (!more)
+                break;
+        }
+    }
+    skip_space(c);
+    return c->p == c->end;
+}
+
+PyDoc_STRVAR(safetensors_header_doc,
+"safetensors_header(header, data_start, codes, info_type, max_ndim, max_tensors, max_name_bytes)\n--\n\n"
+"A plain safetensors header (bytes) read in C: (tensors, metadata, ordered, expected), or None.\n\n"
+"tensors: name -> info_type((dtype, shape, data_start + begin, end - begin, None, None)) in header\n"
+"order, where codes[dtype code] is (bits, dtype); metadata: the __metadata__ strings; ordered: each\n"
+"tensor begins where the one before it ends; expected: the last one's end. None: the header is not\n"
+"plain (see the module source); the caller then reads it the Python way.");
+
+static PyObject *safetensors_header(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    unsigned long long data_start;
+    Header h = {0};
+    if (!PyArg_ParseTuple(args, "y*KO!O!inn:safetensors_header", &view, &data_start, &PyDict_Type, &h.codes,
+                          &PyType_Type, &h.info_type, &h.max_ndim, &h.max_tensors, &h.max_name_bytes))
+        return NULL;
+    PyObject *result = NULL;
+    if (!PyType_IsSubtype(h.info_type, &PyTuple_Type) || h.info_type->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        h.max_ndim < 0 || h.max_ndim > MAX_RANK || h.max_tensors < 0 || h.max_name_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "info_type must be a tuple subclass without fields; max_ndim 0..64; "
+                                          "the limits >= 0");
+        goto done;
+    }
+    h.data_start = data_start;
+    h.ordered = 1;
+    h.tensors = PyDict_New();
+    h.metadata = PyDict_New();
+    if (h.tensors == NULL || h.metadata == NULL)
+        goto done;
+    Cursor c = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    if (!read_header(&c, &h)) {
+        if (!PyErr_Occurred())
+            result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = Py_BuildValue("(OONK)", h.tensors, h.metadata, PyBool_FromLong(h.ordered),
+                           (unsigned long long)h.expected);
+done:
+    Py_XDECREF(h.tensors);
+    Py_XDECREF(h.metadata);
+    Py_XDECREF(h.last_code);
+    Py_XDECREF(h.last_row);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"safetensors_header", safetensors_header, METH_VARARGS, safetensors_header_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "weightio._speedups",
+    "weightio's optional C fast paths (see weightio/_speedups.c); weightio works without them.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
