@@ -60,7 +60,8 @@ def check_sdist(path: Path, version: str) -> list[str]:
     with tarfile.open(path) as sdist:
         names = {name.removeprefix(prefix) for name in sdist.getnames()}
     required = {"pyproject.toml", "README.md", "CHANGELOG.md", "weightio/__init__.py", "cli/__init__.py",
-                "tests/conftest.py", "fixtures/manifest.json", "docs/index.md", "mkdocs.yml", "weightio/_speedups.c"}
+                "tests/conftest.py", "fixtures/manifest.json", "docs/index.md", "mkdocs.yml", "weightio/_speedups.c",
+                "setup.py"}
     print(f"{path.name}: {len(names)} files")
     return [f"sdist is missing {name}" for name in sorted(required - names)]
 

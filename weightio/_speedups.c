@@ -7,7 +7,7 @@
    at most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
    `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8. Anything
    else returns None, and the caller reads the header the Python way, which accepts or refuses it
-   with its own words: this function refuses nothing and accepts only what that path accepts, with
+   with its own words: this function refuses nothing and accepts only what those paths accept, with
    the same result (checked by differential tests and a differential fuzz harness).
 
    Safety: the input is a bytes object read through its length only; no recursion (the grammar
@@ -246,7 +246,10 @@ static int sized(const Entry *e, uint64_t bits) {
     return e->begin < e->end && count == (e->end - e->begin) * 8;
 }
 
-/* info_type((dtype, shape, offset, nbytes, None, None)), built as tuple.__new__ builds it. */
+/* info_type((dtype, shape, offset, nbytes, None, None)), built as tuple.__new__ builds it. Both
+   tuples are left out of the cyclic garbage collector (as it leaves out, when it first meets them,
+   tuples that hold only such objects): they hold ints, None and a dtype, none of which can refer
+   back to them, and 100k of them would otherwise be traversed again and again as they age. */
 static PyObject *new_info(PyTypeObject *info_type, PyObject *dtype, const Entry *e, uint64_t data_start) {
     PyObject *shape = PyTuple_New(e->rank);
     if (shape == NULL)
@@ -259,6 +262,7 @@ static PyObject *new_info(PyTypeObject *info_type, PyObject *dtype, const Entry 
         }
         PyTuple_SET_ITEM(shape, i, d);
     }
+    PyObject_GC_UnTrack(shape);
     PyObject *offset = PyLong_FromUnsignedLongLong(data_start + e->begin);
     PyObject *nbytes = PyLong_FromUnsignedLongLong(e->end - e->begin);
     PyObject *info = info_type->tp_alloc(info_type, 6);
@@ -278,6 +282,10 @@ static PyObject *new_info(PyTypeObject *info_type, PyObject *dtype, const Entry 
     PyTuple_SET_ITEM(info, 3, nbytes);
     PyTuple_SET_ITEM(info, 4, Py_None);
     PyTuple_SET_ITEM(info, 5, Py_None);
+#if PY_VERSION_HEX >= 0x030E0000
+    ((PyTupleObject *)info)->ob_hash = -1; /* 3.14 caches a tuple's hash: -1 is "not computed yet" */
+#endif
+    PyObject_GC_UnTrack(info);
     return info;
 }
 
@@ -365,21 +373,32 @@ PyDoc_STRVAR(safetensors_header_doc,
 "tensor begins where the one before it ends; expected: the last one's end. None: the header is not\n"
 "plain (see the module source); the caller then reads it the Python way.");
 
+/* A tuple subclass whose instances are bare tuples (no __dict__, no slots): what new_info fills. */
+static int bare_tuple_type(PyTypeObject *t) {
+    if (!PyType_IsSubtype(t, &PyTuple_Type) || t->tp_basicsize != PyTuple_Type.tp_basicsize || t->tp_dictoffset != 0)
+        return 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (t->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+        return 0;
+#endif
+    return 1;
+}
+
 static PyObject *safetensors_header(PyObject *module, PyObject *args) {
     Py_buffer view;
-    unsigned long long data_start;
+    Py_ssize_t data_start;
     Header h = {0};
-    if (!PyArg_ParseTuple(args, "y*KO!O!inn:safetensors_header", &view, &data_start, &PyDict_Type, &h.codes,
+    if (!PyArg_ParseTuple(args, "y*nO!O!inn:safetensors_header", &view, &data_start, &PyDict_Type, &h.codes,
                           &PyType_Type, &h.info_type, &h.max_ndim, &h.max_tensors, &h.max_name_bytes))
         return NULL;
     PyObject *result = NULL;
-    if (!PyType_IsSubtype(h.info_type, &PyTuple_Type) || h.info_type->tp_basicsize != PyTuple_Type.tp_basicsize ||
-        h.max_ndim < 0 || h.max_ndim > MAX_RANK || h.max_tensors < 0 || h.max_name_bytes < 0) {
-        PyErr_SetString(PyExc_ValueError, "info_type must be a tuple subclass without fields; max_ndim 0..64; "
-                                          "the limits >= 0");
+    if (!bare_tuple_type(h.info_type) || data_start < 0 || h.max_ndim < 0 || h.max_ndim > MAX_RANK ||
+        h.max_tensors < 0 || h.max_name_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "info_type must be a tuple subclass without a __dict__ or slots; "
+                                          "max_ndim 0..64; data_start and the limits >= 0");
         goto done;
     }
-    h.data_start = data_start;
+    h.data_start = (uint64_t)data_start;
     h.ordered = 1;
     h.tensors = PyDict_New();
     h.metadata = PyDict_New();

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import mmap
 import os
@@ -574,6 +575,8 @@ def test_a_plain_header_is_read_in_c_with_the_same_result(tmp_path, monkeypatch)
         first = infos["model.layers.0.mlp.é"]
         assert type(first) is module.TensorInfo and first.dtype is module._PLAIN["F32"][1]
         assert type(first.shape) is tuple and all(type(d) is int for d in first.shape)
+        assert hash(first) == hash(tuple(first)) and first == tuple(first)  # (a tuple's hash, as Python builds it)
+        assert not gc.is_tracked(first) and not gc.is_tracked(first.shape)  # (nothing in them refers back)
         native = {k: tuple(v) for k, v in infos.items()}, list(infos), dict(ckpt.metadata)
     monkeypatch.undo()
     monkeypatch.setattr(module, "_c_header", None)
@@ -658,8 +661,16 @@ def test_the_c_path_leaves_invalid_text_to_python(raw):
 
 @needs_c_header
 def test_the_c_path_checks_its_arguments():
-    with pytest.raises(ValueError, match="info_type must be a tuple subclass"):
-        _C_HEADER(b"{}", 8, module._PLAIN, dict, 64, 1, 1)
+    class WithDict(tuple):
+        pass
+
+    for bad in (dict, WithDict):
+        with pytest.raises(ValueError, match="info_type must be a tuple subclass without a __dict__"):
+            _C_HEADER(b"{}", 8, module._PLAIN, bad, 64, 1, 1)
+    with pytest.raises(ValueError, match="data_start and the limits >= 0"):
+        _C_HEADER(b"{}", -1, module._PLAIN, module.TensorInfo, 64, 1, 1)
+    with pytest.raises(OverflowError):
+        _C_HEADER(b"{}", 2**64 + 5, module._PLAIN, module.TensorInfo, 64, 1, 1)
     with pytest.raises(ValueError, match="max_ndim 0..64"):
         _C_HEADER(b"{}", 8, module._PLAIN, module.TensorInfo, 65, 1, 1)
     with pytest.raises(ValueError, match="the limits >= 0"):

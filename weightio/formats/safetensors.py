@@ -125,7 +125,7 @@ class SafetensorsReader(Reader):
         """`_plain` in C (`weightio._speedups`): every tensor, in file order, when the header is plain
         (no escape, no float, no extra field: see weightio/_speedups.c), valid and within `limits`
         (checked there, names by their exact UTF-8 length); else None, and the Python paths read it.
-        It accepts a subset of what `_plain` accepts, with the same tensors and metadata."""
+        It accepts a subset of what the Python paths accept, with the same tensors and metadata."""
         limits = self.limits
         found = _c_header(raw, data_start, _PLAIN, TensorInfo, MAX_NDIM, min(limits.tensors, sys.maxsize),
                           min(limits.name_bytes, sys.maxsize))
