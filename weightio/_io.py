@@ -79,13 +79,15 @@ def _dup_regular(fd: int, path: str) -> tuple[int, os.stat_result]:
     return dup, _regular(dup, path)
 
 
+# read-only, without blocking (a FIFO would block a plain open), not inherited, binary on Windows
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
     """Open `path` read-only without blocking (a FIFO would block a plain open), check it is a file;
     the descriptor and its ``fstat``."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
         raise InputError(f"cannot open: {e.strerror}", path=path, errno=e.errno) from e
     return fd, _regular(fd, path)

@@ -109,11 +109,14 @@ class SafetensorsReader(Reader):
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
         raw = self.file.read(8, n, "the header")
+        # (the C path makes nothing the collector tracks per tensor: no pause needed there)
+        tensors = self._native(raw, 8 + n, size - 8 - n) if _c_header is not None else None
+        if tensors is not None:
+            self.tensors = tensors
+            return
         with collector_paused():  # a large header is a few hundred thousand containers, none in a cycle
-            tensors = self._native(raw, 8 + n, size - 8 - n) if _c_header is not None else None
-            if tensors is None:
-                text = decode_utf8(raw, path=self.path, what="header")
-                tensors = self._plain(text, 8 + n, size - 8 - n)
+            text = decode_utf8(raw, path=self.path, what="header")
+            tensors = self._plain(text, 8 + n, size - 8 - n)
             if tensors is None:
                 entries = self._strict_entries(text, 8 + n)
                 entries.sort()

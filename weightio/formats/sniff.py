@@ -46,6 +46,7 @@ _MAGICS = (
     (b"fmgg", "ggml"),
     (b"tjgg", "ggml"),
 )
+_MAGIC_BYTES = tuple(magic for magic, _ in _MAGICS)
 
 _TAR_BLOCK = 512  # a tar header
 
@@ -79,9 +80,8 @@ def sniff(file: MappedFile) -> str:
             raise FormatError(f"is both {other} and a tar archive, which torch.load reads as a legacy checkpoint; "
                               "refused as a polyglot file", path=file.path)
         return "pytorch"
-    for magic, fmt in _MAGICS:
-        if head.startswith(magic):
-            return fmt
+    if head.startswith(_MAGIC_BYTES):
+        return next(fmt for magic, fmt in _MAGICS if head.startswith(magic))
     if head.startswith(b"PK\x05\x06"):
         return _sniff_zip(file)
     # Before the pickle test: a safetensors header length such as 0x280 begins with the bytes
