@@ -17,6 +17,7 @@ import pytest
 import weightio as wio
 from weightio._io import MappedFile
 from weightio.errors import CorruptFileError, FormatError, InputError
+from weightio.formats import sniff as sniff_module
 from weightio.formats.sniff import sniff
 
 from .conftest import FIXTURES
@@ -162,7 +163,11 @@ def test_the_tar_test_agrees_with_tarfile_and_imports_it_only_for_plausible_head
         octal = f"{value:o}"
         spellings = [octal, f"+{octal}", f"0o{octal}", f"0O{octal}", octal[:2] + "_" + octal[2:], f"\x1c{octal}\x0b",
                      f"-{octal}", f"{octal}8", f"{octal}a", f'"{octal}']
-        spellings += ["".join(rng.choice("0123456789 +-_oO\t\x1c\x0c\"{:a") for _ in range(8)) for _ in range(2000)]
+        spellings += [f"{space}{octal}" for space in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"]  # whitespace str.strip() drops
+        spellings += [f"{octal}{space}" for space in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"]
+        # every byte the pre-check lets by, and others
+        alphabet = sniff_module._CHECKSUM_BYTES.decode("latin-1") + '"{:a\x80'
+        spellings += ["".join(rng.choice(alphabet) for _ in range(8)) for _ in range(4000)]
         for spelling in spellings:
             field = (spelling.encode("latin-1") + b"\0" * 8)[:8]
             head = base[:148] + field + base[156:]

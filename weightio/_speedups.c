@@ -235,13 +235,21 @@ static PyObject *code_row(const Entry *e, PyObject *codes, PyObject **last_code,
     return row;
 }
 
+/* a * b into *out, or 0 when it overflows 64 bits (portable: no compiler builtin). */
+static inline int multiply(uint64_t a, uint64_t b, uint64_t *out) {
+    if (b != 0 && a > UINT64_MAX / b)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
 /* The entry's element count times its bits equals its span in bits, with no overflow on the way. */
 static int sized(const Entry *e, uint64_t bits) {
     uint64_t count = 1;
     for (int i = 0; i < e->rank; i++)
-        if (__builtin_mul_overflow(count, e->shape[i], &count))
+        if (!multiply(count, e->shape[i], &count))
             return 0;
-    if (__builtin_mul_overflow(count, bits, &count))
+    if (!multiply(count, bits, &count))
         return 0;
     return e->begin < e->end && count == (e->end - e->begin) * 8;
 }
@@ -431,4 +439,13 @@ static struct PyModuleDef module = {
     "weightio's optional C fast paths (see weightio/_speedups.c); weightio works without them.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+/* VERSION: the interface this source implements; weightio uses a built module only when it matches
+   (an in-place build left over from an older source is not called). */
+PyMODINIT_FUNC PyInit__speedups(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

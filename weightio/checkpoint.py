@@ -192,8 +192,11 @@ class _Owners(dict):  # type: ignore[type-arg]
             for reader in self._readers:
                 owners.update(dict.fromkeys(reader.tensors, reader))
             self.update(owners)
-            return owners[name]
-        raise KeyError(name)
+        # (looked up again: another thread may have filled it between this one's miss and here)
+        owner = dict.get(self, name)
+        if owner is None:
+            raise KeyError(name)
+        return owner
 
 
 class CheckpointItems(ItemsView[str, TensorView]):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import mmap
@@ -387,36 +386,20 @@ _ENTRY = st.fixed_dictionaries({
 }, optional={"extra": st.just(1)})
 
 
-# The ways a header can be read, every one available here: the C fast path (weightio/_speedups.c,
-# where it was built), msgspec's typed decode, the standard library's parse, and the exact path
-# (`_strict_entries`) that every refusal falls back to.
-WAYS = ("native", "typed", "standard", "exact") if module._c_header is not None else ("typed", "standard", "exact")
+# The ways a header can be read (`module._only_way`), every one available here: the C path where it
+# was built, msgspec's typed decode, the standard library's parse, and the exact path.
+WAYS = module.WAYS if module._c_header is not None else module.WAYS[1:]
 _C_HEADER = module._c_header
 
 
-@contextlib.contextmanager
-def _reading(monkeypatch, way: str):
-    """Headers read in the block the `way` (one of `WAYS`) reads them (a refusal: the exact path's)."""
-    import msgspec
-
-    from weightio import _json
-
-    with monkeypatch.context() as m:
-        m.setattr(module, "_c_header", _C_HEADER if way == "native" else None)
-        m.setattr(_json, "_msgspec", msgspec if way == "typed" else False)
-        if way == "exact":
-            m.setattr(SafetensorsReader, "_plain", lambda *args: None)
-        yield
-
-
-def _outcome(path, monkeypatch, way: str):
+def _outcome(path, way: str):
     """What reading `path` gives the `way` (one of `WAYS`): its tensors (with their shapes' element
     type) and metadata, or its refusal word for word."""
     import warnings
 
     from weightio.errors import WeightioError
 
-    with _reading(monkeypatch, way), warnings.catch_warnings():
+    with module._only_way(way), warnings.catch_warnings():
         warnings.simplefilter("ignore", WeightioWarning)
         try:
             reader = SafetensorsReader(path)
@@ -429,9 +412,9 @@ def _outcome(path, monkeypatch, way: str):
         reader.close()
 
 
-def _agreed(path, monkeypatch):
+def _agreed(path):
     """The one outcome every way of `WAYS` gives `path` (an AssertionError names the ways that differ)."""
-    outcomes = {way: _outcome(path, monkeypatch, way) for way in WAYS}
+    outcomes = {way: _outcome(path, way) for way in WAYS}
     for way, outcome in outcomes.items():
         assert outcome == outcomes["exact"], (way, outcome, "exact", outcomes["exact"])
     return outcomes["exact"]
@@ -451,7 +434,7 @@ def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entrie
         members.append(members[0])
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", bytes(range(data_len))))
-    _agreed(path, monkeypatch)
+    _agreed(path)
 
 
 _BITS = {"F32": 32, "U8": 8, "BF16": 16, "F4": 4}
@@ -483,7 +466,7 @@ def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, mo
         }[mutation]
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes(text, b"\x01" * offset))
-    fast = _agreed(path, monkeypatch)
+    fast = _agreed(path)
     if mutation == "none" and not any("\x00" in n or not n for n, _, _ in specs) and not any(
             c == "F4" and int(np.prod(s)) % 2 for _, c, s in specs):
         assert isinstance(fast, tuple) and sorted(fast[0]) == sorted(n for n, _, _ in specs)
@@ -527,7 +510,7 @@ def test_fast_and_exact_paths_agree_on_metadata_and_numbers(tmp_path_factory, mo
             [meta] + members + [meta]
     path = tmp_path_factory.mktemp("h") / "x.safetensors"
     path.write_bytes(safetensors_bytes("{" + sep[0].join(members) + "}", b"\x01" * offset))
-    _agreed(path, monkeypatch)
+    _agreed(path)
 
 
 def test_a_large_header_is_validated_by_msgspec_with_the_same_result(tmp_path, monkeypatch):
@@ -643,7 +626,7 @@ def test_the_c_path_reads_plain_headers_and_leaves_the_rest_to_python(tmp_path, 
     assert (covered is not None) == plain
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes(text, bytes(4)))
-    outcome = _agreed(path, monkeypatch)
+    outcome = _agreed(path)
     if plain:  # what it read is what every way reads
         assert {k: tuple(v) for k, v in covered.items()} == {k: t for k, (t, _) in outcome[0].items()}
         assert list(covered) == outcome[1] and found[1] == outcome[2]
@@ -679,6 +662,15 @@ def test_the_c_path_checks_its_arguments():
         _C_HEADER("{}", 8, module._PLAIN, module.TensorInfo, 64, 10**6, 65535)
 
 
+def _read_by_c(path, monkeypatch) -> None:
+    """`path` is read by the C path itself, not handed to the Python paths (where it is built)."""
+    if _C_HEADER is None:
+        return
+    with module._only_way("native"), monkeypatch.context() as m:
+        m.setattr(SafetensorsReader, "_plain", lambda *a: pytest.fail("the C path handed the header to Python"))
+        SafetensorsReader(path).close()
+
+
 @pytest.mark.parametrize("limit,fits", [("exact", True), ("one byte less", False)])
 @pytest.mark.parametrize("where", ["a tensor name", "a metadata key"])
 def test_every_way_holds_names_to_the_limit_by_their_utf8_length(tmp_path, monkeypatch, limit, fits, where):
@@ -691,7 +683,9 @@ def test_every_way_holds_names_to_the_limit_by_their_utf8_length(tmp_path, monke
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes(json.dumps(header, ensure_ascii=False), bytes(1)))
     with wio.limits.using(name_bytes=15 if limit == "exact" else 14):
-        outcome = _agreed(path, monkeypatch)
+        outcome = _agreed(path)
+        if fits:
+            _read_by_c(path, monkeypatch)
     assert isinstance(outcome, tuple) == fits
     if not fits:
         assert "the length of name 'üüüüüüüx'…: 15 exceeds the 14-byte limit (limits.name_bytes" in outcome
@@ -704,7 +698,9 @@ def test_every_way_holds_the_tensor_count_to_the_limit(tmp_path, monkeypatch, co
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes(json.dumps(header), bytes(3)))
     with wio.limits.using(tensors=count):
-        outcome = _agreed(path, monkeypatch)
+        outcome = _agreed(path)
+        if fits:
+            _read_by_c(path, monkeypatch)
     assert isinstance(outcome, tuple) == fits
     if not fits:
         assert "tensor count 3 exceeds the 2 limit (limits.tensors" in outcome
@@ -713,14 +709,15 @@ def test_every_way_holds_the_tensor_count_to_the_limit(tmp_path, monkeypatch, co
 def test_the_c_path_is_built_where_ci_says_it_must_be():
     if not os.environ.get("WEIGHTIO_REQUIRE_SPEEDUPS"):
         pytest.skip("WEIGHTIO_REQUIRE_SPEEDUPS is not set (.ci/run sets it)")
-    assert _C_HEADER is not None
+    assert _C_HEADER is not None and module._built_version == module._SPEEDUPS_VERSION
 
 
-def test_weightio_no_speedups_turns_the_c_path_off():
-    code = "from weightio.formats import safetensors as m; print(m._c_header)"
-    env = dict(os.environ, WEIGHTIO_NO_SPEEDUPS="1")
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout == "None\n"
+@pytest.mark.parametrize("value,on", [("1", False), ("yes", False), ("0", True), ("", True)])
+def test_weightio_no_speedups_turns_the_c_path_off(value, on):
+    code = "from weightio.formats import safetensors as m; print(m._c_header is not None)"
+    env = dict(os.environ, WEIGHTIO_NO_SPEEDUPS=value)
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert found == f"{on and _C_HEADER is not None}\n"
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -729,15 +726,15 @@ def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size
     # has no duplicate-key hook, reported the syntax error further on instead of the duplicate)
     path = tmp_path / "x.safetensors"
     path.write_bytes(safetensors_bytes('{"w":{"shape":"I64","shape":[],"data_offsets":[0,8]},,}', bytes(8)))
-    with _reading(monkeypatch, way), pytest.raises(CorruptFileError, match=r"x\.safetensors: header has the key "
+    with module._only_way(way), pytest.raises(CorruptFileError, match=r"x\.safetensors: header has the key "
                                                                            "'shape' twice$"):
         SafetensorsReader(path)
     many = json.dumps({f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)})
     path.write_bytes(safetensors_bytes(many[:-1] + ', "t0": {}}', bytes(3)))  # over the limit, and a duplicate
-    with _reading(monkeypatch, way), wio.limits.using(tensors=2), \
+    with module._only_way(way), wio.limits.using(tensors=2), \
             pytest.raises(CorruptFileError, match="header has the key 't0' twice$"):
         SafetensorsReader(path)
     path.write_bytes(safetensors_bytes(many, bytes(3)))  # over the limit only
-    with _reading(monkeypatch, way), wio.limits.using(tensors=2), \
+    with module._only_way(way), wio.limits.using(tensors=2), \
             pytest.raises(CorruptFileError, match=r"x\.safetensors: tensor count 3 exceeds the 2 limit \(limits\."):
         SafetensorsReader(path)

@@ -221,34 +221,21 @@ def _safetensors_differential(file: MappedFile) -> Any:
     path says the header "nests too deeply": how deep a parser gets before Python's recursion limit
     depends on the stack under it (a field ignored with a warning ~990 levels deep is read, or
     refused, by the same path at two stack depths)."""
-    import msgspec
-
-    from weightio import _json
     from weightio.formats import safetensors as module
 
-    native = module._c_header
-    ways = {"the C path": (native, False, False), "msgspec's path": (None, msgspec, False),
-            "the standard parser's path": (None, False, False), "the exact path": (None, False, True)}
     outcomes = {}
-    for way, (speedups, fast, exact) in ways.items():
-        if way == "the C path" and native is None:
-            continue
-        saved = module._c_header, _json._msgspec, module.SafetensorsReader._plain
-        module._c_header, _json._msgspec = speedups, fast
-        if exact:
-            module.SafetensorsReader._plain = lambda *args: None
+    for way in module.WAYS if module._c_header is not None else module.WAYS[1:]:
         try:
-            reader = module.SafetensorsReader(file.path)
+            with module._only_way(way):
+                reader = module.SafetensorsReader(file.path)
             outcomes[way] = ({k: tuple(v) for k, v in reader.tensors.items()}, list(reader.tensors), reader.metadata)
             reader.close()
         except WeightioError as e:
             outcomes[way] = (type(e).__name__, str(e))
-        finally:
-            module._c_header, _json._msgspec, module.SafetensorsReader._plain = saved
     if not any("nests too deeply" in str(outcome) for outcome in outcomes.values()):  # (see below)
-        exact = outcomes["the exact path"]
+        exact = outcomes["exact"]
         for way, outcome in outcomes.items():
-            assert outcome == exact, (f"{way} and the exact path disagree", outcome, exact)
+            assert outcome == exact, (f"the {way} path and the exact path disagree", outcome, exact)
     return module.SafetensorsReader(file)
 
 

@@ -47,7 +47,7 @@ import re
 import struct
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any
 
 from .._gc import collector_paused
@@ -60,11 +60,16 @@ from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
 
-try:  # the header's fast path in C (weightio/_speedups.c), where it was built
+# The header's fast path in C (weightio/_speedups.c), where it was built and is the version this
+# code calls (a stale in-place build of an editable install is not), unless WEIGHTIO_NO_SPEEDUPS
+# is set (to anything but 0): then the Python paths read every header.
+_SPEEDUPS_VERSION = 1
+try:
+    from .._speedups import VERSION as _built_version
     from .._speedups import safetensors_header as _c_header
-except ImportError:
-    _c_header = None
-if os.environ.get("WEIGHTIO_NO_SPEEDUPS"):  # turned off by the user: the Python paths read every header
+except (ImportError, RuntimeWarning):  # (a free-threaded Python warns that it turns its GIL back on)
+    _c_header, _built_version = None, None
+if _built_version != _SPEEDUPS_VERSION or os.environ.get("WEIGHTIO_NO_SPEEDUPS", "0") not in ("", "0"):
     _c_header = None
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
@@ -438,6 +443,34 @@ def _check_unicode(header: dict[str, Any], fail: Any) -> None:
             except UnicodeEncodeError as e:
                 raise fail(f"{text[:40]!r} holds a lone surrogate ({text[e.start]!r}, from a \\u escape); names "
                            "and metadata must be Unicode text") from None
+
+
+WAYS = ("native", "typed", "standard", "exact")  # how a header can be read: see `_only_way`
+
+
+@contextlib.contextmanager
+def _only_way(way: str) -> Iterator[None]:
+    """Read headers in the block one way only: ``"native"`` (the C path, then the standard
+    library's where it returns None), ``"typed"`` (msgspec against the schema), ``"standard"``
+    (the standard library's parse), ``"exact"`` (`_strict_entries`, which says what is wrong).
+    For the differential tests and the fuzz harness, which compare them; it sets module state,
+    so it is not for use while other threads open files."""
+    from .. import _json
+
+    saved = _c_header, _json._msgspec, SafetensorsReader._plain
+    globals()["_c_header"] = saved[0] if way == "native" else None
+    if way == "typed":
+        import msgspec
+
+        _json._msgspec = msgspec
+    else:
+        _json._msgspec = False
+    if way == "exact":
+        SafetensorsReader._plain = lambda *args: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        globals()["_c_header"], _json._msgspec, SafetensorsReader._plain = saved  # type: ignore[method-assign]
 
 
 def _is_count(x: Any) -> bool:

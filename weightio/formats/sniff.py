@@ -161,10 +161,11 @@ def _tar_checksum_may_match(block: bytes) -> bool:
     base-256 field and for a match, which `tarfile` itself then judges."""
     if block.count(0) == len(block) or block[148] in (0o200, 0o377):
         return True
-    if block[148:156].split(b"\0", 1)[0].translate(None, _CHECKSUM_BYTES):
+    field = block[148:156].split(b"\0", 1)[0]
+    if field.translate(None, _CHECKSUM_BYTES):
         return False  # (the common case: no number there at all)
     try:
-        stored = int(block[148:156].split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
+        stored = int(field.decode("ascii").strip() or "0", 8)
     except (UnicodeDecodeError, ValueError):
         return False
     rest = block[:148] + block[156:]
