@@ -8,4 +8,5 @@ extension modules experimental.)
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], optional=True)])
+setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], depends=["weightio/_json_scan.h"],
+                             optional=True)])

@@ -25,7 +25,7 @@ PACKAGES = {"weightio": ROOT / "weightio", "weightio.cli": ROOT / "cli"}
 CORE = {"weightio.errors", "weightio.dtypes", "weightio.limits", "weightio.records", "weightio._io", "weightio._remote",
         "weightio._memory", "weightio._failures", "weightio._streaming",
         "weightio._json", "weightio._gc", "weightio._outputs", "weightio._threads", "weightio.layout",
-        "weightio.text", "weightio._speedups"}
+        "weightio.text", "weightio._speedups", "weightio._native"}
 ALLOWED = {  # prefix -> what modules under it may import (besides themselves and their own package)
     "weightio.quant": CORE - {"weightio._io", "weightio._outputs", "weightio._json", "weightio._gc", "weightio.layout"},
     "weightio.formats": CORE | {"weightio.quant"},
@@ -203,7 +203,7 @@ def test_the_command_line_uses_only_the_public_api():
 
 def test_no_module_over_the_line_limit():
     long = {}
-    for file, _ in modules().values():
+    for file in [file for file, _ in modules().values()] + sorted(PACKAGES["weightio"].glob("*.h")):
         relative = file.relative_to(ROOT).as_posix()
         lines = len(file.read_text().splitlines())
         if lines > MAX_LINES and relative not in GENERATED:

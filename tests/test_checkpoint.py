@@ -206,3 +206,101 @@ def test_a_sharded_set_opens_by_its_index_file_too():
     with wio.open(SHARDED / "model.safetensors.index.json") as by_index, wio.open(SHARDED) as by_dir:
         assert list(by_index) == list(by_dir) and by_index.files == by_dir.files
         assert all(by_index[n].numpy().tobytes() == by_dir[n].numpy().tobytes() for n in by_dir)
+
+
+# ----------------------------------------------------------------------------- index files parsed in C
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from weightio import layout  # noqa: E402
+
+_C_INDEX = layout._c_index
+needs_c_index = pytest.mark.skipif(_C_INDEX is None, reason="weightio._speedups is not built here")
+
+
+def _index_outcome(raw: bytes, c: bool, monkeypatch) -> object:
+    """`layout.parse_index` of `raw` with the C path on or off: the result, or the refusal's words."""
+    with monkeypatch.context() as m:
+        m.setattr(layout, "_c_index", _C_INDEX if c else None)
+        try:
+            return layout.parse_index(raw, "x/model.safetensors.index.json")
+        except WeightioError as e:
+            return f"{type(e).__name__}: {e}"
+
+
+_SCALARS = st.one_of(st.text(alphabet='ab:"\\é\x01', max_size=3), st.integers(-2**70, 2**70), st.booleans(), st.none(),
+                     st.floats(allow_nan=False, allow_infinity=False), st.just([1]), st.just({"k": "v"}))
+
+
+@needs_c_index
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(st.text(alphabet='ab.:"\\é\x01', max_size=4), max_size=5),
+       shards=st.lists(st.sampled_from(["s1.safetensors", "s2.safetensors", "../up", "", "a\\\"b", 3]), min_size=5,
+                       max_size=5),
+       metadata=st.one_of(st.none(), st.dictionaries(st.text(alphabet="ab\\", max_size=2), _SCALARS, max_size=3)),
+       order=st.sampled_from(["metadata first", "weight_map first", "no metadata", "extra key", "twice"]),
+       spaces=st.booleans(), duplicate=st.booleans())
+def test_an_index_parsed_in_c_reads_as_the_python_path_reads_it(monkeypatch, names, shards, metadata, order, spaces,
+                                                                 duplicate):
+    sep = (", ", ": ") if spaces else (",", ":")
+    pairs = [json.dumps(n) + sep[1] + json.dumps(s) for n, s in zip(names, shards, strict=False)]
+    if duplicate and pairs:
+        pairs.append(pairs[0])
+    weight_map = '"weight_map"' + sep[1] + "{" + sep[0].join(pairs) + "}"
+    members = {"metadata first": ["M", weight_map], "weight_map first": [weight_map, "M"], "no metadata": [weight_map],
+               "extra key": ['"other"' + sep[1] + "1", weight_map], "twice": [weight_map, weight_map]}[order]
+    meta = '"metadata"' + sep[1] + json.dumps(metadata, separators=sep)
+    raw = ("{" + sep[0].join(meta if m == "M" else m for m in members) + "}").encode()
+    ours = _index_outcome(raw, True, monkeypatch)
+    assert ours == _index_outcome(raw, False, monkeypatch)
+
+
+_INDEX_EDGES = [
+    (b'{"metadata":{"total_size":3},"weight_map":{"a":"s.safetensors","b":"s.safetensors"}}', True),
+    (b' {\n "weight_map" : { "a" : "s" } ,\t"metadata" : { "x" : -5, "y": true, "z": null, "w": "v" } }\r\n', True),
+    (b'{}', True),
+    (b'{"weight_map":{}}', True),
+    (b'{"metadata":{"total_size":-0}}', True),
+    (b'{"metadata":{"total_size":1.5},"weight_map":{}}', False),
+    (b'{"metadata":{"total_size":1e3},"weight_map":{}}', False),
+    (b'{"metadata":{"total_size":1234567890123456789},"weight_map":{}}', False),
+    (b'{"metadata":{"a":[1]},"weight_map":{}}', False),
+    (b'{"metadata":{"a":{}},"weight_map":{}}', False),
+    (b'{"metadata":null,"weight_map":{}}', False),
+    (b'{"weight_map":{"a":3}}', False),
+    (b'{"weight_map":{"a":"s","a":"s"}}', False),
+    (b'{"weight_map":{},"weight_map":{}}', False),
+    (b'{"weight_map":{"a\\u0062":"s"}}', False),
+    (b'{"weight_map":{"a":"s"},"other":1}', False),
+    (b'{"weight_map":{"\xff":"s"}}', False),
+    (b'{"weight_map":{"a":"s"}', False),
+    (b'{"weight_map":{"a":"s"},}', False),
+    (b'{"weight_map":{"a":"s"}} x', False),
+    (b'\xef\xbb\xbf{"weight_map":{}}', False),
+    (b'{"metadata":{"a":tru},"weight_map":{}}', False),
+    (b'{"metadata":{"a":-\n1},"weight_map":{}}', False),  # (found by a mutation differential: no space after a sign)
+    (b'{"metadata":{"a":- 1},"weight_map":{}}', False),
+    (b'{"metadata":{"a":-},"weight_map":{}}', False),
+    (b'[]', False),
+    (b'', False),
+]
+
+
+@needs_c_index
+@pytest.mark.parametrize("raw,plain", _INDEX_EDGES)
+def test_the_c_path_reads_plain_indexes_and_leaves_the_rest_to_python(monkeypatch, raw, plain):
+    found = _C_INDEX(raw)
+    assert (found is not None) == plain
+    if plain:
+        assert found == json.loads(raw) and list(found) == list(json.loads(raw))
+    assert _index_outcome(raw, True, monkeypatch) == _index_outcome(raw, False, monkeypatch)
+
+
+@needs_c_index
+def test_a_model_s_index_is_read_in_c(monkeypatch):
+    taken = []
+    monkeypatch.setattr(layout, "_c_index", lambda raw: taken.append(1) or _C_INDEX(raw))
+    monkeypatch.setattr(layout, "parse_json_object", lambda *a, **k: pytest.fail("the Python path was taken"))
+    with wio.open(SHARDED) as ckpt:
+        assert taken == [1] and len(ckpt) == 39 and ckpt.metadata["total_size"] > 0

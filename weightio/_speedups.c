@@ -1,137 +1,27 @@
-/* weightio._speedups: the safetensors header's fast path in C (optional; weightio works without it).
+/* weightio._speedups: fast paths in C for the JSON weightio reads most (optional; weightio works
+   without it: weightio/_native.py loads it).
 
-   One function, `safetensors_header`, reads a header that is *plain*: a JSON object whose strings
-   hold no backslash escape, whose numbers are non-negative integers of at most 18 digits, whose
-   members are tensor entries of exactly {dtype, shape, data_offsets} (any order, each once) and at
-   most one "__metadata__" object of strings, with no key twice; each entry of a known dtype code,
-   at most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
-   `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8. Anything
-   else returns None, and the caller reads the header the Python way, which accepts or refuses it
-   with its own words: this function refuses nothing and accepts only what those paths accept, with
-   the same result (checked by differential tests and a differential fuzz harness).
+   `safetensors_header` reads a header that is *plain*: a JSON object whose strings hold no
+   backslash escape, whose numbers are non-negative integers of at most 18 digits, whose members
+   are tensor entries of exactly {dtype, shape, data_offsets} (any order, each once) and at most
+   one "__metadata__" object of strings, with no key twice; each entry of a known dtype code, at
+   most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
+   `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8.
+   `index_json` reads a plain sharded-checkpoint index: a "weight_map" object of strings and a
+   "metadata" object of scalars. Anything else returns None, and the caller reads the input the
+   Python way, which accepts or refuses it with its own words: these functions refuse nothing and
+   accept only what those paths accept, with the same result (checked by differential tests and a
+   differential fuzz harness).
 
-   Safety: the input is a bytes object read through its length only; no recursion (the grammar
-   above has a fixed depth of three); every number is bounded before it is used (18 digits, products
-   checked for overflow); every object built is owned by the result or released on every exit.
-   Nothing is allocated from a number in the file: sizes come from the input's length. */
+   Safety: the input is a bytes object read through its length only (_json_scan.h); no recursion
+   (the grammars above have a fixed depth of three); every number is bounded before it is used (18
+   digits, products checked for overflow); every object built is owned by the result or released
+   on every exit. Nothing is allocated from a number in the file: sizes come from the input's
+   length. */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_json_scan.h"
 
-#define MAX_DIGITS 18 /* < 2^63: no overflow while reading, none in (end - begin) * 8 */
-#define MAX_RANK 64   /* numpy's limit; the caller's max_ndim may not exceed it */
-
-typedef struct {
-    const unsigned char *p, *end;
-} Cursor;
-
-static inline void skip_space(Cursor *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t'))
-        c->p++;
-}
-
-/* The next character (after whitespace) is `ch`: consume it. */
-static inline int take(Cursor *c, unsigned char ch) {
-    skip_space(c);
-    if (c->p < c->end && *c->p == ch) {
-        c->p++;
-        return 1;
-    }
-    return 0;
-}
-
-/* A string with no escape and no control character: its bytes (still UTF-8, not yet checked). */
-static int string_bytes(Cursor *c, const char **start, Py_ssize_t *length) {
-    skip_space(c);
-    if (c->p >= c->end || *c->p != '"')
-        return 0;
-    const unsigned char *s = ++c->p;
-    while (c->p < c->end) {
-        unsigned char ch = *c->p;
-        if (ch == '"') {
-            *start = (const char *)s;
-            *length = c->p - s;
-            c->p++;
-            return 1;
-        }
-        if (ch == '\\' || ch < 0x20)
-            return 0;
-        c->p++;
-    }
-    return 0;
-}
-
-/* A non-negative JSON integer of at most MAX_DIGITS digits, not followed by a fraction or exponent. */
-static int integer(Cursor *c, uint64_t *value) {
-    skip_space(c);
-    const unsigned char *start = c->p;
-    uint64_t x = 0;
-    if (c->p >= c->end || *c->p < '0' || *c->p > '9')
-        return 0;
-    if (*c->p == '0') {
-        c->p++;
-    } else {
-        while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
-            if (c->p - start >= MAX_DIGITS)
-                return 0;
-            x = x * 10 + (uint64_t)(*c->p - '0');
-            c->p++;
-        }
-    }
-    if (c->p < c->end && ((*c->p >= '0' && *c->p <= '9') || *c->p == '.' || *c->p == 'e' || *c->p == 'E'))
-        return 0; /* a leading zero, a fraction or an exponent */
-    *value = x;
-    return 1;
-}
-
-/* After a member or an element: ',' (1, more follow), `close` (0, the container ends), else -1. */
-static inline int next_or_close(Cursor *c, unsigned char close) {
-    skip_space(c);
-    if (c->p < c->end) {
-        unsigned char ch = *c->p++;
-        if (ch == ',')
-            return 1;
-        if (ch == close)
-            return 0;
-    }
-    return -1;
-}
-
-/* '[' integers ']': at most `limit` of them into `out`; their count, or -1. */
-static int integers(Cursor *c, uint64_t *out, int limit) {
-    int n = 0;
-    if (!take(c, '['))
-        return -1;
-    skip_space(c);
-    if (c->p < c->end && *c->p == ']') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
-        if (n >= limit || !integer(c, &out[n]))
-            return -1;
-        n++;
-        int more = next_or_close(c, ']');
-        if (more < 0)
-            return -1;
-        if (!more)
-            return n;
-    }
-}
-
-static inline int is_key(const char *s, Py_ssize_t n, const char *key) {
-    return (size_t)n == strlen(key) && memcmp(s, key, (size_t)n) == 0;
-}
-
-/* A str of UTF-8 bytes; NULL with no error set when they are not valid UTF-8. */
-static PyObject *text(const char *s, Py_ssize_t n) {
-    PyObject *out = PyUnicode_DecodeUTF8(s, n, "strict");
-    if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-        PyErr_Clear();
-    return out;
-}
+#define MAX_RANK 64 /* numpy's limit; the caller's max_ndim may not exceed it */
 
 /* The "__metadata__" object: str -> str into `metadata` (empty), no key longer than `max_key`
    bytes. 1, or 0 (not plain; error set if an allocation failed). */
@@ -429,8 +319,167 @@ done:
     return result;
 }
 
+/* ----------------------------------------------------------------------------- index files */
+
+/* A scalar JSON value as json.loads makes it: a string (no escape), an integer (at most 18 digits,
+   optionally negative), true, false or null; NULL with no error set for anything else. */
+static PyObject *scalar(Cursor *c) {
+    skip_space(c);
+    if (c->p >= c->end)
+        return NULL;
+    unsigned char ch = *c->p;
+    if (ch == '"') {
+        const char *s;
+        Py_ssize_t n;
+        return string_bytes(c, &s, &n) ? text(s, n) : NULL;
+    }
+    if (ch == '-' || (ch >= '0' && ch <= '9')) {
+        int negative = ch == '-';
+        uint64_t x;
+        c->p += negative;
+        if (negative && (c->p >= c->end || *c->p < '0' || *c->p > '9'))
+            return NULL; /* (no space, or anything else, between the sign and the digits) */
+        if (!integer(c, &x))
+            return NULL;
+        return negative ? PyLong_FromLongLong(-(long long)x) : PyLong_FromUnsignedLongLong(x);
+    }
+    static const struct { const char *word; PyObject *value; } words[] = {
+        {"true", Py_True}, {"false", Py_False}, {"null", Py_None}};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(c->end - c->p) >= n && memcmp(c->p, words[i].word, n) == 0) {
+            c->p += n;
+            return Py_NewRef(words[i].value);
+        }
+    }
+    return NULL;
+}
+
+/* '{' string ':' value (',' ...)* '}' into `out` (empty), values strings only (`strings`) or
+   scalars, no key twice. 1, or 0 (not plain; error set if an allocation failed). `last`: the last
+   string value made (owned; the caller releases it). */
+static int flat_object(Cursor *c, PyObject *out, int strings, PyObject **last) {
+    const char *last_bytes = NULL;
+    Py_ssize_t last_length = -1;
+    if (!take(c, '{'))
+        return 0;
+    skip_space(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        const char *ks;
+        Py_ssize_t kn;
+        if (!string_bytes(c, &ks, &kn) || !take(c, ':'))
+            return 0;
+        skip_space(c);
+        PyObject *value;
+        if (strings) { /* (a weight_map names a few shards 100k times: each is made once, the runs reuse it) */
+            const char *vs;
+            Py_ssize_t vn;
+            if (!string_bytes(c, &vs, &vn))
+                return 0;
+            if (*last == NULL || last_length != vn || memcmp(last_bytes, vs, (size_t)vn) != 0) {
+                PyObject *made = text(vs, vn);
+                if (made == NULL)
+                    return 0;
+                Py_XSETREF(*last, made);
+                last_bytes = vs;
+                last_length = vn;
+            }
+            value = Py_NewRef(*last);
+        } else if ((value = scalar(c)) == NULL) {
+            return 0;
+        }
+        PyObject *key = text(ks, kn);
+        if (key == NULL) {
+            Py_DECREF(value);
+            return 0;
+        }
+        Py_ssize_t before = PyDict_GET_SIZE(out);
+        int failed = PyDict_SetItem(out, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (failed || PyDict_GET_SIZE(out) == before)
+            return 0;
+        int more = next_or_close(c, '}');
+        if (more < 0)
+            return 0;
+        if (!more)
+            return 1;
+    }
+}
+
+PyDoc_STRVAR(index_json_doc,
+"index_json(text)\n--\n\n"
+"A plain sharded-checkpoint index (bytes) as json.loads reads it, or None.\n\n"
+"Plain: an object of at most a \"metadata\" object of scalars (strings without escapes, integers\n"
+"of at most 18 digits, true, false, null) and a \"weight_map\" object of strings without escapes,\n"
+"no key twice, valid UTF-8. Anything else is None: the caller parses it the Python way, which\n"
+"accepts or refuses it with its own words.");
+
+/* One member of an index: `key` (weight_map: strings, or metadata: scalars) into `index`, once. */
+static int index_member(Cursor *c, PyObject *index, const char *key, Py_ssize_t n, int strings) {
+    PyObject *name = PyUnicode_FromStringAndSize(key, n), *value = NULL, *last = NULL;
+    int ok = 0;
+    if (name != NULL && PyDict_Contains(index, name) == 0 && (value = PyDict_New()) != NULL &&
+        PyDict_SetItem(index, name, value) == 0)
+        ok = flat_object(c, value, strings, &last);
+    Py_XDECREF(name);
+    Py_XDECREF(value);
+    Py_XDECREF(last);
+    return ok;
+}
+
+static int read_index(Cursor *c, PyObject *index) {
+    if (!take(c, '{'))
+        return 0;
+    skip_space(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+    } else {
+        for (;;) {
+            const char *key;
+            Py_ssize_t n;
+            if (!string_bytes(c, &key, &n) || !take(c, ':'))
+                return 0;
+            int strings = is_key(key, n, "weight_map");
+            if (!strings && !is_key(key, n, "metadata"))
+                return 0;
+            if (!index_member(c, index, key, n, strings))
+                return 0;
+            int more = next_or_close(c, '}');
+            if (more < 0)
+                return 0;
+            if (!more)
+                break;
+        }
+    }
+    skip_space(c);
+    return c->p == c->end;
+}
+
+static PyObject *index_json(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*:index_json", &view))
+        return NULL;
+    PyObject *index = PyDict_New(), *result = NULL;
+    if (index != NULL) {
+        Cursor c = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+        if (read_index(&c, index))
+            result = Py_NewRef(index);
+        else if (!PyErr_Occurred())
+            result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(index);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"safetensors_header", safetensors_header, METH_VARARGS, safetensors_header_doc},
+    {"index_json", index_json, METH_VARARGS, index_json_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -442,8 +491,9 @@ static struct PyModuleDef module = {
 /* VERSION: the interface this source implements; weightio uses a built module only when it matches
    (an in-place build left over from an older source is not called). */
 PyMODINIT_FUNC PyInit__speedups(void) {
+    make_stops();
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 1) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

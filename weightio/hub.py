@@ -41,7 +41,6 @@ from typing import Any
 
 from . import layout, limits
 from ._failures import scrub
-from ._json import parse_json_object
 from ._outputs import check_parent
 from .errors import FormatError, InputError, WeightioError
 from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse
@@ -211,7 +210,7 @@ class _Repo:
             if self._with_sizes and not self.offline and local is None:
                 label = f"{HubPath(self.hub.repo_id, self.hub.repo_type, self.hub.revision, '')}/{filename}"
                 raw = self._get(filename)
-                self._indexes[filename] = layout.check_index(parse_json_object(raw, path=label, what="index"), label)
+                self._indexes[filename] = layout.parse_index(raw, label)
             else:
                 self._indexes[filename] = layout.read_index(local or self.fetch(filename))
         return self._indexes[filename]

@@ -9,7 +9,7 @@ A model directory holds its weights in one of these layouts, most preferred firs
   ``gguf-split`` names); part 1 brings the others.
 
 `choose` applies these rules to a list of file names (a local listing or a Hub repo's),
-`read_index` reads and checks an index file, `split_part` parses a split-GGUF name. Callers
+`read_index` reads and checks an index file (`parse_index` its bytes), `split_part` parses a split-GGUF name. Callers
 word their own errors; the rules live here only.
 """
 
@@ -22,10 +22,13 @@ from typing import Any
 
 from ._io import MappedFile
 from ._json import parse_json_object
+from ._native import speedups
 from .errors import CorruptFileError
 
-__all__ = ["LAYOUTS", "WEIGHT_SUFFIXES", "Ambiguous", "choose", "is_weights", "check_index", "read_index", "split_part",
-           "split_parts"]
+__all__ = ["LAYOUTS", "WEIGHT_SUFFIXES", "Ambiguous", "choose", "is_weights", "check_index", "parse_index",
+           "read_index", "split_part", "split_parts"]
+
+_c_index = speedups.index_json if speedups is not None else None  # plain indexes in C: `parse_index`
 
 # (index suffix or None, preferred file, other weight suffixes), most preferred first.
 # GGUF has no index file: a directory holds one .gguf, or the parts of one split set.
@@ -124,10 +127,20 @@ def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     """
     file = MappedFile(index_path)
     try:
-        index = parse_json_object(file.read(0, file.size, "the index"), path=index_path, what="index")
+        raw = file.read(0, file.size, "the index")
     finally:
         file.close()
-    return check_index(index, index_path)
+    return parse_index(raw, index_path)
+
+
+def parse_index(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """`read_index` of an index's bytes (a file's, or a URL's named `where`). A plain index (no
+    escapes, no floats, flat ``metadata``) is parsed in C where built (`weightio._native`), anything
+    else by `parse_json_object`, which says what is wrong; either way `check_index` checks it."""
+    index = _c_index(raw) if _c_index is not None else None
+    if index is None:
+        index = parse_json_object(raw, path=where, what="index")
+    return check_index(index, where)
 
 
 def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str], dict[str, Any]]:

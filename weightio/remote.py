@@ -29,7 +29,6 @@ from typing import Any
 from . import layout, remote_s3
 from ._failures import is_url, redact, retrying
 from ._gc import collector_paused
-from ._json import parse_json_object
 from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
@@ -465,7 +464,7 @@ def _open_index(fs: Any, path: str, url: str, found: Found | None = None,
         raw = index.read(0, index.size, "the index")
     finally:
         index.close()
-    weight_map, metadata = _parse_index(raw, redact(url))
+    weight_map, metadata = layout.parse_index(raw, redact(url))
     if listed is not None:
         listing = listed.result()
     shards = layout.shards(weight_map)
@@ -492,8 +491,6 @@ def _listing(fs: Any, folder: str) -> dict[str, dict[str, Any]]:
             if isinstance(e, dict) and isinstance(e.get("name"), str)}
 
 
-def _parse_index(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:
-    return layout.check_index(parse_json_object(raw, path=where, what="index"), where)
 
 
 def _siblings(first: Reader, make: Callable[[str], RemoteFile]) -> list[Reader]:

@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import re
 import struct
 import sys
@@ -52,6 +51,7 @@ from typing import Annotated, Any
 
 from .._gc import collector_paused
 from .._json import decode_utf8, fast_json, parse_json_object
+from .._native import speedups
 from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
@@ -60,17 +60,8 @@ from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
 
-# The header's fast path in C (weightio/_speedups.c), where it was built and is the version this
-# code calls (a stale in-place build of an editable install is not), unless WEIGHTIO_NO_SPEEDUPS
-# is set (to anything but 0): then the Python paths read every header.
-_SPEEDUPS_VERSION = 1
-try:
-    from .._speedups import VERSION as _built_version
-    from .._speedups import safetensors_header as _c_header
-except (ImportError, RuntimeWarning):  # (a free-threaded Python warns that it turns its GIL back on)
-    _c_header, _built_version = None, None
-if _built_version != _SPEEDUPS_VERSION or os.environ.get("WEIGHTIO_NO_SPEEDUPS", "0") not in ("", "0"):
-    _c_header = None
+# The header's fast path in C (weightio/_speedups.c: `weightio._native`), else None.
+_c_header = speedups.safetensors_header if speedups is not None else None
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 

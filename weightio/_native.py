@@ -1,0 +1,31 @@
+"""weightio's optional C module, `weightio._speedups` (weightio/_speedups.c), or None.
+
+None where it was not built (no C compiler at install: the Python paths do everything), where the
+built module is not the interface this code calls (`VERSION`: a stale in-place build of an
+editable install), where it cannot load (a free-threaded Python warns that it turns its GIL back
+on, an error under ``-W error``), and where ``WEIGHTIO_NO_SPEEDUPS`` is set to anything but 0.
+Its functions refuse nothing: each returns None for anything unusual, and the caller's Python path
+then reads the input and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["VERSION", "speedups"]
+
+VERSION = 2  # the interface of weightio/_speedups.c this code calls (its module's VERSION)
+
+
+def _load() -> Any:
+    if os.environ.get("WEIGHTIO_NO_SPEEDUPS", "0") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups
+    except (ImportError, RuntimeWarning):
+        return None
+    return _speedups if getattr(_speedups, "VERSION", None) == VERSION else None
+
+
+speedups: Any = _load()
