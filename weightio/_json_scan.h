@@ -1,5 +1,5 @@
-/* The JSON scanning primitives of weightio/_speedups.c: a cursor over the input's bytes, and the
-   tokens its parsers accept. Each reads only before the cursor's end, and returns 0 (or NULL) for
+/* The JSON scanning primitives of weightio/_speedups.c: a cursor over the input's bytes, the
+   tokens its parsers accept, and flat objects of them. Each reads only before the cursor's end, and returns 0 (or NULL) for
    anything it does not accept, consuming what it looked at; the callers then give up on the input
    (return None), so nothing here needs to back up. Included once, by _speedups.c. */
 
@@ -126,6 +126,121 @@ static PyObject *text(const char *s, Py_ssize_t n) {
     if (out == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
         PyErr_Clear();
     return out;
+}
+
+/* A scalar JSON value as json.loads makes it: a string (no escape), an integer (at most 18 digits,
+   optionally negative), true, false or null; NULL with no error set for anything else. */
+static PyObject *scalar(Cursor *c) {
+    skip_space(c);
+    if (c->p >= c->end)
+        return NULL;
+    unsigned char ch = *c->p;
+    if (ch == '"') {
+        const char *s;
+        Py_ssize_t n;
+        return string_bytes(c, &s, &n) ? text(s, n) : NULL;
+    }
+    if (ch == '-' || (ch >= '0' && ch <= '9')) {
+        int negative = ch == '-';
+        uint64_t x;
+        c->p += negative;
+        if (negative && (c->p >= c->end || *c->p < '0' || *c->p > '9'))
+            return NULL; /* (no space, or anything else, between the sign and the digits) */
+        if (!integer(c, &x))
+            return NULL;
+        return negative ? PyLong_FromLongLong(-(long long)x) : PyLong_FromUnsignedLongLong(x);
+    }
+    static const struct { const char *word; PyObject *value; } words[] = {
+        {"true", Py_True}, {"false", Py_False}, {"null", Py_None}};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(c->end - c->p) >= n && memcmp(c->p, words[i].word, n) == 0) {
+            c->p += n;
+            return Py_NewRef(words[i].value);
+        }
+    }
+    return NULL;
+}
+
+/* The value of a member of a flat object: a string (with `strings`; one equal to the last one made,
+   `*last`, is that object again: a weight_map names a few shards 100k times) or a scalar. */
+static PyObject *member_value(Cursor *c, int strings, PyObject **last) {
+    if (!strings)
+        return scalar(c);
+    const char *s;
+    Py_ssize_t n;
+    if (!string_bytes(c, &s, &n))
+        return NULL;
+    if (*last == NULL || PyUnicode_GET_LENGTH(*last) != n || !PyUnicode_IS_COMPACT_ASCII(*last) ||
+        memcmp(PyUnicode_DATA(*last), s, (size_t)n) != 0) {
+        PyObject *made = text(s, n);
+        if (made == NULL)
+            return NULL;
+        Py_XSETREF(*last, made);
+    }
+    return Py_NewRef(*last);
+}
+
+/* How a parser reads the value of one member of an object (its key's bytes given): 1, or 0 (not
+   plain; error set if an allocation failed). */
+typedef int (*Member)(Cursor *c, const char *key, Py_ssize_t length, void *state);
+
+/* '{' string ':' value (',' ...)* '}', or '{}': each value read by `member`. 1, or 0. */
+static int object(Cursor *c, Member member, void *state) {
+    if (!take(c, '{'))
+        return 0;
+    skip_space(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return 1;
+    }
+    for (;;) {
+        const char *key;
+        Py_ssize_t n;
+        if (!string_bytes(c, &key, &n) || !take(c, ':') || !member(c, key, n, state))
+            return 0;
+        int more = next_or_close(c, '}');
+        if (more <= 0)
+            return more == 0;
+    }
+}
+
+/* A whole document: an `object`, then nothing but whitespace. */
+static int document(Cursor *c, Member member, void *state) {
+    if (!object(c, member, state))
+        return 0;
+    skip_space(c);
+    return c->p == c->end;
+}
+
+typedef struct {
+    PyObject *out, *last; /* the dict filled; the last string value made (see member_value) */
+    int strings;
+    Py_ssize_t max_key;
+} Flat;
+
+static int flat_member(Cursor *c, const char *ks, Py_ssize_t kn, void *state) {
+    Flat *f = state;
+    if (kn > f->max_key)
+        return 0;
+    PyObject *value = member_value(c, f->strings, &f->last);
+    if (value == NULL)
+        return 0;
+    PyObject *key = text(ks, kn);
+    Py_ssize_t before = PyDict_GET_SIZE(f->out);
+    int failed = key == NULL || PyDict_SetItem(f->out, key, value) < 0;
+    Py_XDECREF(key);
+    Py_DECREF(value);
+    return !failed && PyDict_GET_SIZE(f->out) > before; /* (a key twice: not plain) */
+}
+
+/* A flat object into `out` (empty): values strings only (`strings`) or scalars, no key twice,
+   none longer than `max_key` bytes. 1, or 0 (not plain; error set if an allocation failed). */
+static int flat_object(Cursor *c, PyObject *out, int strings, Py_ssize_t max_key) {
+    Flat f = {out, NULL, strings, max_key};
+    int ok = object(c, flat_member, &f);
+    Py_XDECREF(f.last);
+    return ok;
 }
 
 #endif /* WEIGHTIO_JSON_SCAN_H */

@@ -23,43 +23,6 @@
 
 #define MAX_RANK 64 /* numpy's limit; the caller's max_ndim may not exceed it */
 
-/* The "__metadata__" object: str -> str into `metadata` (empty), no key longer than `max_key`
-   bytes. 1, or 0 (not plain; error set if an allocation failed). */
-static int read_metadata(Cursor *c, PyObject *metadata, Py_ssize_t max_key) {
-    if (!take(c, '{'))
-        return 0;
-    skip_space(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 1;
-    }
-    for (;;) {
-        const char *ks, *vs;
-        Py_ssize_t kn, vn;
-        if (!string_bytes(c, &ks, &kn) || kn > max_key || !take(c, ':') || !string_bytes(c, &vs, &vn))
-            return 0;
-        PyObject *key = text(ks, kn);
-        if (key == NULL)
-            return 0;
-        PyObject *value = text(vs, vn);
-        if (value == NULL) {
-            Py_DECREF(key);
-            return 0;
-        }
-        Py_ssize_t before = PyDict_GET_SIZE(metadata);
-        int failed = PyDict_SetItem(metadata, key, value);
-        Py_DECREF(key);
-        Py_DECREF(value);
-        if (failed || PyDict_GET_SIZE(metadata) == before) /* an error, or a key twice */
-            return 0;
-        int more = next_or_close(c, '}');
-        if (more < 0)
-            return 0;
-        if (!more)
-            return 1;
-    }
-}
-
 typedef struct {
     const char *code;
     Py_ssize_t code_length;
@@ -71,39 +34,38 @@ typedef struct {
 enum { DTYPE = 1, SHAPE = 2, OFFSETS = 4 };
 
 /* One tensor entry's object: exactly its three fields, each once. 1, or 0 (not plain). */
-static int read_entry(Cursor *c, Entry *e, int max_ndim) {
-    int seen = 0;
-    if (!take(c, '{'))
-        return 0;
-    for (;;) {
-        const char *key;
-        Py_ssize_t n;
-        uint64_t offsets[2];
-        if (!string_bytes(c, &key, &n) || !take(c, ':'))
+typedef struct {
+    Entry *entry;
+    int max_ndim, seen;
+} Fields;
+
+static int entry_field(Cursor *c, const char *key, Py_ssize_t n, void *state) {
+    Fields *f = state;
+    Entry *e = f->entry;
+    uint64_t offsets[2];
+    if (is_key(key, n, "dtype") && !(f->seen & DTYPE)) {
+        if (!string_bytes(c, &e->code, &e->code_length))
             return 0;
-        if (is_key(key, n, "dtype") && !(seen & DTYPE)) {
-            if (!string_bytes(c, &e->code, &e->code_length))
-                return 0;
-            seen |= DTYPE;
-        } else if (is_key(key, n, "shape") && !(seen & SHAPE)) {
-            if ((e->rank = integers(c, e->shape, max_ndim)) < 0)
-                return 0;
-            seen |= SHAPE;
-        } else if (is_key(key, n, "data_offsets") && !(seen & OFFSETS)) {
-            if (integers(c, offsets, 2) != 2)
-                return 0;
-            e->begin = offsets[0];
-            e->end = offsets[1];
-            seen |= OFFSETS;
-        } else {
-            return 0; /* another field, or one twice */
-        }
-        int more = next_or_close(c, '}');
-        if (more < 0)
+        f->seen |= DTYPE;
+    } else if (is_key(key, n, "shape") && !(f->seen & SHAPE)) {
+        if ((e->rank = integers(c, e->shape, f->max_ndim)) < 0)
             return 0;
-        if (!more)
-            return seen == (DTYPE | SHAPE | OFFSETS);
+        f->seen |= SHAPE;
+    } else if (is_key(key, n, "data_offsets") && !(f->seen & OFFSETS)) {
+        if (integers(c, offsets, 2) != 2)
+            return 0;
+        e->begin = offsets[0];
+        e->end = offsets[1];
+        f->seen |= OFFSETS;
+    } else {
+        return 0; /* another field, or one twice */
     }
+    return 1;
+}
+
+static int read_entry(Cursor *c, Entry *e, int max_ndim) {
+    Fields f = {e, max_ndim, 0};
+    return object(c, entry_field, &f) && f.seen == (DTYPE | SHAPE | OFFSETS);
 }
 
 /* The (bits, dtype) row of the entry's code (kept in *last_row, with its code in *last_code): a tuple, or NULL (unknown code; or an error set). */
@@ -200,17 +162,16 @@ typedef struct {
 } Header;
 
 /* One member of the header object: the metadata, or a tensor added to `h->tensors`. 1, or 0. */
-static int read_member(Cursor *c, Header *h) {
-    const char *key;
-    Py_ssize_t n;
+static int read_member(Cursor *c, const char *key, Py_ssize_t n, void *state) {
+    Header *h = state;
     Entry e;
-    if (!string_bytes(c, &key, &n) || n > h->max_name_bytes || !take(c, ':'))
+    if (n > h->max_name_bytes)
         return 0; /* (the key "__metadata__" is held to the limit too, as the Python paths hold it) */
     if (is_key(key, n, "__metadata__")) {
         if (h->has_metadata)
             return 0;
         h->has_metadata = 1;
-        return read_metadata(c, h->metadata, h->max_name_bytes);
+        return flat_object(c, h->metadata, 1, h->max_name_bytes); /* (strings only) */
     }
     if (n == 0 || PyDict_GET_SIZE(h->tensors) >= h->max_tensors || !read_entry(c, &e, h->max_ndim))
         return 0;
@@ -240,27 +201,6 @@ static int read_member(Cursor *c, Header *h) {
     Py_DECREF(name);
     Py_DECREF(info);
     return !failed && PyDict_GET_SIZE(h->tensors) > before; /* (a name twice: not plain) */
-}
-
-static int read_header(Cursor *c, Header *h) {
-    if (!take(c, '{'))
-        return 0;
-    skip_space(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-    } else {
-        for (;;) {
-            if (!read_member(c, h))
-                return 0;
-            int more = next_or_close(c, '}');
-            if (more < 0)
-                return 0;
-            if (!more)
-                break;
-        }
-    }
-    skip_space(c);
-    return c->p == c->end;
 }
 
 PyDoc_STRVAR(safetensors_header_doc,
@@ -303,7 +243,7 @@ static PyObject *safetensors_header(PyObject *module, PyObject *args) {
     if (h.tensors == NULL || h.metadata == NULL)
         goto done;
     Cursor c = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
-    if (!read_header(&c, &h)) {
+    if (!document(&c, read_member, &h)) {
         if (!PyErr_Occurred())
             result = Py_NewRef(Py_None);
         goto done;
@@ -321,96 +261,6 @@ done:
 
 /* ----------------------------------------------------------------------------- index files */
 
-/* A scalar JSON value as json.loads makes it: a string (no escape), an integer (at most 18 digits,
-   optionally negative), true, false or null; NULL with no error set for anything else. */
-static PyObject *scalar(Cursor *c) {
-    skip_space(c);
-    if (c->p >= c->end)
-        return NULL;
-    unsigned char ch = *c->p;
-    if (ch == '"') {
-        const char *s;
-        Py_ssize_t n;
-        return string_bytes(c, &s, &n) ? text(s, n) : NULL;
-    }
-    if (ch == '-' || (ch >= '0' && ch <= '9')) {
-        int negative = ch == '-';
-        uint64_t x;
-        c->p += negative;
-        if (negative && (c->p >= c->end || *c->p < '0' || *c->p > '9'))
-            return NULL; /* (no space, or anything else, between the sign and the digits) */
-        if (!integer(c, &x))
-            return NULL;
-        return negative ? PyLong_FromLongLong(-(long long)x) : PyLong_FromUnsignedLongLong(x);
-    }
-    static const struct { const char *word; PyObject *value; } words[] = {
-        {"true", Py_True}, {"false", Py_False}, {"null", Py_None}};
-    for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
-        size_t n = strlen(words[i].word);
-        if ((size_t)(c->end - c->p) >= n && memcmp(c->p, words[i].word, n) == 0) {
-            c->p += n;
-            return Py_NewRef(words[i].value);
-        }
-    }
-    return NULL;
-}
-
-/* '{' string ':' value (',' ...)* '}' into `out` (empty), values strings only (`strings`) or
-   scalars, no key twice. 1, or 0 (not plain; error set if an allocation failed). `last`: the last
-   string value made (owned; the caller releases it). */
-static int flat_object(Cursor *c, PyObject *out, int strings, PyObject **last) {
-    const char *last_bytes = NULL;
-    Py_ssize_t last_length = -1;
-    if (!take(c, '{'))
-        return 0;
-    skip_space(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return 1;
-    }
-    for (;;) {
-        const char *ks;
-        Py_ssize_t kn;
-        if (!string_bytes(c, &ks, &kn) || !take(c, ':'))
-            return 0;
-        skip_space(c);
-        PyObject *value;
-        if (strings) { /* (a weight_map names a few shards 100k times: each is made once, the runs reuse it) */
-            const char *vs;
-            Py_ssize_t vn;
-            if (!string_bytes(c, &vs, &vn))
-                return 0;
-            if (*last == NULL || last_length != vn || memcmp(last_bytes, vs, (size_t)vn) != 0) {
-                PyObject *made = text(vs, vn);
-                if (made == NULL)
-                    return 0;
-                Py_XSETREF(*last, made);
-                last_bytes = vs;
-                last_length = vn;
-            }
-            value = Py_NewRef(*last);
-        } else if ((value = scalar(c)) == NULL) {
-            return 0;
-        }
-        PyObject *key = text(ks, kn);
-        if (key == NULL) {
-            Py_DECREF(value);
-            return 0;
-        }
-        Py_ssize_t before = PyDict_GET_SIZE(out);
-        int failed = PyDict_SetItem(out, key, value);
-        Py_DECREF(key);
-        Py_DECREF(value);
-        if (failed || PyDict_GET_SIZE(out) == before)
-            return 0;
-        int more = next_or_close(c, '}');
-        if (more < 0)
-            return 0;
-        if (!more)
-            return 1;
-    }
-}
-
 PyDoc_STRVAR(index_json_doc,
 "index_json(text)\n--\n\n"
 "A plain sharded-checkpoint index (bytes) as json.loads reads it, or None.\n\n"
@@ -419,45 +269,19 @@ PyDoc_STRVAR(index_json_doc,
 "no key twice, valid UTF-8. Anything else is None: the caller parses it the Python way, which\n"
 "accepts or refuses it with its own words.");
 
-/* One member of an index: `key` (weight_map: strings, or metadata: scalars) into `index`, once. */
-static int index_member(Cursor *c, PyObject *index, const char *key, Py_ssize_t n, int strings) {
-    PyObject *name = PyUnicode_FromStringAndSize(key, n), *value = NULL, *last = NULL;
+/* One member of an index: "weight_map" (strings) or "metadata" (scalars) into `index`, once. */
+static int index_member(Cursor *c, const char *key, Py_ssize_t n, void *index) {
+    int strings = is_key(key, n, "weight_map");
+    if (!strings && !is_key(key, n, "metadata"))
+        return 0;
+    PyObject *name = PyUnicode_FromStringAndSize(key, n), *value = NULL;
     int ok = 0;
     if (name != NULL && PyDict_Contains(index, name) == 0 && (value = PyDict_New()) != NULL &&
         PyDict_SetItem(index, name, value) == 0)
-        ok = flat_object(c, value, strings, &last);
+        ok = flat_object(c, value, strings, PY_SSIZE_T_MAX);
     Py_XDECREF(name);
     Py_XDECREF(value);
-    Py_XDECREF(last);
     return ok;
-}
-
-static int read_index(Cursor *c, PyObject *index) {
-    if (!take(c, '{'))
-        return 0;
-    skip_space(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-    } else {
-        for (;;) {
-            const char *key;
-            Py_ssize_t n;
-            if (!string_bytes(c, &key, &n) || !take(c, ':'))
-                return 0;
-            int strings = is_key(key, n, "weight_map");
-            if (!strings && !is_key(key, n, "metadata"))
-                return 0;
-            if (!index_member(c, index, key, n, strings))
-                return 0;
-            int more = next_or_close(c, '}');
-            if (more < 0)
-                return 0;
-            if (!more)
-                break;
-        }
-    }
-    skip_space(c);
-    return c->p == c->end;
 }
 
 static PyObject *index_json(PyObject *module, PyObject *args) {
@@ -467,7 +291,7 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
     PyObject *index = PyDict_New(), *result = NULL;
     if (index != NULL) {
         Cursor c = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
-        if (read_index(&c, index))
+        if (document(&c, index_member, index))
             result = Py_NewRef(index);
         else if (!PyErr_Occurred())
             result = Py_NewRef(Py_None);

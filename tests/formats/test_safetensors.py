@@ -671,39 +671,34 @@ def _read_by_c(path, monkeypatch) -> None:
         SafetensorsReader(path).close()
 
 
-@pytest.mark.parametrize("limit,fits", [("exact", True), ("one byte less", False)])
-@pytest.mark.parametrize("where", ["a tensor name", "a metadata key"])
-def test_every_way_holds_names_to_the_limit_by_their_utf8_length(tmp_path, monkeypatch, limit, fits, where):
-    name = "ü" * 7 + "x"  # 15 bytes in UTF-8, 8 characters (and longer than "__metadata__", which counts too)
-    header = {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
-    if where == "a tensor name":
-        header = {name: header["a"]}
-    else:
-        header["__metadata__"] = {name: "v"}
-    path = tmp_path / "x.safetensors"
-    path.write_bytes(safetensors_bytes(json.dumps(header, ensure_ascii=False), bytes(1)))
-    with wio.limits.using(name_bytes=15 if limit == "exact" else 14):
-        outcome = _agreed(path)
-        if fits:
-            _read_by_c(path, monkeypatch)
-    assert isinstance(outcome, tuple) == fits
-    if not fits:
-        assert "the length of name 'üüüüüüüx'…: 15 exceeds the 14-byte limit (limits.name_bytes" in outcome
+_LONG = "ü" * 7 + "x"  # 15 bytes in UTF-8, 8 characters (and longer than "__metadata__", which counts too)
+_U8_AT = [{"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)]
+_NAME_OVER = "the length of name 'üüüüüüüx'…: 15 exceeds the 14-byte limit (limits.name_bytes"
+_LIMIT_CASES = {  # header, limits, the refusal's words (None: read)
+    "a tensor name at the limit": ({_LONG: _U8_AT[0]}, {"name_bytes": 15}, None),
+    "a tensor name a byte over it": ({_LONG: _U8_AT[0]}, {"name_bytes": 14}, _NAME_OVER),
+    "a metadata key at the limit": ({"a": _U8_AT[0], "__metadata__": {_LONG: "v"}}, {"name_bytes": 15}, None),
+    "a metadata key a byte over it": ({"a": _U8_AT[0], "__metadata__": {_LONG: "v"}}, {"name_bytes": 14}, _NAME_OVER),
+    "as many tensors as the limit": ({f"t{i}": e for i, e in enumerate(_U8_AT)} | {"__metadata__": {"f": "pt"}},
+                                     {"tensors": 3}, None),
+    "a tensor over it": ({f"t{i}": e for i, e in enumerate(_U8_AT)}, {"tensors": 2},
+                         "tensor count 3 exceeds the 2 limit (limits.tensors"),
+}
 
 
-@pytest.mark.parametrize("count,fits", [(3, True), (2, False)])
-def test_every_way_holds_the_tensor_count_to_the_limit(tmp_path, monkeypatch, count, fits):
-    header = {f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(3)}
-    header["__metadata__"] = {"format": "pt"}  # (not a tensor)
+@pytest.mark.parametrize("header,limits,refusal", _LIMIT_CASES.values(), ids=_LIMIT_CASES)
+def test_every_way_holds_a_header_to_the_limits_names_by_their_utf8_length(tmp_path, monkeypatch, header, limits,
+                                                                         refusal):
     path = tmp_path / "x.safetensors"
-    path.write_bytes(safetensors_bytes(json.dumps(header), bytes(3)))
-    with wio.limits.using(tensors=count):
+    size = max(e["data_offsets"][1] for k, e in header.items() if k != "__metadata__")
+    path.write_bytes(safetensors_bytes(json.dumps(header, ensure_ascii=False), bytes(size)))
+    with wio.limits.using(**limits):
         outcome = _agreed(path)
-        if fits:
+        if refusal is None:
             _read_by_c(path, monkeypatch)
-    assert isinstance(outcome, tuple) == fits
-    if not fits:
-        assert "tensor count 3 exceeds the 2 limit (limits.tensors" in outcome
+    assert isinstance(outcome, tuple) == (refusal is None)
+    if refusal is not None:
+        assert refusal in outcome
 
 
 def test_the_c_path_is_built_where_ci_says_it_must_be():
