@@ -33,12 +33,17 @@ static inline int take(Cursor *c, unsigned char ch) {
 }
 
 /* The bytes that end a string's plain run: its closing quote, an escape, a control character. */
-static unsigned char stops[256];
+static const unsigned char stops[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    ['"'] = 1, ['\\'] = 1,
+};
 
-static void make_stops(void) {
-    for (int ch = 0; ch < 0x20; ch++)
-        stops[ch] = 1;
-    stops['"'] = stops['\\'] = 1;
+/* Whether `s` (a str, or NULL) is the ASCII text of the `n` bytes at `bytes`: a str made from them
+   before can be used again (a non-ASCII one is never compared: equal bytes could then be invalid
+   UTF-8, which must be refused). */
+static inline int same_ascii(PyObject *s, const char *bytes, Py_ssize_t n) {
+    return s != NULL && PyUnicode_IS_COMPACT_ASCII(s) && PyUnicode_GET_LENGTH(s) == n &&
+           memcmp(PyUnicode_DATA(s), bytes, (size_t)n) == 0;
 }
 
 /* A string with no escape and no control character: its bytes (still UTF-8, not yet checked). */
@@ -171,8 +176,7 @@ static PyObject *member_value(Cursor *c, int strings, PyObject **last) {
     Py_ssize_t n;
     if (!string_bytes(c, &s, &n))
         return NULL;
-    if (*last == NULL || PyUnicode_GET_LENGTH(*last) != n || !PyUnicode_IS_COMPACT_ASCII(*last) ||
-        memcmp(PyUnicode_DATA(*last), s, (size_t)n) != 0) {
+    if (!same_ascii(*last, s, n)) {
         PyObject *made = text(s, n);
         if (made == NULL)
             return NULL;

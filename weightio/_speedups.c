@@ -10,8 +10,8 @@
    `index_json` reads a plain sharded-checkpoint index: a "weight_map" object of strings and a
    "metadata" object of scalars. Anything else returns None, and the caller reads the input the
    Python way, which accepts or refuses it with its own words: these functions refuse nothing and
-   accept only what those paths accept, with the same result (checked by differential tests and a
-   differential fuzz harness).
+   accept only what those paths accept, with the same result (checked by differential tests, and
+   for headers a differential fuzz harness).
 
    Safety: the input is a bytes object read through its length only (_json_scan.h); no recursion
    (the grammars above have a fixed depth of three); every number is bounded before it is used (18
@@ -70,9 +70,7 @@ static int read_entry(Cursor *c, Entry *e, int max_ndim) {
 
 /* The (bits, dtype) row of the entry's code (kept in *last_row, with its code in *last_code): a tuple, or NULL (unknown code; or an error set). */
 static PyObject *code_row(const Entry *e, PyObject *codes, PyObject **last_code, PyObject **last_row) {
-    if (*last_code != NULL && PyUnicode_IS_COMPACT_ASCII(*last_code) &&
-        PyUnicode_GET_LENGTH(*last_code) == e->code_length &&
-        memcmp(PyUnicode_DATA(*last_code), e->code, (size_t)e->code_length) == 0)
+    if (same_ascii(*last_code, e->code, e->code_length))
         return *last_row;
     PyObject *code = text(e->code, e->code_length);
     if (code == NULL)
@@ -315,7 +313,6 @@ static struct PyModuleDef module = {
 /* VERSION: the interface this source implements; weightio uses a built module only when it matches
    (an in-place build left over from an older source is not called). */
 PyMODINIT_FUNC PyInit__speedups(void) {
-    make_stops();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 2) < 0) {
         Py_DECREF(m);

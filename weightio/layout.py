@@ -134,8 +134,9 @@ def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
 
 
 def parse_index(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """`read_index` of an index's bytes (a file's, or a URL's named `where`). A plain index (no
-    escapes, no floats, flat ``metadata``) is parsed in C where built (`weightio._native`), anything
+    """`read_index` of an index's bytes (a file's, or a URL's named `where`). A plain index (only
+    ``weight_map`` and ``metadata`` at the top, flat; strings without escapes, integers of at most
+    18 digits, no floats, no key twice) is parsed in C where built (`weightio._native`), anything
     else by `parse_json_object`, which says what is wrong; either way `check_index` checks it."""
     index = _c_index(raw) if _c_index is not None else None
     if index is None:

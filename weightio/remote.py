@@ -491,8 +491,6 @@ def _listing(fs: Any, folder: str) -> dict[str, dict[str, Any]]:
             if isinstance(e, dict) and isinstance(e.get("name"), str)}
 
 
-
-
 def _siblings(first: Reader, make: Callable[[str], RemoteFile]) -> list[Reader]:
     """The readers of the other parts of `first`'s set (split GGUF), opened from the same place."""
     try:

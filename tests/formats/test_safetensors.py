@@ -635,9 +635,9 @@ def test_the_c_path_reads_plain_headers_and_leaves_the_rest_to_python(tmp_path, 
 _U8 = b'":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
 
 
-@needs_c_header  # (invalid UTF-8, an encoded surrogate, a raw NUL, nothing, cut short)
+@needs_c_header  # (invalid UTF-8, an encoded surrogate, a raw NUL, nothing, cut short, é then its bad byte)
 @pytest.mark.parametrize("raw", [b'{"\xff' + _U8, b'{"a\xed\xa0\x80' + _U8, b'{"a\x00' + _U8, b"", b"{", b'{"a',
-                                 b"\x00"])
+                                 b"\x00", b'{"__metadata__":{"a":"\xc3\xa9","b":"\xe9"},"t' + _U8])
 def test_the_c_path_leaves_invalid_text_to_python(raw):
     assert _C_HEADER(raw, 8, module._PLAIN, module.TensorInfo, 64, 10**6, 65535) is None
 
@@ -683,6 +683,9 @@ _LIMIT_CASES = {  # header, limits, the refusal's words (None: read)
                                      {"tensors": 3}, None),
     "a tensor over it": ({f"t{i}": e for i, e in enumerate(_U8_AT)}, {"tensors": 2},
                          "tensor count 3 exceeds the 2 limit (limits.tensors"),
+    "the key __metadata__ over it": ({"a": _U8_AT[0], "__metadata__": {"f": "pt"}}, {"name_bytes": 11},
+                                     "the length of name '__metadata__'…: 12 exceeds the 11-byte limit"),
+    "the key __metadata__ at it": ({"a": _U8_AT[0], "__metadata__": {"f": "pt"}}, {"name_bytes": 12}, None),
 }
 
 
