@@ -33,8 +33,7 @@ typedef struct {
 
 enum { DTYPE = 1, SHAPE = 2, OFFSETS = 4 };
 
-/* One tensor entry's object: exactly its three fields, each once. 1, or 0 (not plain). */
-typedef struct {
+typedef struct { /* what entry_field has read of one entry */
     Entry *entry;
     int max_ndim, seen;
 } Fields;
@@ -63,12 +62,14 @@ static int entry_field(Cursor *c, const char *key, Py_ssize_t n, void *state) {
     return 1;
 }
 
+/* One tensor entry's object: exactly its three fields, each once. 1, or 0 (not plain). */
 static int read_entry(Cursor *c, Entry *e, int max_ndim) {
     Fields f = {e, max_ndim, 0};
     return object(c, entry_field, &f) && f.seen == (DTYPE | SHAPE | OFFSETS);
 }
 
-/* The (bits, dtype) row of the entry's code (kept in *last_row, with its code in *last_code): a tuple, or NULL (unknown code; or an error set). */
+/* The (bits, dtype) row of the entry's code (kept in *last_row, with its code in *last_code): a
+   tuple, or NULL (unknown code; or an error set). */
 static PyObject *code_row(const Entry *e, PyObject *codes, PyObject **last_code, PyObject **last_row) {
     if (same_ascii(*last_code, e->code, e->code_length))
         return *last_row;

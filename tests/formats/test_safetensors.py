@@ -374,7 +374,7 @@ def test_metadata_null_means_no_metadata(write):
 
 # ----------------------------------------------------------------------------- fast path == exact path
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _NAMES = st.text(alphabet=list('ab:."\\é\x00'), max_size=3)
@@ -420,12 +420,11 @@ def _agreed(path):
     return outcomes["exact"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None)
 @given(entries=st.lists(st.tuples(_NAMES, _ENTRY), max_size=4),
        metadata=st.one_of(st.none(), st.dictionaries(_NAMES, st.one_of(_NAMES, st.integers()), max_size=2)),
        duplicate=st.booleans(), data_len=st.integers(0, 48), spaces=st.booleans())
-def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entries, metadata, duplicate, data_len,
-                                           spaces):
+def test_fast_and_exact_header_paths_agree(tmp_path_factory, entries, metadata, duplicate, data_len, spaces):
     sep = (", ", ": ") if spaces else (",", ":")
     members = [json.dumps(name) + sep[1] + json.dumps(entry, separators=sep) for name, entry in entries]
     if metadata is not None:
@@ -440,12 +439,12 @@ def test_fast_and_exact_header_paths_agree(tmp_path_factory, monkeypatch, entrie
 _BITS = {"F32": 32, "U8": 8, "BF16": 16, "F4": 4}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None)
 @given(specs=st.lists(st.tuples(_NAMES, st.sampled_from(sorted(_BITS)), st.lists(st.integers(0, 3), max_size=3)),
                       max_size=4, unique_by=lambda s: s[0]),
        mutation=st.sampled_from(["none", "bool", "float", "extra", "duplicate", "dtype", "offset", "escape"]),
        spaces=st.booleans())
-def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, monkeypatch, specs, mutation, spaces):
+def test_fast_and_exact_paths_agree_on_mostly_valid_headers(tmp_path_factory, specs, mutation, spaces):
     header, offset = {}, 0
     for name, code, shape in specs:
         size = (int(np.prod(shape)) * _BITS[code] + 7) // 8
@@ -477,14 +476,14 @@ _META_VALUES = st.one_of(st.text(alphabet=list('a}{:"\\,'), max_size=4), st.inte
                          st.just([1]), st.just({"k": "v"}))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None)
 @given(specs=st.lists(st.tuples(_NAMES, st.sampled_from(sorted(_BITS)), st.lists(st.integers(0, 3), max_size=3)),
                       max_size=3, unique_by=lambda s: s[0]),
        metadata=st.one_of(st.none(), st.just("null"), st.dictionaries(_META_KEYS, _META_VALUES, max_size=3)),
        where=st.sampled_from(["first", "last", "twice"]), spaces=st.booleans(),
        number=st.sampled_from(["none", "huge", "negative", "rank", "missing", "nested"]))
-def test_fast_and_exact_paths_agree_on_metadata_and_numbers(tmp_path_factory, monkeypatch, specs, metadata, where,
-                                                            spaces, number):
+def test_fast_and_exact_paths_agree_on_metadata_and_numbers(tmp_path_factory, specs, metadata, where, spaces,
+                                                            number):
     """What the typed decoder (msgspec) sees differently from the standard parser: where the metadata
     is, which keys and values it has (entry field names, a '}' or ':' in its strings, non-strings,
     null), integers beyond 64 bits or negative, a rank over 64, a missing field, a nested object."""
@@ -619,7 +618,7 @@ _EDGES = [(text.replace("@E", _ENTRY_TEXT), plain) for text, plain in [
 
 @needs_c_header
 @pytest.mark.parametrize("text,plain", _EDGES)
-def test_the_c_path_reads_plain_headers_and_leaves_the_rest_to_python(tmp_path, monkeypatch, text, plain):
+def test_the_c_path_reads_plain_headers_and_leaves_the_rest_to_python(tmp_path, text, plain):
     raw = text.encode()
     found = _C_HEADER(raw, 8 + len(raw), module._PLAIN, module.TensorInfo, 64, 10**6, 65535)
     covered = None if found is None else module._covering(found[0], found[2], found[3], 8 + len(raw), 4)
@@ -721,7 +720,7 @@ def test_weightio_no_speedups_turns_the_c_path_off(value, on):
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size(tmp_path, monkeypatch, way):
+def test_a_header_with_two_faults_gets_the_exact_paths_message_whatever_its_size(tmp_path, way):
     # (found by the safetensors_differential fuzz harness: the standard parser's fast path, which
     # has no duplicate-key hook, reported the syntax error further on instead of the duplicate)
     path = tmp_path / "x.safetensors"
