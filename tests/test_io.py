@@ -147,3 +147,50 @@ def test_save_leaves_no_temporary_on_an_unsupported_tensor(tmp_path):
     with pytest.raises(wio.UnsupportedDTypeError):
         wio.save({"a": np.zeros(2), "b": np.array(["s"])}, tmp_path / "x.safetensors")
     assert list(tmp_path.iterdir()) == []
+
+
+def _stamp_ways():
+    from weightio import _io
+    from weightio._native import speedups
+
+    native = getattr(speedups, "file_stamp", None)
+    if os.environ.get("WEIGHTIO_REQUIRE_SPEEDUPS") == "1" and sys.platform.startswith("linux"):
+        assert native is not None  # (CI builds the C module: its file_stamp must be what runs)
+    return [_io._fstat_stamp] + ([native] if native is not None else [])
+
+
+@pytest.mark.parametrize("modified", [0, 1_700_000_000_123_456_789, -86_400_000_000_001, 13_000_000_000_123_456_789])
+def test_file_stamp_is_what_fstat_says(tmp_path, modified):
+    # the last is past 9e18 ns (year 2381): Python's own arithmetic in C, beyond a 64-bit product
+    from weightio import _io
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"x" * 1234)
+    os.utime(path, ns=(modified, modified))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = os.fstat(fd)
+        assert found.st_mtime_ns == modified  # (the filesystem keeps it, or the case tests nothing)
+        for way in _stamp_ways():
+            assert way(fd) == (found.st_mode, 1234, modified)
+        assert _io.file_stamp(fd) == (found.st_mode, 1234, modified)
+    finally:
+        os.close(fd)
+
+
+def test_file_stamp_of_a_directory_and_a_closed_descriptor(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        found = os.fstat(fd)
+        for way in _stamp_ways():
+            assert way(fd) == (found.st_mode, found.st_size, found.st_mtime_ns)
+    finally:
+        os.close(fd)
+    for way in _stamp_ways():
+        with pytest.raises(OSError) as caught:
+            way(fd)  # closed now: EBADF, as os.fstat raises it
+        assert caught.value.errno == errno.EBADF and caught.value.strerror == os.strerror(errno.EBADF)
+        with pytest.raises(OverflowError):
+            way(2**40)
+        with pytest.raises(TypeError):
+            way("3")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
-from weightio import _json
+from weightio import _io, _json
 from weightio._gc import collector_paused
 from weightio._io import MappedFile
 from weightio.errors import CorruptFileError
@@ -285,29 +285,51 @@ def test_msgspec_is_imported_only_for_a_large_text_unless_already_there(monkeypa
     assert _json._msgspec is msgspec  # then small texts go to it too
 
 
-def test_the_first_bytes_are_kept_only_while_a_reader_parses(tmp_path):
+def test_the_first_bytes_are_read_at_open_and_kept_only_while_a_reader_parses(tmp_path, monkeypatch):
     from weightio._io import MappedFile
     from weightio.errors import WeightioError
 
     path = tmp_path / "x.bin"
     path.write_bytes(bytes(range(64)))
     f = MappedFile(path, head=True)
-    real = f._pread
-    f._pread = lambda o, n, w: (real(o, n, w), f.close())[0]  # another thread closes it during the first read
+    monkeypatch.setattr(os, "pread", None)  # every read below within the first bytes needs no pread
+    assert f.read(0, 4, "x") == bytes(range(4))
+    assert f.read(60, 4, "x") == bytes(range(60, 64))
+    monkeypatch.undo()
+    with pytest.raises(CorruptFileError, match="x needs bytes 60..68 but the file has 64"):
+        f.read(60, 8, "x")  # (past the end: not from the copy, which ends with the file)
+    f.close()
     with pytest.raises(WeightioError, match="the checkpoint was closed"):
-        f.read(0, 4, "x")
-    f._pread = real
-    with pytest.raises(WeightioError, match="the checkpoint was closed"):
-        f.read(0, 8, "x")  # and no kept copy serves a later read
+        f.read(0, 8, "x")  # no kept copy serves a read after close
     g = MappedFile(path, head=True)
-    real = g._pread
-    g._pread = lambda o, n, w: (real(o, n, w), g.release_head())[0]  # released during the first read
-    assert g.read(0, 4, "x") == bytes(range(4))
-    g._pread = real
     with open(path, "r+b") as out:
         out.write(b"XXXXXXXX")
+    assert g.read(0, 8, "x") == bytes(range(8))  # the bytes as they were at open
+    g.release_head()
     assert g.read(0, 8, "x") == b"XXXXXXXX"  # read again, not from a copy kept after its release
     g.close()
+
+
+def test_a_file_whose_first_bytes_cannot_be_read_is_an_input_error(tmp_path, monkeypatch):
+    import errno
+
+    from weightio._io import MappedFile
+    from weightio.errors import InputError
+
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(8))
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+    def broken(fd, n, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", broken)
+    with pytest.raises(InputError, match="cannot read the first bytes: Input/output error") as caught:
+        MappedFile(path, head=True)
+    monkeypatch.undo()
+    assert caught.value.errno == errno.EIO and caught.value.path == str(path)
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before  # the descriptor was closed
 
 
 def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):
@@ -323,7 +345,7 @@ def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):
     def broken(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(os, "fstat", broken)
+    monkeypatch.setattr(_io, "file_stamp", broken)
     with pytest.raises(InputError, match="cannot stat file: Input/output error"):
         MappedFile(path)
     monkeypatch.undo()

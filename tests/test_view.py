@@ -182,3 +182,21 @@ def test_a_close_racing_the_short_path_leaves_no_view_of_the_mapping_cached():
         file._elements = ClosingMeanwhile()
         assert file.elements(data, np.dtype("<f4")) is not None  # (the caller's view, of bytes it had)
         assert file.closed and dict(file._elements) == {}
+
+
+def test_listed_views_are_what_the_constructor_makes():
+    # `Checkpoint.items()` makes its views without calling `__init__` (`TensorView._each`): they
+    # must hold what a constructed view holds, slot for slot, and behave the same
+    from weightio.view import TensorView
+
+    with wio.open(FIXTURES / "tiny-bert-sharded") as ckpt:
+        listed = list(ckpt.items())
+        assert [n for n, _ in listed] == list(ckpt)
+        for name, view in listed:
+            made = TensorView(view._reader, name, view.info)
+            assert all(getattr(view, slot) is getattr(made, slot) for slot in TensorView.__slots__)
+            assert view.name == name and view.info is ckpt._infos[name]
+            assert view.shape == made.shape == view.info.shape and view.dtype == made.dtype
+            assert repr(view) == repr(made)
+            np.testing.assert_array_equal(view.numpy(), ckpt[name].numpy())
+        assert len({view.path for _, view in listed}) == len(ckpt.readers) > 1  # (each view its own file's)

@@ -42,11 +42,12 @@ import stat
 import struct
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from ._native import speedups
 from .errors import CorruptFileError, InputError, WeightioError
 
 __all__ = ["MappedFile", "PRIVATE_WINDOW", "bytes_equal", "describe_file_type", "drop_array_pages", "mapped_source",
@@ -69,9 +70,9 @@ def describe_file_type(mode: int) -> str:
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
-def _dup_regular(fd: int, path: str) -> tuple[int, os.stat_result]:
+def _dup_regular(fd: int, path: str) -> tuple[int, tuple[int, int, int]]:
     """A duplicate of the caller's descriptor `fd` (closing ours leaves theirs open), checked to be
-    a regular file, and its ``fstat``."""
+    a regular file, and its `file_stamp`."""
     try:
         dup = os.dup(fd)
     except OSError as e:
@@ -83,9 +84,9 @@ def _dup_regular(fd: int, path: str) -> tuple[int, os.stat_result]:
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
-def _open_regular(path: str) -> tuple[int, os.stat_result]:
+def _open_regular(path: str) -> tuple[int, tuple[int, int, int]]:
     """Open `path` read-only without blocking (a FIFO would block a plain open), check it is a file;
-    the descriptor and its ``fstat``."""
+    the descriptor and its `file_stamp`."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
@@ -93,20 +94,30 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
     return fd, _regular(fd, path)
 
 
-def _regular(fd: int, path: str) -> os.stat_result:
-    """The ``fstat`` of `fd`, our own descriptor, when it is a regular file; else `fd` is closed and
-    `InputError` says what it is (or why it could not be looked at)."""
+def _regular(fd: int, path: str) -> tuple[int, int, int]:
+    """The `file_stamp` of `fd`, our own descriptor, when it is a regular file; else `fd` is closed
+    and `InputError` says what it is (or why it could not be looked at)."""
     try:
-        found = os.fstat(fd)
+        found = file_stamp(fd)
     except BaseException as e:
         os.close(fd)
         if isinstance(e, OSError):
             raise InputError(f"cannot stat file: {e.strerror or e}", path=path, errno=e.errno) from e
         raise
-    if not stat.S_ISREG(found.st_mode):
+    if not stat.S_ISREG(found[0]):
         os.close(fd)
-        raise InputError(f"is {describe_file_type(found.st_mode)}, not a checkpoint file", path=path)
+        raise InputError(f"is {describe_file_type(found[0])}, not a checkpoint file", path=path)
     return found
+
+
+def _fstat_stamp(fd: int) -> tuple[int, int, int]:
+    found = os.fstat(fd)
+    return found.st_mode, found.st_size, found.st_mtime_ns
+
+
+# (st_mode, st_size, st_mtime_ns) of ``os.fstat(fd)``: in C where built (`weightio._speedups`), without
+# the twenty fields and three floats os.fstat makes, which were most of the cost of a changed-file check.
+file_stamp: Callable[[int], tuple[int, int, int]] = getattr(speedups, "file_stamp", None) or _fstat_stamp
 
 
 class MappedFile:
@@ -131,18 +142,26 @@ class MappedFile:
     def __init__(self, path: str | os.PathLike[str], *, fd: int | None = None, head: bool = False) -> None:
         """Open `path`; or, given `fd` (an open descriptor of the caller's), use that file, `path`
         only naming it in messages: the descriptor is duplicated, so `close` leaves the caller's open.
-        With `head`, reads in the first `HEAD` bytes come from one ``pread`` until `release_head`."""
+        With `head`, the first `HEAD` bytes are read now, in one ``pread``, and reads within them
+        come from that copy until `release_head`."""
         self.path = os.fspath(path)
         self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
         self._closed = True  # (until a descriptor is held: `__del__` closes the one of a file dropped unclosed)
-        self._fd, opened = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
-        self._closed = opened.st_size == 0
-        self.size = opened.st_size
-        self._stamp = (opened.st_size, opened.st_mtime_ns)
+        self._fd, (_, size, modified) = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
+        self._closed = size == 0
+        self.size = size
+        self._stamp = (size, modified)
         if self._closed:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
-        self._head: bytes | None = b"" if head else None
+        self._head: bytes | None = None
+        if head:  # read now, before any other thread can see this file: no lock, no check on each read
+            try:
+                self._head = self._pread_unlocked(0, min(self.size, self.HEAD), "the first bytes")
+            except BaseException:
+                self._closed = True
+                os.close(self._fd)
+                raise
         self._mmap: _FileMapping | None = None
         self._data: np.ndarray | None = None
         self._elements: dict[np.dtype, np.ndarray] = {}  # dtype -> the mapping as whole elements (`elements`)
@@ -201,17 +220,17 @@ class MappedFile:
         was reused meanwhile, "changed"), never return bytes of another file.
         """
         try:
-            now = os.fstat(self._fd)
+            now = file_stamp(self._fd)
         except OSError:  # closed (EBADF) under us
             now = None
         if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
         self._same(now)
 
-    def _same(self, now: os.stat_result) -> None:
-        """`CorruptFileError` unless `now` (an ``fstat`` of this file) has the size and mtime seen at open."""
-        if (now.st_size, now.st_mtime_ns) != self._stamp:
-            raise CorruptFileError(_changed(self._stamp, (now.st_size, now.st_mtime_ns)), path=self.path)
+    def _same(self, now: tuple[int, int, int]) -> None:
+        """`CorruptFileError` unless `now` (a `file_stamp` of this file) has the size and mtime seen at open."""
+        if now[1:] != self._stamp:
+            raise CorruptFileError(_changed(self._stamp, now[1:]), path=self.path)
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         """`length` bytes at `offset`; `CorruptFileError` naming `what` if the file is shorter.
@@ -221,20 +240,13 @@ class MappedFile:
         ``pread`` cannot crash on a truncated file (it comes back short, which is an error here),
         so unlike `data` it does not ``fstat`` first: opening a zip checkpoint reads one local
         header per tensor, and readers check the file again when they hand out the mapping.
-        Opened with ``head=True``, reads within the first `HEAD` bytes share one ``pread`` until
-        `release_head` (while a reader parses its header).
+        Opened with ``head=True``, reads within the first `HEAD` bytes come from the copy read at
+        open until `release_head` (while a reader parses its header).
         """
-        self._within(offset, length, what)
         head = self._head
-        if head is not None and offset + length <= self.HEAD:
-            if not head:
-                head = self._pread(0, min(self.size, self.HEAD), what)
-                with self._lock:  # kept only while still wanted: not after close() or release_head()
-                    if self._closed:
-                        raise WeightioError(_CLOSED, path=self.path)
-                    if self._head == b"":
-                        self._head = head
-            return head[offset : offset + length]
+        if head is not None and 0 <= offset and 0 <= length and offset + length <= len(head):
+            return head[offset : offset + length]  # (the first bytes of the file as opened: within it)
+        self._within(offset, length, what)
         return self._pread(offset, length, what)
 
     def read_each(self, spans: list[tuple[int, int]], what: str) -> list[bytes]:
@@ -257,20 +269,21 @@ class MappedFile:
             return self._pread_unlocked(offset, length, what)
 
     def _pread_unlocked(self, offset: int, length: int, what: str) -> bytes:
-        chunks, done = [], 0
-        while done < length:
-            chunk = os.pread(self._fd, length - done, offset + done)
-            if not chunk:
-                raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + done})",
-                                       path=self.path)
-            chunks.append(chunk)
-            done += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            data = os.pread(self._fd, length, offset)
+            while len(data) < length:  # (a pread may come back short: read on from there)
+                more = os.pread(self._fd, length - len(data), offset + len(data))
+                if not more:
+                    raise CorruptFileError(f"file shrank while reading {what} (now ends at {offset + len(data)})",
+                                           path=self.path)
+                data += more
+        except OSError as e:
+            raise InputError(f"cannot read {what}: {e.strerror or e}", path=self.path, errno=e.errno) from e
+        return data
 
     def release_head(self) -> None:
         """Forget the first bytes kept for header parsing (readers call this once they are open)."""
-        with self._lock:
-            self._head = None
+        self._head = None
 
     def ensure(self, offset: int, length: int, what: str) -> None:
         """Make bytes `offset`..`offset + length` of `data` readable: a mapped file's all are (a
@@ -344,7 +357,7 @@ class MappedFile:
             fd = os.dup(self._fd)
         try:
             yield fd
-            self._same(os.fstat(fd))  # (the checkpoint, and its own descriptor, may have been closed meanwhile)
+            self._same(file_stamp(fd))  # (the checkpoint, and its own descriptor, may have been closed meanwhile)
         finally:
             os.close(fd)
 

@@ -8,6 +8,7 @@ way Hugging Face writes models: a sharded index (``model.safetensors.index.json`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
@@ -104,8 +105,7 @@ class Checkpoint(Mapping[str, TensorView]):
 
     def _views(self) -> Iterator[tuple[str, TensorView]]:
         # reader by reader: the order of `_infos`, which holds each reader's names in turn
-        return ((name, TensorView(reader, name, info)) for reader in self._readers
-                for name, info in reader.tensors.items())
+        return itertools.chain.from_iterable(TensorView._each(r, r.tensors.items()) for r in self._readers)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._infos)

@@ -8,6 +8,8 @@ of the file mapping whenever the stored bytes allow it.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,11 +47,19 @@ class TensorView:
         self.name = name
         self.info = info
 
+    @classmethod
+    def _each(cls, reader: Reader, tensors: Iterable[tuple[str, TensorInfo]]) -> Iterator[tuple[str, TensorView]]:
+        """``(name, TensorView(reader, name, info))`` for each ``(name, info)`` of `tensors`, made
+        without a call of ``__init__`` per view (a fifth of listing 100k tensors)."""
+        new = object.__new__
+        for name, info in tensors:
+            view = new(cls)
+            view._reader, view.name, view.info = reader, name, info
+            yield name, view
+
     # ------------------------------------------------------------------ header facts
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """numpy-order shape (GGUF `ne` reversed)."""
-        return self.info.shape
+    # (read in C, with no Python frame: a listing asks every view its shape)
+    shape = property(operator.attrgetter("info.shape"), doc="numpy-order shape (GGUF `ne` reversed).")
 
     @property
     def dtype(self) -> np.dtype:

@@ -152,6 +152,7 @@ _HIGH_BYTES = bytes(range(128, 256))
 # whitespace, a sign, '_' and a "0o" prefix): a field holding any other byte before its first NUL
 # (a safetensors header's JSON, say) is refused by tarfile without parsing it.
 _CHECKSUM_BYTES = b"0123456789 \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f+-_oO"
+_ZERO_BLOCK = bytes(_TAR_BLOCK)
 
 
 def _tar_checksum_may_match(block: bytes) -> bool:
@@ -159,10 +160,10 @@ def _tar_checksum_may_match(block: bytes) -> bool:
     (the checksum field read as octal text after cutting at NUL, compared with the unsigned and
     signed sums of the block with that field as spaces); True for an all-zero block, for a
     base-256 field and for a match, which `tarfile` itself then judges."""
-    if block.count(0) == len(block) or block[148] in (0o200, 0o377):
+    if block == _ZERO_BLOCK or block[148] in (0o200, 0o377):
         return True
     field = block[148:156].split(b"\0", 1)[0]
-    if field.translate(None, _CHECKSUM_BYTES):
+    if field.strip(_CHECKSUM_BYTES):  # (nothing left only when every byte is one of them)
         return False  # (the common case: no number there at all)
     try:
         stored = int(field.decode("ascii").strip() or "0", 8)
