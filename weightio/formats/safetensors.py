@@ -99,7 +99,7 @@ class SafetensorsReader(Reader):
         size = self.file.size
         if size < 8:
             raise self._fail(f"file is {size} bytes; a safetensors file starts with an 8-byte header length")
-        (n,) = self.file.unpack(_LENGTH, 0, "the header length")
+        n = int.from_bytes(self.file.read(0, 8, "the header length"), "little")
         if n > self.limits.header_bytes:
             raise exceeded("header length", n, "header_bytes", self.limits.header_bytes, path=self.path)
         if n > size - 8:
