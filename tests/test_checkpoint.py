@@ -168,6 +168,8 @@ def test_sharded_name_in_two_shards(tmp_path):
 @pytest.mark.parametrize("index,message", [
     ({"weight_map": {"a": "../outside.safetensors"}}, "shard name '../outside.safetensors' points outside"),
     ({"weight_map": {"a": "/abs.safetensors"}}, "shard name '/abs.safetensors' points outside"),
+    ({"weight_map": {"a": ".."}}, "shard name '..' points outside"),
+    ({"weight_map": {"a": ""}}, "shard name '' points outside"),
     ({"weight_map": ["a"]}, "weight_map must be an object mapping tensor names to file names"),
     ({"weight_map": {"a": 3}}, "weight_map must be an object mapping tensor names to file names"),
     ({"weight_map": {}, "metadata": [1]}, "metadata must be an object"),
@@ -177,6 +179,38 @@ def test_malformed_index(tmp_path, index, message):
     _write_index(target, index)
     with pytest.raises(CorruptFileError, match=message.replace("(", r"\(")):
         wio.open(target)
+
+
+@pytest.mark.parametrize("shard,posix,windows", [
+    ("model-00001-of-00002.safetensors", False, False),
+    ("sub/model.safetensors", False, False),
+    ("sub\\model.safetensors", False, False),
+    ("a..b.safetensors", False, False),
+    ("", True, True),
+    ("..", True, True),
+    ("../x.safetensors", True, True),
+    ("sub/../../x.safetensors", True, True),
+    ("sub\\..\\..\\x.safetensors", True, True),
+    ("/abs.safetensors", True, True),
+    ("\\abs.safetensors", False, True),
+    ("C:x.safetensors", False, True),  # another drive's current directory on Windows; a file name elsewhere
+    ("C:\\x.safetensors", False, True),
+    ("\\\\server\\share\\x.safetensors", False, True),
+])
+def test_shard_names_that_leave_the_model_directory(shard, posix, windows):
+    import ntpath
+    import posixpath
+
+    from weightio import layout
+
+    assert layout.outside(shard, posixpath) is posix
+    assert layout.outside(shard, ntpath) is windows
+    index = {"weight_map": {"a": shard}}
+    if layout.outside(shard):  # (this system's rule is the one check_index applies)
+        with pytest.raises(CorruptFileError, match="points outside the model directory"):
+            layout.check_index(index, "index.json")
+    else:
+        assert layout.check_index(index, "index.json") == ({"a": shard}, {})
 
 
 def test_index_that_is_not_json(tmp_path):

@@ -298,6 +298,9 @@ def test_the_first_bytes_are_read_at_open_and_kept_only_while_a_reader_parses(tm
     monkeypatch.undo()
     with pytest.raises(CorruptFileError, match="x needs bytes 60..68 but the file has 64"):
         f.read(60, 8, "x")  # (past the end: not from the copy, which ends with the file)
+    for offset, length, span in ((-1, 2, "-1..1"), (-8, 4, "-8..-4"), (10, -20, "10..-10")):
+        with pytest.raises(CorruptFileError, match=f"x needs bytes {span} but the file has 64"):
+            f.read(offset, length, "x")  # (never a slice of the copy from its end)
     f.close()
     with pytest.raises(WeightioError, match="the checkpoint was closed"):
         f.read(0, 8, "x")  # no kept copy serves a read after close

@@ -11,8 +11,9 @@
    "metadata" object of scalars. Anything else returns None, and the caller reads the input the
    Python way, which accepts or refuses it with its own words: these functions refuse nothing and
    accept only what those paths accept, with the same result (checked by differential tests, and
-   for headers a differential fuzz harness). `file_stamp` (POSIX) is the part of an fstat that the
-   changed-file check of every read compares, without the twenty fields os.fstat builds.
+   for headers a differential fuzz harness). `file_stamp` (Linux, macOS) is the part of an fstat
+   that the changed-file check compares (on every access to a file's mapping), without the nineteen
+   fields os.fstat builds.
 
    Safety: the input is a bytes object read through its length only (_json_scan.h); no recursion
    (the grammars above have a fixed depth of three); every number is bounded before it is used (18
@@ -302,6 +303,7 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 }
 
 #if defined(__linux__) || defined(__APPLE__)
+#include <errno.h>
 #include <limits.h>
 #include <sys/stat.h>
 #ifdef __APPLE__
@@ -327,7 +329,7 @@ static PyObject *nanoseconds(long long sec, long nsec) {
 PyDoc_STRVAR(file_stamp_doc,
 "file_stamp(fd)\n--\n\n"
 "(st_mode, st_size, st_mtime_ns) of os.fstat(fd), without building its whole result; OSError as\n"
-"os.fstat raises it. (The changed-file check of every read is one of these.)");
+"os.fstat raises it. (The changed-file check of every access to a mapping is one of these.)");
 
 static PyObject *file_stamp(PyObject *module, PyObject *arg) {
     long fd = PyLong_AsLong(arg);
@@ -338,10 +340,14 @@ static PyObject *file_stamp(PyObject *module, PyObject *arg) {
         return NULL;
     }
     struct stat st;
-    int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = fstat((int)fd, &st);
-    Py_END_ALLOW_THREADS
+    int failed, interrupted = 0;
+    do { /* as os.fstat: an interrupted call is made again, unless a signal handler raised */
+        Py_BEGIN_ALLOW_THREADS
+        failed = fstat((int)fd, &st);
+        Py_END_ALLOW_THREADS
+    } while (failed && errno == EINTR && !(interrupted = PyErr_CheckSignals()));
+    if (interrupted)
+        return NULL;
     if (failed)
         return PyErr_SetFromErrno(PyExc_OSError);
     PyObject *mode = PyLong_FromLong((long)st.st_mode), *size = PyLong_FromLongLong((long long)st.st_size);

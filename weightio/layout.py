@@ -152,11 +152,19 @@ def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str],
     if not isinstance(metadata, dict):
         raise CorruptFileError("metadata must be an object", path=index_path)
     for shard in set(weight_map.values()):
-        if "/" not in shard and "\\" not in shard and shard and shard != "..":
-            continue  # (a name with no separator is absolute nowhere, and ".." only when it is that)
-        if not shard or os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+        if "/" not in shard and "\\" not in shard and ":" not in shard and shard and shard != "..":
+            continue  # (no separator, no drive: a plain file name in the directory)
+        if outside(shard):
             raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
     return weight_map, metadata
+
+
+def outside(shard: str, paths: Any = os.path) -> bool:
+    """Whether joining shard name `shard` to a directory (with `paths`: this system's `os.path`)
+    could name a file outside it: empty, absolute, with a ``..`` component, or with a drive
+    (Windows: ``C:x`` joined to ``D:\\m`` is ``C:x``, another drive's current directory)."""
+    return (not shard or paths.isabs(shard) or bool(paths.splitdrive(shard)[0])
+            or ".." in shard.replace("\\", "/").split("/"))
 
 
 def shards(weight_map: dict[str, str]) -> list[str]:

@@ -58,8 +58,12 @@ class TensorView:
             yield name, view
 
     # ------------------------------------------------------------------ header facts
-    # (read in C, with no Python frame: a listing asks every view its shape)
-    shape = property(operator.attrgetter("info.shape"), doc="numpy-order shape (GGUF `ne` reversed).")
+    if TYPE_CHECKING:  # (what type checkers and the API reference see: the same property)
+        @property
+        def shape(self) -> tuple[int, ...]:
+            """numpy-order shape (GGUF `ne` reversed)."""
+    else:  # read in C, with no Python frame: a listing asks every view its shape
+        shape = property(operator.attrgetter("info.shape"), doc="numpy-order shape (GGUF `ne` reversed).")
 
     @property
     def dtype(self) -> np.dtype:

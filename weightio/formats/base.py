@@ -79,7 +79,10 @@ class Reader:
     format: ClassVar[str]
 
     def __init__(self, source: str | os.PathLike[str] | MappedFile | RemoteFile) -> None:
-        self.file = source if isinstance(source, (MappedFile, RemoteFile)) else MappedFile(source, head=True)
+        if isinstance(source, (MappedFile, RemoteFile)):  # (first: no ABC check of os.PathLike per shard)
+            self.file = source
+        else:
+            self.file = MappedFile(source, head=True) if isinstance(source, (str, os.PathLike)) else source
         self.path = self.file.path
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
