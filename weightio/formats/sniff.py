@@ -156,10 +156,10 @@ _ZERO_BLOCK = bytes(_TAR_BLOCK)
 
 
 def _tar_checksum_may_match(block: bytes) -> bool:
-    """False only where `tarfile` refuses the header for its checksum, computed as it computes it
-    (the checksum field read as octal text after cutting at NUL, compared with the unsigned and
-    signed sums of the block with that field as spaces); True for an all-zero block, for a
-    base-256 field and for a match, which `tarfile` itself then judges."""
+    """False only where `tarfile` refuses the header `block` (a file's first 512 bytes) for its
+    checksum, computed as it computes it (the checksum field read as octal text after cutting at
+    NUL, compared with the unsigned and signed sums of the block with that field as spaces); True
+    for an all-zero block, for a base-256 field and for a match, which `tarfile` itself then judges."""
     if block == _ZERO_BLOCK or block[148] in (0o200, 0o377):
         return True
     field = block[148:156].split(b"\0", 1)[0]
