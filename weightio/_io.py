@@ -116,7 +116,7 @@ def _fstat_stamp(fd: int) -> tuple[int, int, int]:
 
 
 # (st_mode, st_size, st_mtime_ns) of ``os.fstat(fd)``: in C where built (`weightio._speedups`), without
-# the nineteen fields and three floats os.fstat makes, which were most of the cost of a changed-file check.
+# the nineteen fields (three of them floats) os.fstat makes, which were most of the cost of a changed-file check.
 file_stamp: Callable[[int], tuple[int, int, int]] = getattr(speedups, "file_stamp", None) or _fstat_stamp
 
 

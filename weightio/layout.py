@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
 from ._io import MappedFile
 from ._json import parse_json_object
@@ -123,7 +124,7 @@ def read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
 
     Raises:
         CorruptFileError: not a JSON object of that shape, or a shard name that would leave the
-            index's directory (absolute, or with a ``..`` component).
+            index's directory (`outside`: empty, absolute, with a ``..`` component or a drive).
     """
     file = MappedFile(index_path)
     try:
@@ -152,19 +153,30 @@ def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str],
     if not isinstance(metadata, dict):
         raise CorruptFileError("metadata must be an object", path=index_path)
     for shard in set(weight_map.values()):
-        if "/" not in shard and "\\" not in shard and ":" not in shard and shard and shard != "..":
-            continue  # (no separator, no drive: a plain file name in the directory)
-        if outside(shard):
+        if not plain_name(shard) and outside(shard):
             raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
     return weight_map, metadata
 
 
+def plain_name(shard: str) -> bool:
+    """A name `outside` passes on every system, told without it: non-empty, not "..", and with no
+    separator, drive or escape (``/``, ``\\``, ``:``, ``%``)."""
+    return bool(shard) and shard != ".." and not any(c in shard for c in "/\\:%")
+
+
 def outside(shard: str, paths: Any = os.path) -> bool:
     """Whether joining shard name `shard` to a directory (with `paths`: this system's `os.path`)
-    could name a file outside it: empty, absolute, with a ``..`` component, or with a drive
-    (Windows: ``C:x`` joined to ``D:\\m`` is ``C:x``, another drive's current directory)."""
-    return (not shard or paths.isabs(shard) or bool(paths.splitdrive(shard)[0])
-            or ".." in shard.replace("\\", "/").split("/"))
+    could name a file outside it: empty, absolute or starting with a separator (``\\x`` on a
+    Windows drive's root, which Python 3.13 no longer calls absolute), with a ``..`` component, or
+    with a drive (Windows: ``C:x`` joined to ``D:\\m`` is ``C:x``, another drive's current
+    directory); so too when its percent escapes are decoded (a URL's ``%2e%2e/x`` is ``../x`` to
+    the server, or to the library that normalises it)."""
+    def leaves(name: str) -> bool:
+        return (not name or paths.isabs(name) or name.startswith(paths.sep)
+                or (paths.altsep is not None and name.startswith(paths.altsep))
+                or bool(paths.splitdrive(name)[0]) or ".." in name.replace("\\", "/").split("/"))
+
+    return leaves(shard) or ("%" in shard and leaves(unquote(shard)))
 
 
 def shards(weight_map: dict[str, str]) -> list[str]:

@@ -62,6 +62,7 @@ class TensorView:
         @property
         def shape(self) -> tuple[int, ...]:
             """numpy-order shape (GGUF `ne` reversed)."""
+            ...
     else:  # read in C, with no Python frame: a listing asks every view its shape
         shape = property(operator.attrgetter("info.shape"), doc="numpy-order shape (GGUF `ne` reversed).")
 
