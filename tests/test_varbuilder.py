@@ -102,6 +102,8 @@ def test_a_tensor_asked_every_way_is_the_same_and_reported_once_each():
         assert report.bytes_read == 5 * 32 * 32 * 4 + 2 * 32 * 4
         with pytest.raises(TypeError, match="a shape is an int or a sequence of ints"):
             vb.get((True, 32), Q)  # a bool equals 1 but is no dimension
+        with pytest.raises(TypeError, match="a shape is an int or a sequence of ints"):
+            vb.get((32, 32.0), Q)  # equal to the stored shape, a float past the first dimension
         with pytest.raises(ShapeMismatchError, match=r"expected shape \(32, 33\), found \(32, 32\)"):
             vb.get((32, 33), Q)
         with pytest.raises(TensorNotFoundError, match="did you mean"):

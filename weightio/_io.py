@@ -43,7 +43,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -169,10 +169,17 @@ class MappedFile:
 
     @property
     def data(self) -> np.ndarray:
+        """The whole file, mapped read-only, after the changed-file check (`check`'s, inline:
+        every view handed out passes here)."""
         data = self._data
         if data is None:
             data = self._map()
-        self.check()
+        try:
+            now = file_stamp(self._fd)
+        except OSError:  # closed (EBADF) under us
+            now = None
+        if now is None or self._closed or now[1:] != self._stamp:
+            self._refuse(now)
         return data
 
     def _map(self) -> np.ndarray:
@@ -223,9 +230,14 @@ class MappedFile:
             now = file_stamp(self._fd)
         except OSError:  # closed (EBADF) under us
             now = None
+        if now is None or self._closed or now[1:] != self._stamp:
+            self._refuse(now)
+
+    def _refuse(self, now: tuple[int, int, int] | None) -> NoReturn:
+        """The error of a failed `check`: "closed" (`now` None: the ``fstat`` failed), else the change."""
         if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
-        self._same(now)
+        raise CorruptFileError(_changed(self._stamp, now[1:]), path=self.path)
 
     def _same(self, now: tuple[int, int, int]) -> None:
         """`CorruptFileError` unless `now` (a `file_stamp` of this file) has the size and mtime seen at open."""

@@ -49,6 +49,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat, starmap
 from typing import Any
 
 from .errors import CorruptFileError
@@ -125,16 +126,17 @@ class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
     A hit is queued (a ``deque.append``, atomic, no lock: a ``get`` is a few microseconds and the
-    lock was a tenth of it) and folded into `hits` and `used` in request order under `lock`,
-    by `fold`, before any reader looks, and whenever `FOLD_AT` hits are queued (bounded memory
-    however many times a process calls ``get``).
+    lock was a tenth of it) and counted into `counts` under `lock`, by `fold`, before any reader
+    looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a process
+    calls ``get``). Counting is one C loop (``Counter.update``) over the queue: a fold that read
+    each hit in Python cost more than the rest of a ``get``.
     """
 
     FOLD_AT = 4096
 
     def __init__(self) -> None:
-        self.hits: dict[str, tuple[str, int]] = {}  # asked -> (stored, bytes handed out)
-        self.used: dict[str, None] = {}  # stored names, first-use order
+        # (asked, stored, bytes handed out) -> times, in first-request order
+        self.counts: Counter[tuple[str, str, int]] = Counter()
         self.missing: dict[str, None] = {}
         self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lock = threading.Lock()
@@ -148,15 +150,10 @@ class Usage:
                 self.fold()
 
     def fold(self) -> None:
-        """Move the queued hits into `hits` and `used`; the caller holds `lock` (so one thread
-        folds at a time, and only the folder takes from the queue: appends may go on meanwhile)."""
-        queued, hits, used = self._queued, self.hits, self.used
-        while queued:
-            asked, stored, nbytes = queued.popleft()
-            previous = hits.get(asked)
-            hits[asked] = (stored, nbytes if previous is None else previous[1] + nbytes)
-            if stored not in used:
-                used[stored] = None
+        """Count the queued hits into `counts`; the caller holds `lock` (so one thread folds at a
+        time, and only the folder takes from the queue: appends may go on meanwhile)."""
+        queued = self._queued
+        self.counts.update(starmap(queued.popleft, repeat((), len(queued))))
 
     def miss(self, asked: str) -> None:
         with self.lock:

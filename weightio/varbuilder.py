@@ -278,13 +278,16 @@ class VarBuilder:
             # a name stored as asked, on numpy as stored: what `_find`, `_check_shape` and `_place` do, in short
             full = self._head + name
             info = plain._infos.get(full)
-            if (info is not None and type(shape) is tuple and info.shape == shape
-                    and _INT.issuperset(map(type, shape))):
-                only = plain._only
-                out = stored_array(only if only is not None else plain._owners[full], full, info)
-                if out is not None:
-                    self._shared.usage.hit(full, full, info.nbytes)
-                    return out
+            if info is not None and type(shape) is tuple and info.shape == shape:
+                for d in shape:  # (equal to the stored ints: refuse only a float or a bool, as _shape_arg does)
+                    if type(d) is not int:
+                        break
+                else:
+                    only = plain._only
+                    out = stored_array(only if only is not None else plain._owners[full], full, info)
+                    if out is not None:
+                        self._shared.usage.hit(full, full, info.nbytes)
+                        return out
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
@@ -391,10 +394,15 @@ class VarBuilder:
         usage, store = self._shared.usage, self._shared.store
         with usage.lock:
             usage.fold()
-            hits = {a: h for a, h in usage.hits.items() if self._covers(a)}
+            counted = list(usage.counts.items())
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))
-            used_all = set(usage.used)
+        hits: dict[str, tuple[str, int]] = {}  # asked -> (stored, bytes handed out), in first-request order
+        for (asked, stored, nbytes), times in counted:
+            if self._covers(asked):
+                previous = hits.get(asked)
+                hits[asked] = (stored, nbytes * times + (0 if previous is None else previous[1]))
+        used_all = {stored for (_, stored, _), _ in counted}
         used = tuple(dict.fromkeys(s for s, _ in hits.values()))
         scopes = self._scopes(hits)
         unused = tuple(n for n in store.names if n not in used_all and _under(n, scopes))

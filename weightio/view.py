@@ -268,25 +268,26 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
     the shortest path (`VarBuilder.get` takes it too). None for any other tensor, which the caller
     serves the general way (the same array, or the refusal). The reader's `buffer` is asked as
     always: its refusals and the file's changed-file check stay on this path."""
-    dtype = info.dtype
+    dtype, shape, offset, nbytes, strides, ggml_type = info  # (one unpacking: a field read by name costs more)
     kind = _KINDS.get(dtype)
     if kind is None:
         kind = _kind(dtype)
         if len(_KINDS) < 1024:  # (bounded: records and strings of .npy files bring dtypes without end)
             _KINDS[dtype] = kind
     file = reader.file
-    if not kind or info.ggml_type is not None or info.strides is not None or file.remote:
+    if not kind or ggml_type is not None or strides is not None or file.remote:
         return None  # (a remote file's bytes are fetched by the general path)
     buf = reader.buffer(name)
     if type(buf) is not np.ndarray:
         return None
-    size, offset = dtype.itemsize, info.offset
+    size = dtype.itemsize
     if kind == _ELEMENTS and not offset % size:
         typed = file.elements(buf, dtype)
         if typed is not None:
             offset //= size
-            return typed[offset : offset + info.nbytes // size].reshape(info.shape)
-    out = np.ndarray(info.shape, dtype, buffer=buf, offset=offset)
+            flat = typed[offset : offset + nbytes // size]
+            return flat if len(shape) == 1 else flat.reshape(shape)  # (a 1-D tensor is the slice itself)
+    out = np.ndarray(shape, dtype, buffer=buf, offset=offset)
     if out.flags.writeable:  # (every reader's buffer is read-only; this keeps it so whatever it is)
         out.flags.writeable = False
     return out
