@@ -9,8 +9,8 @@ lm_head), written by ``safetensors.torch.save_file``, and the same state dict wr
 page cache warm:
 
 1. resolve + materialize every tensor on torch CPU: ``VarBuilder.pp(...).get(shape, name)`` for
-   every tensor, each summed (so every byte is read) — vs ``safetensors.torch.load_file`` and the
-   same sums;
+   every tensor, each summed (so every byte is read) and kept until the timer stops, as
+   ``safetensors.torch.load_file``'s dict keeps its tensors — vs ``load_file`` and the same sums;
 2. fill an ``nn.Module`` (parameters preallocated, untimed): ``weightio.torch.load_into`` vs
    ``torch.load(mmap=True, weights_only=True)`` + ``load_state_dict`` vs
    ``safetensors.torch.load_model``;
@@ -135,23 +135,22 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
     import torch
 
     import weightio as wio
-    import weightio.varbuilder  # noqa: F401 - imported before timing (`import weightio` leaves it to first use), as
-    from weightio import devices  # the other suites import their readers: the rows time the work, not an import
+    import weightio.torch  # noqa: F401 - imported before timing (`import weightio` leaves them to first use), as
+    import weightio.varbuilder  # noqa: F401 - the other suites import their readers: the rows time the work,
+    from weightio import devices  # not an import
 
     expected = shapes(gib)
     pt_path = str(paths(gib)["pt"])
 
-    def wio_materialize():
+    def wio_materialize():  # (keeps its tensors to the end, as load_file's dict does: neither times a release)
         vb = wio.VarBuilder.from_path(path, device="torch")
         model = vb.pp("model")
-        total = 0.0
+        kept = []
         for i in range(layers_for(gib)):
             layer = model.pp("layers").pp(i)
-            for name, shape in LAYER.items():
-                total += float(layer.get(shape, name).sum())
-        for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-            total += float(vb.get(expected[name], name).sum())
-        return vb, total
+            kept += (layer.get(shape, name) for name, shape in LAYER.items())
+        kept += (vb.get(expected[n], n) for n in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"))
+        return vb, kept, sum(float(t.sum()) for t in kept)
 
     def st_materialize():
         tensors = safetensors.torch.load_file(path)
