@@ -214,3 +214,39 @@ def test_the_cli_says_what_happened_when_sigbus_kills_it(tmp_path):
     assert proc.returncode == -signal.SIGBUS
     assert "Fatal Python error: Bus error" in proc.stderr
     assert "stats_after_truncation" in proc.stderr  # the traceback says where
+
+
+@pytest.mark.parametrize("reused_by", ["the same file", "another file"])
+@pytest.mark.parametrize("access", ["data", "check"])
+def test_a_file_closed_during_its_check_says_closed_even_when_its_descriptor_is_reused(
+        tmp_path, monkeypatch, reused_by, access):
+    """`close` on another thread between the `fstat` and the test of `_closed`, and the descriptor
+    number opened again meanwhile (on the same file, whose stamp then matches; or on another): the
+    access says "closed", never hands out the mapping or calls the file changed."""
+    from weightio import _io
+    from weightio.errors import WeightioError
+
+    path, other = tmp_path / "a.bin", tmp_path / "b.bin"
+    path.write_bytes(b"x" * 100)
+    other.write_bytes(b"y" * 200)
+    file = MappedFile(str(path))
+    mapping = file.data  # (mapped before the race: the property's own path, not the first map)
+    real, opened = _io.file_stamp, []
+
+    def closing_then_stamping(fd):
+        monkeypatch.setattr(_io, "file_stamp", real)
+        file.close()
+        opened.append(os.open(path if reused_by == "the same file" else other, os.O_RDONLY))
+        assert opened[-1] == fd  # (the lowest free number: the one just closed)
+        return real(fd)
+
+    monkeypatch.setattr(_io, "file_stamp", closing_then_stamping)
+    try:
+        with pytest.raises(wio.WeightioError) as info:
+            file.data if access == "data" else file.check()  # noqa: B018 - the property is the access
+        assert type(info.value) is WeightioError
+        assert str(info.value) == f"{path}: the checkpoint was closed; open it again to read tensors"
+    finally:
+        for fd in opened:
+            os.close(fd)
+    assert mapping[0] == ord("x")

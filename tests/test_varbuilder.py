@@ -555,6 +555,35 @@ def test_a_cursor_reports_on_its_part_of_the_checkpoint():
         assert untouched.used == () and untouched.unused == ()
 
 
+def test_a_report_names_the_last_stored_tensor_asked_for_and_every_use_of_a_tensor():
+    """One asked name resolved to two stored tensors (through a rename cursor): the report names
+    the one its last request resolved to and counts the bytes of all; a tensor used by a request
+    outside a cursor's prefix (a rename) is not unused in that cursor's report."""
+    stored = {"a": np.zeros(2, np.float32), "b": np.zeros(3, np.float32), "enc.w": np.zeros(4, np.float32),
+              "enc.v": np.zeros(1, np.float32)}
+    vb = wio.VarBuilder.from_dict(stored)
+    vb.get(2, "a")
+    vb.rename({"a": "b"}).get(3, "a")
+    vb.get(2, "a")
+    report = vb.report()
+    assert (report.used, report.renamed, report.bytes_read) == (("a",), {}, (2 + 3 + 2) * 4)
+    assert report.unused == ("enc.w", "enc.v")  # "b" was read too
+    vb.rename({"a": "b"}).get(3, "a")
+    assert (vb.report().used, vb.report().renamed) == (("b",), {"a": "b"})
+    vb.rename({"x": "enc.w"}).get(4, "x")
+    assert vb.pp("enc").report().unused == ("enc.v",)
+
+
+def test_a_bool_equal_to_a_stored_dimension_is_refused_on_the_short_path(tmp_path):
+    path = _save(tmp_path, "one.safetensors", {"one": np.ones(1, np.float32), "two": np.ones((1, 1), np.float32)})
+    with wio.VarBuilder.from_path(path) as vb:
+        assert vb._plain is not None  # (the short path is taken for stored names)
+        for shape, name in (((True,), "one"), ((1, True), "two"), ((1.0, 1), "two")):
+            with pytest.raises(TypeError, match="a shape is an int or a sequence of ints"):
+                vb.get(shape, name)
+        assert vb.get((np.int64(1), 1), "two").tolist() == [[1.0]] and vb.get((1,), "one").tolist() == [1.0]
+
+
 def test_long_listings_are_shortened():
     vb = wio.VarBuilder.from_dict({f"t{i}": np.zeros(1) for i in range(13)})
     assert str(vb.report()).endswith("unused (13): t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, … and 3 more")

@@ -50,6 +50,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat, starmap
+from operator import itemgetter
 from typing import Any
 
 from .errors import CorruptFileError
@@ -122,21 +123,26 @@ def listing(names: Sequence[str]) -> str:
     return shown + (f", … and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
+_ASKED_STORED = itemgetter(0, 1)
+
+
 class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
     A hit is queued (a ``deque.append``, atomic, no lock: a ``get`` is a few microseconds and the
-    lock was a tenth of it) and counted into `counts` under `lock`, by `fold`, before any reader
-    looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a process
-    calls ``get``). Counting is one C loop (``Counter.update``) over the queue: a fold that read
-    each hit in Python cost more than the rest of a ``get``.
+    lock was a tenth of it) and counted into `counts` and `last` under `lock`, by `fold`, before
+    any reader looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a
+    process calls ``get``). A fold is C loops over the queue (``Counter.update``, ``dict.update``):
+    one that read each hit in Python cost more than the rest of a ``get``.
     """
 
     FOLD_AT = 4096
 
     def __init__(self) -> None:
-        # (asked, stored, bytes handed out) -> times, in first-request order
+        # (asked, stored, bytes handed out) -> times; asked -> the stored name of its last request,
+        # in first-request order
         self.counts: Counter[tuple[str, str, int]] = Counter()
+        self.last: dict[str, str] = {}
         self.missing: dict[str, None] = {}
         self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lock = threading.Lock()
@@ -150,10 +156,12 @@ class Usage:
                 self.fold()
 
     def fold(self) -> None:
-        """Count the queued hits into `counts`; the caller holds `lock` (so one thread folds at a
-        time, and only the folder takes from the queue: appends may go on meanwhile)."""
+        """Count the queued hits into `counts` and `last`; the caller holds `lock` (so one thread
+        folds at a time, and only the folder takes from the queue: appends may go on meanwhile)."""
         queued = self._queued
-        self.counts.update(starmap(queued.popleft, repeat((), len(queued))))
+        hits = list(starmap(queued.popleft, repeat((), len(queued))))
+        self.counts.update(hits)
+        self.last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
 
     def miss(self, asked: str) -> None:
         with self.lock:

@@ -395,13 +395,14 @@ class VarBuilder:
         with usage.lock:
             usage.fold()
             counted = list(usage.counts.items())
+            last = list(usage.last.items())
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))
-        hits: dict[str, tuple[str, int]] = {}  # asked -> (stored, bytes handed out), in first-request order
-        for (asked, stored, nbytes), times in counted:
-            if self._covers(asked):
-                previous = hits.get(asked)
-                hits[asked] = (stored, nbytes * times + (0 if previous is None else previous[1]))
+        handed: dict[str, int] = {}  # asked -> bytes handed out
+        for (asked, _, nbytes), times in counted:
+            handed[asked] = handed.get(asked, 0) + nbytes * times
+        # asked -> (the stored name of its last request, bytes handed out), in first-request order
+        hits = {a: (s, handed[a]) for a, s in last if self._covers(a)}
         used_all = {stored for (_, stored, _), _ in counted}
         used = tuple(dict.fromkeys(s for s, _ in hits.values()))
         scopes = self._scopes(hits)
