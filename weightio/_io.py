@@ -169,17 +169,11 @@ class MappedFile:
 
     @property
     def data(self) -> np.ndarray:
-        """The whole file, mapped read-only, after the changed-file check (`check`'s, inline:
-        every view handed out passes here)."""
+        """The whole file, mapped read-only, after the changed-file check (`check`)."""
         data = self._data
         if data is None:
             data = self._map()
-        try:
-            now = file_stamp(self._fd)
-        except OSError:  # closed (EBADF) under us
-            now = None
-        if now is None or self._closed or now[1:] != self._stamp:
-            self._refuse(now)
+        self.check()
         return data
 
     def _map(self) -> np.ndarray:
