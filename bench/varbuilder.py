@@ -135,9 +135,10 @@ def _worker(case: str, peer: str, path: str, gib: float) -> dict:
     import torch
 
     import weightio as wio
-    import weightio.torch  # noqa: F401 - imported before timing (`import weightio` leaves them to first use), as
-    import weightio.varbuilder  # noqa: F401 - the other suites import their readers: the rows time the work,
-    from weightio import devices  # not an import
+    import weightio.devices.torch  # noqa: F401 - imported before timing (`import weightio` leaves them to first
+    import weightio.torch  # noqa: F401 - use), as the other suites import their readers: the rows time the
+    import weightio.varbuilder  # noqa: F401 - work, not an import
+    from weightio import devices
 
     expected = shapes(gib)
     pt_path = str(paths(gib)["pt"])
@@ -200,6 +201,7 @@ def _meta_worker(peer: str, path: str, gib: float) -> dict:
     import transformers
 
     import weightio as wio
+    import weightio.torch  # noqa: F401 - imported before timing, as in `_worker`
 
     transformers.utils.logging.set_verbosity_error()
     config, folder = llama_config(gib), model_dir(gib)

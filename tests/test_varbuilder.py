@@ -572,6 +572,9 @@ def test_a_report_names_the_last_stored_tensor_asked_for_and_every_use_of_a_tens
     assert (vb.report().used, vb.report().renamed) == (("b",), {"a": "b"})
     vb.rename({"x": "enc.w"}).get(4, "x")
     assert vb.pp("enc").report().unused == ("enc.v",)
+    vb.get(2, "a")
+    vb.rename({"a": "b"}).get(3, "a")  # (one fold: its last request, not its first, names the tensor)
+    assert vb.report().used == ("b", "enc.w")
 
 
 def test_a_bool_equal_to_a_stored_dimension_is_refused_on_the_short_path(tmp_path):

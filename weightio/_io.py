@@ -217,8 +217,9 @@ class MappedFile:
 
         One ``fstat`` of the open descriptor (about half a microsecond): a file replaced by a
         rename is not "changed", since the descriptor still names the inode that was opened.
-        Unlocked: a `close` racing with it makes it raise "closed" (or, if the descriptor number
-        was reused meanwhile, "changed"), never return bytes of another file.
+        Unlocked: a `close` racing with it makes it raise "closed", even when the descriptor
+        number was reused meanwhile (`close` marks the file closed before closing it), and never
+        return bytes of another file.
         """
         try:
             now = file_stamp(self._fd)
@@ -228,7 +229,8 @@ class MappedFile:
             self._refuse(now)
 
     def _refuse(self, now: tuple[int, int, int] | None) -> NoReturn:
-        """The error of a failed `check`: "closed" (`now` None: the ``fstat`` failed), else the change."""
+        """The error of a failed `check`: "closed" when the file was closed (or `now` is None: the
+        ``fstat`` failed), else the change."""
         if now is None or self._closed:
             raise WeightioError(_CLOSED, path=self.path)
         raise CorruptFileError(_changed(self._stamp, now[1:]), path=self.path)

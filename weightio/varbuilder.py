@@ -279,7 +279,7 @@ class VarBuilder:
             full = self._head + name
             info = plain._infos.get(full)
             if info is not None and type(shape) is tuple and info.shape == shape:
-                for d in shape:  # (equal to the stored ints: refuse only a float or a bool, as _shape_arg does)
+                for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
                     if type(d) is not int:
                         break
                 else:

@@ -268,7 +268,8 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
     the shortest path (`VarBuilder.get` takes it too). None for any other tensor, which the caller
     serves the general way (the same array, or the refusal). The reader's `buffer` is asked as
     always: its refusals and the file's changed-file check stay on this path."""
-    dtype, shape, offset, nbytes, strides, ggml_type = info  # (one unpacking: a field read by name costs more)
+    # one unpacking (a field read by name costs more); every field of `TensorInfo`, in order
+    dtype, shape, offset, nbytes, strides, ggml_type = info
     kind = _KINDS.get(dtype)
     if kind is None:
         kind = _kind(dtype)
