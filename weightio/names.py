@@ -163,6 +163,18 @@ class Usage:
         self.counts.update(hits)
         self.last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
 
+    def hits(self) -> dict[str, tuple[str, int]]:
+        """asked -> (the stored name of its last request, bytes handed out), in first-request order
+        (the caller holds `lock`, after a `fold`)."""
+        handed: dict[str, int] = {}
+        for (asked, _, nbytes), times in self.counts.items():
+            handed[asked] = handed.get(asked, 0) + nbytes * times
+        return {asked: (stored, handed[asked]) for asked, stored in self.last.items()}
+
+    def used(self) -> set[str]:
+        """Every stored name handed out (the caller holds `lock`, after a `fold`)."""
+        return {stored for _, stored, _ in self.counts}
+
     def miss(self, asked: str) -> None:
         with self.lock:
             self.missing.setdefault(asked)

@@ -92,17 +92,10 @@ class VarBuilder:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_path(
-        cls,
-        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        dtype: Any = None,
-        device: str | devices.Device = "numpy",
-        *,
-        base_model_prefix: str | None = None,
-        auto_prefix: bool = True,
-        renames: RenameSpec | None = None,
-        unknown_globals: str = "refuse",
-    ) -> VarBuilder:
+    def from_path(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], dtype: Any = None,
+                  device: str | devices.Device = "numpy", *, base_model_prefix: str | None = None,
+                  auto_prefix: bool = True, renames: RenameSpec | None = None,
+                  unknown_globals: str = "refuse") -> VarBuilder:
         """A builder over a checkpoint file, a model directory, a sharded index file, or a list of these.
 
         Args:
@@ -394,16 +387,10 @@ class VarBuilder:
         usage, store = self._shared.usage, self._shared.store
         with usage.lock:
             usage.fold()
-            counted = list(usage.counts.items())
-            last = list(usage.last.items())
+            hits = {a: h for a, h in usage.hits().items() if self._covers(a)}
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))
-        handed: dict[str, int] = {}  # asked -> bytes handed out
-        for (asked, _, nbytes), times in counted:
-            handed[asked] = handed.get(asked, 0) + nbytes * times
-        # asked -> (the stored name of its last request, bytes handed out), in first-request order
-        hits = {a: (s, handed[a]) for a, s in last if self._covers(a)}
-        used_all = {stored for (_, stored, _), _ in counted}
+            used_all = usage.used()
         used = tuple(dict.fromkeys(s for s, _ in hits.values()))
         scopes = self._scopes(hits)
         unused = tuple(n for n in store.names if n not in used_all and _under(n, scopes))
