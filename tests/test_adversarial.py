@@ -240,7 +240,7 @@ SAFETENSORS = [
        CorruptFileError, "shape must be a list of at most 64 non-negative integers, found [inf]"),
     _c("safetensors", "5000-digit integer", lambda m: safetensors('{"a": {"dtype": "F32", "shape": [' + "9" * 5000
                                                                  + '], "data_offsets": [0, 4]}}', D4),
-       CorruptFileError, "header is not valid JSON: Exceeds the limit (4300 digits)"),
+       CorruptFileError, "header is not valid JSON: Exceeds the limit (4300"),
     _c("safetensors", "dtype an object", lambda m: safetensors(_st_entry({"x": 1}, [1], 0, 4), D4), CorruptFileError,
        "tensor 'a': dtype must be a string, found {'x': 1}"),
     _c("safetensors", "shape an object", lambda m: safetensors({"a": {"dtype": "F32", "shape": {"0": 1},
@@ -275,7 +275,7 @@ NPY = [
        "shape (0, 2305843009213693952) is too large for numpy", suffix=".npy"),
     _c("npy", "5000-digit integer literal",
        lambda m: npy("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "9" * 5000 + ",)}"), CorruptFileError,
-       "is not a Python literal (SyntaxError: Exceeds the limit (4300 digits)", suffix=".npy"),
+       "is not a Python literal (SyntaxError: Exceeds the limit (4300", suffix=".npy"),
     _c("npy", "header padded with NULs", lambda m: npy(npy_dict().rstrip("\n") + "\x00" * 8 + "\n", bytes(8)),
        CorruptFileError, "source code string cannot contain null bytes", suffix=".npy"),
     _c("npy", "header is a lambda", lambda m: npy("(lambda: 0)"), CorruptFileError,
@@ -481,7 +481,7 @@ GGML = [
 
 PYTORCH = [
     _c("pytorch", "text LONG of 100 000 digits", lambda m: P2 + b"L" + b"9" * 100_000 + b"L\n" + STOP,
-       CorruptFileError, "Exceeds the limit (4300 digits)", suffix=".pt"),
+       CorruptFileError, "Exceeds the limit (4300", suffix=".pt"),
     _c("pytorch", "protocol 0 payload (GLOBAL + REDUCE, text)",
        lambda m: b"cposix\nsystem\n(S'touch " + str(m).encode() + b"'\ntR.", FormatError,
        "is not a checkpoint format weightio reads", suffix=".pt"),
@@ -640,7 +640,8 @@ def test_hostile_input(tmp_path, case):
     assert case.message in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{path}: ")
     assert not marker.exists(), "a payload ran"
-    assert set(sys.modules) - before == set(), "a module was imported"
+    # (weightio's own readers are imported on first use: whichever case runs first imports its reader)
+    assert {m for m in set(sys.modules) - before if not m.startswith("weightio.")} == set(), "a module was imported"
 
 
 def test_the_catalogue_has_60_named_cases_with_unique_names():

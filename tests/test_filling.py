@@ -392,12 +392,18 @@ def test_a_start_cut_short_leaves_no_read_running_once_the_filler_is_closed(tmp_
     starts, ended = _slowed_reads(monkeypatch, 0.1, begun)
     with wio.open(path) as ckpt:
         src = ckpt["a"].numpy()
+        base = filling.mapped_source(src)[1]  # the file offset of the first piece
         dst = np.zeros(src.nbytes, np.uint8)
         with pytest.raises(RuntimeError, match="interpreter shutdown"), filling.Filler() as filler:
-            filler.start([(dst, src)])  # ten pieces: the third cannot be queued (the second may be cancelled)
+            filler.start([(dst, src)])  # ten pieces: the third cannot be queued (one of the two may be cancelled)
         closed = time.monotonic()
     assert len(ended) == len(starts) >= 1 and max(ended) <= closed  # what had begun ended before the close
-    assert dst[:4096].tolist() == src[:4096].tolist() and not dst[8192:].any()
+    # Either queued piece may begin first (Python 3.13's pool often starts the second): each piece
+    # that began was read whole, the others never were.
+    assert set(starts) <= {base, base + 4096}
+    for k in range(0, src.nbytes, 4096):
+        expected = src[k:k + 4096] if base + k in starts else np.zeros_like(src[k:k + 4096])
+        assert np.array_equal(dst[k:k + 4096], expected), k
 
 
 def test_leaving_a_filler_on_an_error_cancels_what_was_queued_and_waits_for_what_runs(tmp_path, monkeypatch):
