@@ -36,10 +36,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
-import weightio.formats.ggml  # noqa: F401 - imported before the sys.modules snapshots
-import weightio.formats.gguf  # noqa: F401
-import weightio.formats.pytorch  # noqa: F401
-import weightio.quant  # noqa: F401
+import weightio.quant  # noqa: F401 - imported before the sys.modules snapshots (the readers: below)
 from weightio.errors import CorruptFileError, FormatError, UnsafePickleError, UnsupportedDTypeError, WeightioError
 from weightio.formats import READERS, resolve, sniff
 from weightio.formats.gguf import GGUFArray
