@@ -1,9 +1,10 @@
 """Shared machinery for the side-by-side benchmarks (run on demand, never in CI).
 
 Each measurement runs in a fresh Python process (`worker`), so import state, allocator state
-and RSS are the same for every peer; peers are interleaved round-robin within each repetition
-to spread machine noise; results are medians, and every table row carries its ratio to the
-weightio row of the same case. Files are read warm (the page cache is filled before timing).
+and RSS are the same for every peer; peers are interleaved within each repetition, in an order
+that changes which peer runs first and which peer each one follows (`run_order`); results are
+medians, and every table row carries its ratio to the weightio row of the same case. Files are
+read warm (the page cache is filled before timing).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ RECORDS = ROOT / "bench" / "results"  # <suite>.json: the rows each suite's char
 IMAGES = ROOT / "docs" / "img"  # <suite>.png: the charts
 
 __all__ = ["CACHE", "Case", "arguments", "chart", "environment", "measure", "median", "publish", "rows",
-           "rss_mib", "run_worker", "warm", "worker_env", "write_section"]
+           "rss_mib", "run_order", "run_worker", "warm", "worker_env", "write_section"]
 
 
 def rss_mib() -> float:
@@ -88,11 +89,39 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def run_order(n: int, rep: int) -> list[int]:
+    """The order in which `n` peers run in repetition `rep` (indices into the peers' list).
+
+    A run can be slowed by the run before it, even with the file's pages evicted in between: on
+    the 2-CPU VM, a cold 4 GiB read of weightio's torch views took 6.79-8.39 s (median 8.05) right
+    after a run of safetensors' `load_file` and 5.05-6.41 s (median 5.42) right after another
+    weightio run (same code, 5 alternations), while `load_file` took 6.3 s whichever ran first.
+    Rotating one order keeps every peer behind the same neighbour in every repetition, so such an
+    effect lands on one peer each time. These orders are the rows of a Williams design (the
+    balanced Latin square used for carry-over effects in crossover trials; for odd `n` each row
+    is followed by its mirror): over `n` repetitions (``2n`` for odd `n`), every peer runs first
+    equally often and follows every other peer equally often, and in the first repetitions each
+    peer already follows different ones.
+    """
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(i + shift) % n for i in first] for shift in range(n)]
+    if n % 2:  # an odd square balances only with its mirror
+        rows = [row for pair in zip(rows, [r[::-1] for r in rows], strict=True) for row in pair]
+    return rows[rep % len(rows)] if n else []
+
+
 def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, dict]]:
     """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n}}}.
 
-    Peers are interleaved within each repetition, and the order rotates from one repetition to
-    the next, so no peer always runs first (right after another peer warmed or dirtied caches).
+    Peers are interleaved within each repetition, in the orders of `run_order`: no peer always
+    runs first, nor always right after the same other peer (which may have warmed, dirtied or
+    fragmented what the next run uses).
     """
     # weightio's bytecode written once, before any timing (what `pip install` does for a wheel)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "weightio"), str(ROOT / "cli")],
@@ -101,8 +130,8 @@ def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, d
     for rep in range(reps):
         for case in cases:
             peers = list(case.peers.items())
-            shift = rep % len(peers)
-            for peer, args in peers[shift:] + peers[:shift]:
+            for index in run_order(len(peers), rep):
+                peer, args = peers[index]
                 samples[case.name][peer].append(run_worker(script, args))
         print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
     return {

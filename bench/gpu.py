@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import arguments, environment, publish, warm, worker_env  # noqa: E402
+from common import arguments, environment, publish, run_order, warm, worker_env  # noqa: E402
 from memory import generate  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -326,8 +326,7 @@ def measure(path: str, peers: list[str], reps: int) -> dict[str, dict]:
     samples: dict[str, list[dict]] = {p: [] for p in peers}
     failed: dict[str, str] = {}
     for rep in range(reps):
-        order = peers[rep % len(peers):] + peers[: rep % len(peers)]
-        for peer in order:
+        for peer in (peers[i] for i in run_order(len(peers), rep)):
             if peer in failed:
                 continue
             r = run_one(peer, path)

@@ -6,7 +6,7 @@ views from a cold cache; four processes serving one copy.
 Generates (once, in $WEIGHTIO_BENCH_DIR or /tmp/weightio-bench) a ``model.safetensors`` of `--gib`
 GiB shaped like a transformer (per layer four bf16 2048 x 2048 matrices and a float32 norm), and
 the same tensors in tensorizer's format. Each run is a fresh process, timed after its imports;
-peers are interleaved; medians of --reps runs.
+peers are interleaved in balanced orders (``common.run_order``); medians of --reps runs.
 
 1. **owned, warm**: every tensor as a torch CPU tensor that owns its memory, page cache warm.
    weightio ``VarBuilder.load_all(copy=True)`` and ``TensorView.to("torch", copy=True)`` (and,
@@ -395,7 +395,8 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
         f"`python bench/memory.py --reps {reps} --gib {gib:g}` on {environment()}.",
         f"File: {size / (1 << 30):.2f} GiB `model.safetensors` ({len(_layout(size / (1 << 30)))} tensors, bf16 "
         "matrices and f32 norms), and the same tensors in tensorizer's format. Each run is a fresh process, timed "
-        f"after its imports; medians of {reps} runs; peers interleaved. Cold runs start after `fsync` + "
+        f"after its imports; medians of {reps} runs; peers interleaved in balanced orders (`bench/common.py` "
+        "`run_order`). Cold runs start after `fsync` + "
         "`posix_fadvise(DONTNEED)` of the files, checked with `mincore` (resident fraction before the run in the "
         "last column). Ratio = peer time / weightio time (> 1: weightio is faster).",
         "",

@@ -149,6 +149,33 @@ def test_chart_ratios_are_each_peer_over_weightio():
     ]
 
 
+@pytest.mark.parametrize("n", range(1, 10))
+def test_run_orders_balance_who_runs_first_and_who_follows_whom(n):
+    """Over a full cycle of `run_order` (n repetitions, 2n for odd n) each repetition runs every
+    peer once, every peer runs first equally often and follows every other peer equally often."""
+    from collections import Counter
+
+    run_order = _bench_module("common").run_order
+    cycle = [run_order(n, rep) for rep in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(order) == list(range(n)) for order in cycle)
+    assert Counter(order[0] for order in cycle) == {peer: len(cycle) // n for peer in range(n)}
+    follows = Counter((a, b) for order in cycle for a, b in zip(order[:-1], order[1:], strict=True))
+    assert follows == {(a, b): len(cycle) // n for a in range(n) for b in range(n) if a != b}
+    assert run_order(n, len(cycle)) == cycle[0]  # and the cycle repeats
+
+
+def test_run_orders_vary_the_predecessor_from_the_first_repetitions():
+    """Three peers, three repetitions (the memory suite's published runs): no peer follows the
+    same one every time, as it did when one order was rotated (weightio views always after safetensors)."""
+    run_order = _bench_module("common").run_order
+    orders = [run_order(3, rep) for rep in range(3)]
+    assert orders == [[0, 1, 2], [2, 1, 0], [1, 2, 0]]
+    for peer in range(3):
+        before = {order[order.index(peer) - 1] if order.index(peer) else None for order in orders}
+        assert len(before) >= 2, (peer, before)
+    assert run_order(0, 0) == [] and run_order(1, 5) == [0] and run_order(2, 1) == [1, 0]
+
+
 @pytest.mark.bench
 def test_plot_redraws_a_png_from_recorded_results(tmp_path, monkeypatch):
     """bench/plot.py draws docs/img/<suite>.png from bench/results/<suite>.json alone (no benchmark runs)."""
