@@ -41,6 +41,19 @@ def manifest() -> dict[str, dict]:
         return json.load(f)
 
 
+def pyproject() -> dict:
+    """pyproject.toml beside the tests, parsed (``tomllib``; on Python 3.10 ``tomli``, the same
+    parser from PyPI, which the test extra installs there); skips where neither or no file is found."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    path = FIXTURES.parent / "pyproject.toml"
+    if not path.exists():
+        pytest.skip("no pyproject.toml beside the tests")
+    return tomllib.loads(path.read_text())
+
+
 def digest(arr: np.ndarray) -> str:
     """SHA-256 of an array's C-ordered little-endian bytes (what fixtures/manifest.json records)."""
     arr = arr.copy(order="C")

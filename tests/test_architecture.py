@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import pyproject
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"weightio": ROOT / "weightio", "weightio.cli": ROOT / "cli"}
 
@@ -214,8 +216,7 @@ def test_no_module_over_the_line_limit():
 def test_every_package_is_listed_for_the_wheel():
     # setuptools installs only the packages pyproject.toml lists; a new sub-package left out of
     # the list works in an editable install and is missing from the wheel.
-    tomllib = pytest.importorskip("tomllib")
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
     assert {name for name, (_, is_package) in modules().items() if is_package} == listed
 
 

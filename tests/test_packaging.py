@@ -17,7 +17,7 @@ import pytest
 
 import weightio
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, pyproject
 
 ROOT = FIXTURES.parent
 SOURCES = [ROOT / "weightio", ROOT / "cli"]
@@ -52,7 +52,7 @@ def test_python_dash_m_weightio_exits_as_the_command_does(tmp_path):
 
 
 def test_the_version_has_one_source():
-    project = _pyproject()
+    project = pyproject()
     assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "weightio.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", weightio.__version__)
@@ -67,7 +67,7 @@ def test_weightio_version_prints_the_package_metadata(tmp_path):
 
 def test_every_runtime_dependency_is_used_at_runtime():
     imported = _third_party_imports()
-    dists = [_dist(req) for req in _pyproject()["project"]["dependencies"]]
+    dists = [_dist(req) for req in pyproject()["project"]["dependencies"]]
     needed = {MODULE_OF.get(dist, dist.replace("-", "_")) for dist in dists}
     unused = sorted(module for module in needed if module not in imported and module not in INDIRECT)
     assert unused == []
@@ -77,18 +77,10 @@ def test_every_runtime_dependency_is_used_at_runtime():
 
 
 def test_safetensors_is_a_test_dependency_only():
-    project = _pyproject()
+    project = pyproject()
     assert "safetensors" not in {_dist(req) for req in project["project"]["dependencies"]}
     assert "safetensors" in {_dist(req) for req in project["project"]["optional-dependencies"]["test"]}
     assert "safetensors" not in _third_party_imports()  # weightio/formats/safetensors.py is weightio's own
-
-
-def _pyproject() -> dict:
-    tomllib = pytest.importorskip("tomllib")
-    pyproject = ROOT / "pyproject.toml"
-    if not pyproject.exists():
-        pytest.skip("no pyproject.toml beside the tests")
-    return tomllib.loads(pyproject.read_text())
 
 
 def _dist(requirement: str) -> str:
