@@ -95,13 +95,15 @@ def run_order(n: int, rep: int) -> list[int]:
     A run can be slowed by the run before it, even with the file's pages evicted in between: on
     the 2-CPU VM, a cold 4 GiB read of weightio's torch views took 6.79-8.39 s (median 8.05) right
     after a run of safetensors' `load_file` and 5.05-6.41 s (median 5.42) right after another
-    weightio run (same code, 5 alternations), while `load_file` took 6.3 s whichever ran first.
+    weightio run (same code, 5 alternations), while `load_file` took 6.3 s whichever ran before it.
     Rotating one order keeps every peer behind the same neighbour in every repetition, so such an
     effect lands on one peer each time. These orders are the rows of a Williams design (the
     balanced Latin square used for carry-over effects in crossover trials; for odd `n` each row
     is followed by its mirror): over `n` repetitions (``2n`` for odd `n`), every peer runs first
-    equally often and follows every other peer equally often, and in the first repetitions each
-    peer already follows different ones.
+    equally often and follows every other peer equally often within a repetition, and in the
+    first repetitions each peer already follows different ones. Across repetitions, a mirror
+    starts with the peer that ended the order before it (which then follows itself): once per
+    peer in a cycle. Fewer repetitions than a cycle balance only in part.
     """
     first, low, high = [0], 1, n - 1
     while len(first) < n:  # 0, 1, n-1, 2, n-2, ...

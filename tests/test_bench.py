@@ -165,8 +165,8 @@ def test_run_orders_balance_who_runs_first_and_who_follows_whom(n):
 
 
 def test_run_orders_vary_the_predecessor_from_the_first_repetitions():
-    """Three peers, three repetitions (the memory suite's published runs): no peer follows the
-    same one every time, as it did when one order was rotated (weightio views always after safetensors)."""
+    """Three peers (the memory suite's views case), three repetitions: no peer follows the same one
+    every time, as it did when one order was rotated (weightio's views always after safetensors')."""
     run_order = _bench_module("common").run_order
     orders = [run_order(3, rep) for rep in range(3)]
     assert orders == [[0, 1, 2], [2, 1, 0], [1, 2, 0]]
