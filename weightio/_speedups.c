@@ -376,8 +376,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "weightio._speedups",
-    "weightio's optional C fast paths (see weightio/_speedups.c); weightio works without them.", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "weightio._speedups",
+    .m_doc = "weightio's optional C fast paths (see weightio/_speedups.c); weightio works without them.",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 /* VERSION: the interface this source implements; weightio uses a built module only when it matches
