@@ -11,9 +11,9 @@
    "metadata" object of scalars. Anything else returns None, and the caller reads the input the
    Python way, which accepts or refuses it with its own words: these functions refuse nothing and
    accept only what those paths accept, with the same result (checked by differential tests, and
-   for headers a differential fuzz harness). `file_stamp` (Linux, macOS) is the part of an fstat
-   that the changed-file check compares (on every access to a file's mapping), without the nineteen
-   fields os.fstat builds.
+   for headers a differential fuzz harness). On Linux and macOS, `_files.h` adds `file_stamp` (the
+   part of an fstat the changed-file check compares), and `mapped_slice` and `plain_get` (the
+   zero-copy views of `TensorView.numpy()` and `VarBuilder.get`'s shortest path).
 
    Safety: the input is a bytes object read through its length only (_json_scan.h); no recursion
    (the grammars above have a fixed depth of three); every number is bounded before it is used (18
@@ -303,67 +303,7 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 }
 
 #if defined(__linux__) || defined(__APPLE__)
-#include <errno.h>
-#include <limits.h>
-#include <sys/stat.h>
-#ifdef __APPLE__
-#define MODIFIED(st) ((st).st_mtimespec)
-#else
-#define MODIFIED(st) ((st).st_mtim)
-#endif
-
-/* sec * 10**9 + nsec as Python computes st_mtime_ns (exact for any sec: beyond +-9e9 in Python ints). */
-static PyObject *nanoseconds(long long sec, long nsec) {
-    if (sec > -9000000000LL && sec < 9000000000LL)
-        return PyLong_FromLongLong(sec * 1000000000LL + nsec);
-    PyObject *s = PyLong_FromLongLong(sec), *billion = PyLong_FromLong(1000000000L), *n = PyLong_FromLong(nsec);
-    PyObject *scaled = s && billion ? PyNumber_Multiply(s, billion) : NULL;
-    PyObject *out = scaled && n ? PyNumber_Add(scaled, n) : NULL;
-    Py_XDECREF(s);
-    Py_XDECREF(billion);
-    Py_XDECREF(n);
-    Py_XDECREF(scaled);
-    return out;
-}
-
-PyDoc_STRVAR(file_stamp_doc,
-"file_stamp(fd)\n--\n\n"
-"(st_mode, st_size, st_mtime_ns) of os.fstat(fd), without building its whole result; OSError as\n"
-"os.fstat raises it. (The changed-file check of every access to a mapping is one of these.)");
-
-static PyObject *file_stamp(PyObject *module, PyObject *arg) {
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
-        return NULL;
-    if (fd < INT_MIN || fd > INT_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "file descriptor out of range");
-        return NULL;
-    }
-    struct stat st;
-    int failed, interrupted = 0;
-    do { /* as os.fstat: an interrupted call is made again, unless a signal handler raised */
-        Py_BEGIN_ALLOW_THREADS
-        failed = fstat((int)fd, &st);
-        Py_END_ALLOW_THREADS
-    } while (failed && errno == EINTR && !(interrupted = PyErr_CheckSignals()));
-    if (interrupted)
-        return NULL;
-    if (failed)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    PyObject *mode = PyLong_FromLong((long)st.st_mode), *size = PyLong_FromLongLong((long long)st.st_size);
-    PyObject *modified = nanoseconds((long long)MODIFIED(st).tv_sec, (long)MODIFIED(st).tv_nsec);
-    PyObject *out = mode && size && modified ? PyTuple_New(3) : NULL;
-    if (out == NULL) {
-        Py_XDECREF(mode);
-        Py_XDECREF(size);
-        Py_XDECREF(modified);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, mode);
-    PyTuple_SET_ITEM(out, 1, size);
-    PyTuple_SET_ITEM(out, 2, modified);
-    return out;
-}
+#include "_files.h"
 #endif
 
 static PyMethodDef methods[] = {
@@ -371,6 +311,8 @@ static PyMethodDef methods[] = {
     {"index_json", index_json, METH_VARARGS, index_json_doc},
 #if defined(__linux__) || defined(__APPLE__)
     {"file_stamp", file_stamp, METH_O, file_stamp_doc},
+    {"mapped_slice", (PyCFunction)(void (*)(void))mapped_slice, METH_FASTCALL, mapped_slice_doc},
+    {"plain_get", (PyCFunction)(void (*)(void))plain_get, METH_FASTCALL, plain_get_doc},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -386,8 +328,12 @@ static struct PyModuleDef module = {
 /* VERSION: the interface this source implements; weightio uses a built module only when it matches
    (an in-place build left over from an older source is not called). */
 PyMODINIT_FUNC PyInit__speedups(void) {
+#if defined(__linux__) || defined(__APPLE__)
+    if (files_init() < 0)
+        return NULL;
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 3) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 4) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -129,51 +129,88 @@ _ASKED_STORED = itemgetter(0, 1)
 class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
-    A hit is queued (a ``deque.append``, atomic, no lock: a ``get`` is a few microseconds and the
-    lock was a tenth of it) and counted into `counts` and `last` under `lock`, by `fold`, before
-    any reader looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a
-    process calls ``get``). A fold is C loops over the queue (``Counter.update``, ``dict.update``):
-    one that read each hit in Python cost more than the rest of a ``get``.
+    A hit is queued without a lock (a ``get`` is a few microseconds and the lock was a tenth of
+    it) and counted into `counts` and `last` under `lock`, by `fold`, before any reader looks, and
+    whenever `FOLD_AT` hits are queued (bounded memory however many times a process calls
+    ``get``). Two queues: `plain` holds the names `get`'s shortest path served (asked = stored,
+    the bytes the tensor's own, from `sizes`), a ``list.append`` each, counted as the names
+    themselves; `_queued` every other hit, ``(asked, stored, bytes)`` (a ``deque.append``). A hit
+    of one kind folds the other's queue first, so `counts` keeps the order of the requests. A
+    fold is C loops over the queue (``Counter.update``, ``dict.update``): one that read each hit
+    in Python cost more than the rest of a ``get``.
     """
 
     FOLD_AT = 4096
 
-    def __init__(self) -> None:
-        # (asked, stored, bytes handed out) -> times; asked -> the stored name of its last request,
-        # in first-request order
-        self.counts: Counter[tuple[str, str, int]] = Counter()
+    def __init__(self, sizes: Mapping[str, Any] | None = None) -> None:
+        # (asked, stored, bytes handed out) -> times, or a plain hit's name -> times, in first-request
+        # order; asked -> the stored name of its last request (where a hit that is not plain was last)
+        self.counts: Counter[tuple[str, str, int] | str] = Counter()
         self.last: dict[str, str] = {}
         self.missing: dict[str, None] = {}
         self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lock = threading.Lock()
         self._queued: deque[tuple[str, str, int]] = deque()
+        self.plain: list[str] = []
+        self.sizes = sizes  # stored name -> its `TensorInfo`, for the bytes of plain hits
 
     def hit(self, asked: str, stored: str, nbytes: int) -> None:
+        if self.plain:
+            self.fold_queued()
         queued = self._queued
         queued.append((asked, stored, nbytes))
         if len(queued) >= self.FOLD_AT:
-            with self.lock:
-                self.fold()
+            self.fold_queued()
+
+    def plain_hit(self, name: str) -> None:
+        """`hit(name, name, the tensor's bytes)`, as `get`'s shortest path records it (the C one too)."""
+        if self._queued:
+            self.fold_queued()
+        plain = self.plain
+        plain.append(name)
+        if len(plain) >= self.FOLD_AT:
+            self.fold_queued()
+
+    def fold_queued(self) -> None:
+        """`fold` under `lock`."""
+        with self.lock:
+            self.fold()
 
     def fold(self) -> None:
         """Count the queued hits into `counts` and `last`; the caller holds `lock` (so one thread
-        folds at a time, and only the folder takes from the queue: appends may go on meanwhile)."""
+        folds at a time, and only the folder takes from the queues: appends may go on meanwhile)."""
         queued = self._queued
-        hits = list(starmap(queued.popleft, repeat((), len(queued))))
-        self.counts.update(hits)
-        self.last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
+        if queued:
+            hits = list(starmap(queued.popleft, repeat((), len(queued))))
+            self.counts.update(hits)
+            self.last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
+        plain = self.plain
+        if plain:
+            names = plain[:]
+            del plain[: len(names)]  # (names appended meanwhile stay queued)
+            self.counts.update(names)
+            last = self.last
+            if last:  # a name whose last request was not plain: it is now
+                again = last.keys() & names
+                last.update(zip(again, again))
 
     def hits(self) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order
         (the caller holds `lock`, after a `fold`)."""
         handed: dict[str, int] = {}
-        for (asked, _, nbytes), times in self.counts.items():
+        sizes = self.sizes
+        for key, times in self.counts.items():
+            if type(key) is str:
+                asked, nbytes = key, sizes[key].nbytes
+            else:
+                asked, _, nbytes = key
             handed[asked] = handed.get(asked, 0) + nbytes * times
-        return {asked: (stored, handed[asked]) for asked, stored in self.last.items()}
+        last = self.last
+        return {asked: (last.get(asked, asked), nbytes) for asked, nbytes in handed.items()}
 
     def used(self) -> set[str]:
         """Every stored name handed out (the caller holds `lock`, after a `fold`)."""
-        return {stored for _, stored, _ in self.counts}
+        return {key if type(key) is str else key[1] for key in self.counts}
 
     def miss(self, asked: str) -> None:
         with self.lock:

@@ -43,7 +43,8 @@ from .dtypes import parse_dtype
 from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
 from .names import LoadReport, Renamed, RenameSpec, Resolver, Sources, Usage, renamer
 from .names import listing as _listing  # (weightio.torch imports it from here)
-from .view import TensorView, stored_array
+from ._io import MappedFile
+from .view import ELEMENT_SIZES, PLAIN_READERS, TensorView, plain_get
 
 __all__ = ["VarBuilder", "LoadReport", "RenameSpec"]
 
@@ -56,10 +57,15 @@ class _Shared:
 
     def __init__(self, store: Sources, resolver: Resolver, owned: Sequence[Checkpoint]) -> None:
         self.store, self.resolver, self.owned = store, resolver, list(owned)
-        self.usage = Usage()
-        # the one checkpoint served, for `get`'s shortest path (None: several sources, or not a Checkpoint)
+        # `get`'s shortest path (`view.plain_get`) over the one checkpoint served (None: several
+        # sources, or not a Checkpoint)
         only = store.sources[0] if len(store.sources) == 1 else None
-        self.checkpoint = only if type(only) is Checkpoint else None
+        if type(only) is not Checkpoint:
+            self.usage, self.fast = Usage(), None
+            return
+        self.usage = usage = Usage(only._infos)
+        self.fast = (only._infos, only._owners, only._only, usage.plain, usage._queued, usage, usage.FOLD_AT,
+                     ELEMENT_SIZES, PLAIN_READERS, MappedFile)
 
 
 class VarBuilder:
@@ -88,7 +94,7 @@ class VarBuilder:
         self._head = ".".join(path) + "." if path else ""  # what a full name starts with
         # `get`'s shortest path: one checkpoint, names looked up as they are, numpy arrays as stored
         plain = backend is shared.resolver and dtype is None and device.framework == "numpy"
-        self._plain = shared.checkpoint if plain else None
+        self._plain = shared.fast if plain else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -266,21 +272,11 @@ class VarBuilder:
             TensorNotFoundError: no stored tensor resolves from the name (lists the closest).
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
-        plain = self._plain
-        if plain is not None and dtype is None and type(name) is str and name:
-            # a name stored as asked, on numpy as stored: what `_find`, `_check_shape` and `_place` do, in short
-            full = self._head + name
-            info = plain._infos.get(full)
-            if info is not None and type(shape) is tuple and info.shape == shape:
-                for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
-                    if type(d) is not int:
-                        break
-                else:
-                    only = plain._only
-                    out = stored_array(only if only is not None else plain._owners[full], full, info)
-                    if out is not None:
-                        self._shared.usage.hit(full, full, info.nbytes)
-                        return out
+        fast = self._plain
+        if fast is not None and dtype is None:  # a stored name on numpy as stored: in C where built
+            out = plain_get(fast, self._head, name, shape)
+            if out is not None:
+                return out
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)

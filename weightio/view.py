@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._io import MappedFile
+from ._native import speedups
 from ._remote import RemoteFile, RemoteImage
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
 from .errors import CorruptFileError, UnsupportedDTypeError, WeightioError
@@ -275,9 +277,23 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
         kind = _kind(dtype)
         if len(_KINDS) < 1024:  # (bounded: records and strings of .npy files bring dtypes without end)
             _KINDS[dtype] = kind
+            if kind == _ELEMENTS:
+                ELEMENT_SIZES[dtype] = dtype.itemsize
     file = reader.file
     if not kind or ggml_type is not None or strides is not None or file.remote:
         return None  # (a remote file's bytes are fetched by the general path)
+    if kind == _ELEMENTS and type(file) is MappedFile and _mapped_slice is not None:
+        plain = PLAIN_READERS.get(type(reader))
+        if plain is None:
+            plain = PLAIN_READERS[type(reader)] = _plain_buffer(type(reader))
+        size = dtype.itemsize
+        if plain and not offset % size:
+            # in C: the changed-file check, then one slice (and a reshape) of the cached element view;
+            # None where that view is not made yet or the check fails (the way below says why)
+            start = offset // size
+            out = _mapped_slice(file, dtype, start, start + nbytes // size, shape)
+            if out is not None:
+                return out
     buf = reader.buffer(name)
     if type(buf) is not np.ndarray:
         return None
@@ -296,6 +312,41 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
 
 _VIEW, _ELEMENTS = 1, 2  # how `stored_array` views a dtype (0: it does not)
 _KINDS: dict[np.dtype, int] = {}
+ELEMENT_SIZES: dict[np.dtype, int] = {}  # dtype -> itemsize, of the dtypes viewed as stored elements
+PLAIN_READERS: dict[type, bool] = {}  # reader class -> whether its `buffer` is `Reader.buffer` (refuses nothing)
+_mapped_slice = getattr(speedups, "mapped_slice", None)
+
+
+def _plain_buffer(cls: type) -> bool:
+    from .formats.base import Reader
+
+    return getattr(cls, "buffer", None) is Reader.buffer
+
+
+def plain_get_py(fast: tuple, head: str, name: Any, shape: Any) -> np.ndarray | None:
+    """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
+    stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
+    any other request, which the caller serves the general way (or refuses). `fast` is ``(infos,
+    owners, only, usage.plain, usage._queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile)``
+    (`VarBuilder`'s, once per builder); the C `plain_get` does the same, taking the cached element
+    views `stored_array` made and leaving the rest to this way."""
+    if type(name) is not str or not name or type(shape) is not tuple:
+        return None
+    infos, owners, only, _, _, usage, _, _, _, _ = fast
+    full = head + name
+    info = infos.get(full)
+    if info is None or info.shape != shape:
+        return None
+    for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
+        if type(d) is not int:
+            return None
+    out = stored_array(only if only is not None else owners[full], full, info)
+    if out is not None:
+        usage.plain_hit(full)
+    return out
+
+
+plain_get: Any = getattr(speedups, "plain_get", None) or plain_get_py
 
 
 def _kind(dtype: np.dtype) -> int:

@@ -1,0 +1,160 @@
+"""`VarBuilder.get`'s shortest path, in C (`_speedups.plain_get`, `mapped_slice`) and in Python
+(`view.plain_get_py`, `stored_array`'s own slice): the same arrays and the same report as the general
+path, for every fixture tensor; the changed-file check on it; requests from many threads counted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import weightio as wio
+import weightio.varbuilder as varbuilder
+import weightio.view as view
+from weightio._native import speedups
+from weightio.errors import CorruptFileError, WeightioError
+from weightio.names import Usage
+
+from .conftest import FIXTURES, manifest
+
+NATIVE = getattr(speedups, "plain_get", None)
+if os.environ.get("WEIGHTIO_REQUIRE_SPEEDUPS") == "1" and sys.platform.startswith("linux"):
+    assert NATIVE is not None and varbuilder.plain_get is NATIVE  # (CI builds the C module: it must be what runs)
+WAYS = ["python"] + (["c"] if NATIVE is not None else [])
+
+
+@pytest.fixture(params=WAYS)
+def way(request, monkeypatch):
+    """The short path taken in C or in Python (`stored_array` slicing in Python too)."""
+    if request.param == "python":
+        monkeypatch.setattr(varbuilder, "plain_get", view.plain_get_py)
+        monkeypatch.setattr(view, "_mapped_slice", None)
+    return request.param
+
+
+def _general(vb, shape, name):
+    """`get` the general way (resolution, shape check, placement), without the short path."""
+    full, stored, value = vb._find(name)
+    vb._check_shape(full, stored, value, tuple(shape))
+    return vb._place(full, stored, value, None)
+
+
+def test_every_fixture_tensor_is_the_general_paths_array(way):
+    """Each tensor of each fixture, asked twice by its stored name and shape (the first ask makes the
+    cached element view the second slices): the general path's memory (address, dtype, shape,
+    strides), read-only, and the same report; where the short path declines, the general path's array."""
+    taken = set()
+    for entry in manifest():
+        try:
+            vb = wio.VarBuilder.from_path(FIXTURES / entry)
+        except WeightioError:
+            continue  # (a fixture that only the lower-level API reads)
+        with vb:
+            served, refused = [], []
+            for name in vb.stored_names():
+                shape = tuple(vb._shared.store.value(name).shape)
+                try:
+                    general = _general(vb, shape, name)
+                except WeightioError as e:
+                    with pytest.raises(type(e)):
+                        vb.get(shape, name)
+                    refused.append(name)
+                    continue
+                served.append(name)
+                for _ in range(2):
+                    before = len(vb._shared.usage.plain)
+                    got = vb.get(shape, name)
+                    assert (got.dtype, got.shape, got.strides) == (general.dtype, general.shape, general.strides)
+                    assert not got.flags.writeable and got.tobytes() == general.tobytes(), (entry, name)
+                    if len(vb._shared.usage.plain) > before:  # served by the short path: the same memory
+                        taken.add(vb._shared.store.sources[0].format)
+                        if got.size:  # (an empty slice's address is numpy's choice)
+                            assert got.__array_interface__["data"][0] == general.__array_interface__["data"][0]
+            report = vb.report()
+            assert (report.used, report.unused, report.missing) == (tuple(served), tuple(refused), ())
+    # in C, readers whose `buffer` refuses names of their own (unpicklable, quantized, ...) go the general way
+    assert taken == ({"safetensors"} if way == "c" else {"safetensors", "pytorch", "npy", "npz", "gguf", "ggml"})
+
+
+def _two(tmp_path):
+    path = tmp_path / "two.safetensors"
+    safetensors.numpy.save_file({"a": np.arange(2, dtype=np.float32), "b": np.arange(3, dtype=np.float32)}, path)
+    return path
+
+
+@pytest.mark.parametrize("fold_at", [1, 2, 4096])
+def test_a_name_is_reported_as_its_last_request_resolved_it_whichever_path_served_it(tmp_path, way, monkeypatch,
+                                                                                   fold_at):
+    monkeypatch.setattr(Usage, "FOLD_AT", fold_at)
+    with wio.VarBuilder.from_path(_two(tmp_path)) as vb:
+        vb.get((3,), "b")
+        vb.rename({"a": "b"}).get((3,), "a")  # (a rename: the general path)
+        vb.get((2,), "a")  # stored as asked: the short path, after the rename
+        report = vb.report()
+        assert (report.used, report.renamed, report.bytes_read) == (("b", "a"), {}, (3 + 3 + 2) * 4)
+        vb.rename({"a": "b"}).get((3,), "a")
+        report = vb.report()
+        assert (report.used, report.renamed, report.unused) == (("b",), {"a": "b"}, ())
+        assert report.bytes_read == (3 + 3 + 2 + 3) * 4
+        vb.get((2,), "a")
+        vb.get((2,), "a", dtype="float64")  # (a cast: the general path)
+        vb.get((2,), "a")
+        report = vb.report()
+        assert (report.used, report.renamed, report.bytes_read) == (("b", "a"), {}, (3 + 3 + 2 + 3 + 2 * 3) * 4)
+    if way == "c":
+        assert vb._shared.usage.plain == [] and not vb._shared.usage._queued  # (all folded by the reports)
+
+
+def test_the_short_path_refuses_nothing_a_changed_or_closed_file_is_refused_the_general_way(tmp_path, way):
+    path = tmp_path / "model.safetensors"
+    shutil.copy(_two(tmp_path), path)
+    opened = os.stat(path).st_mtime_ns
+    vb = wio.VarBuilder.from_path(path)
+    kept = [vb.get((2,), "a"), vb.get((2,), "a")]  # (the second from the cached element view)
+    os.utime(path, ns=(opened, opened + 1))
+    with pytest.raises(CorruptFileError, match="was rewritten in place since it was opened"):
+        vb.get((2,), "a")
+    os.utime(path, ns=(opened, opened))
+    assert vb.get((2,), "a").tolist() == [0.0, 1.0]  # (the same stamp again: served)
+    with open(path, "ab") as f:
+        f.write(b" ")
+    os.utime(path, ns=(opened, opened))
+    with pytest.raises(CorruptFileError, match="grew from"):
+        vb.get((2,), "a")
+    vb.close()
+    with pytest.raises(WeightioError, match="the checkpoint was closed"):
+        vb.get((2,), "a")
+    assert [k.tolist() for k in kept] == [[0.0, 1.0]] * 2
+
+
+def test_requests_from_eight_threads_are_all_counted(tmp_path, way, monkeypatch):
+    """Short and general requests racing, with folds every 7 hits (queues drained while others append)."""
+    monkeypatch.setattr(Usage, "FOLD_AT", 7)
+    tensors = {f"t{i}": np.full((i % 5 + 1, 2), i, np.float32) for i in range(64)}
+    path = tmp_path / "many.safetensors"
+    safetensors.numpy.save_file(tensors, path)
+    errors = []
+    with wio.VarBuilder.from_path(path) as vb:
+        def work(k):
+            try:
+                for _ in range(20):
+                    for name, value in tensors.items():
+                        got = vb.get(value.shape, name, "float64" if (k + int(name[1:])) % 9 == 0 else None)
+                        assert got.tolist() == value.tolist()
+            except BaseException as e:  # (reported by the main thread)
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        report = vb.report()
+        assert report.bytes_read == 8 * 20 * sum(v.nbytes for v in tensors.values())
+        assert sorted(report.used) == sorted(tensors) and report.unused == () and report.renamed == {}

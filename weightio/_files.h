@@ -1,0 +1,294 @@
+/* weightio._speedups, part two (POSIX): the changed-file check and the views of `get`'s shortest path.
+
+   `file_stamp` is the part of an fstat the changed-file check compares, without the nineteen fields
+   os.fstat builds. `mapped_slice` and `plain_get` make the zero-copy numpy view that
+   view.stored_array and VarBuilder.get hand out for a tensor stored as plain elements, after that
+   check: one slice (and a reshape) of the element view MappedFile caches. Like the header readers,
+   they refuse nothing: for anything they do not serve (a view not cached yet, another reader or
+   file type, a failed fstat, a changed or closed file) they return None and the Python way, which
+   checks again, serves or refuses it. No byte of the file is read here, and nothing is allocated
+   from a number in it. Included by _speedups.c. */
+
+#include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
+#ifdef __APPLE__
+#define MODIFIED(st) ((st).st_mtimespec)
+#else
+#define MODIFIED(st) ((st).st_mtim)
+#endif
+
+/* sec * 10**9 + nsec as Python computes st_mtime_ns (exact for any sec: beyond +-9e9 in Python ints). */
+static PyObject *nanoseconds(long long sec, long nsec) {
+    if (sec > -9000000000LL && sec < 9000000000LL)
+        return PyLong_FromLongLong(sec * 1000000000LL + nsec);
+    PyObject *s = PyLong_FromLongLong(sec), *billion = PyLong_FromLong(1000000000L), *n = PyLong_FromLong(nsec);
+    PyObject *scaled = s && billion ? PyNumber_Multiply(s, billion) : NULL;
+    PyObject *out = scaled && n ? PyNumber_Add(scaled, n) : NULL;
+    Py_XDECREF(s);
+    Py_XDECREF(billion);
+    Py_XDECREF(n);
+    Py_XDECREF(scaled);
+    return out;
+}
+
+PyDoc_STRVAR(file_stamp_doc,
+"file_stamp(fd)\n--\n\n"
+"(st_mode, st_size, st_mtime_ns) of os.fstat(fd), without building its whole result; OSError as\n"
+"os.fstat raises it. (The changed-file check of every access to a mapping is one of these.)");
+
+static PyObject *file_stamp(PyObject *module, PyObject *arg) {
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < INT_MIN || fd > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "file descriptor out of range");
+        return NULL;
+    }
+    struct stat st;
+    int failed, interrupted = 0;
+    do { /* as os.fstat: an interrupted call is made again, unless a signal handler raised */
+        Py_BEGIN_ALLOW_THREADS
+        failed = fstat((int)fd, &st);
+        Py_END_ALLOW_THREADS
+    } while (failed && errno == EINTR && !(interrupted = PyErr_CheckSignals()));
+    if (interrupted)
+        return NULL;
+    if (failed)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *mode = PyLong_FromLong((long)st.st_mode), *size = PyLong_FromLongLong((long long)st.st_size);
+    PyObject *modified = nanoseconds((long long)MODIFIED(st).tv_sec, (long)MODIFIED(st).tv_nsec);
+    PyObject *out = mode && size && modified ? PyTuple_New(3) : NULL;
+    if (out == NULL) {
+        Py_XDECREF(mode);
+        Py_XDECREF(size);
+        Py_XDECREF(modified);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, mode);
+    PyTuple_SET_ITEM(out, 1, size);
+    PyTuple_SET_ITEM(out, 2, modified);
+    return out;
+}
+
+static PyObject *FD, *STAMP, *CLOSED, *ELEMENTS, *RESHAPE, *FILE_, *FOLD; /* names, interned at import */
+
+static int files_init(void) {
+    return (FD = PyUnicode_InternFromString("_fd")) == NULL || (STAMP = PyUnicode_InternFromString("_stamp")) == NULL ||
+                   (CLOSED = PyUnicode_InternFromString("_closed")) == NULL ||
+                   (ELEMENTS = PyUnicode_InternFromString("_elements")) == NULL ||
+                   (RESHAPE = PyUnicode_InternFromString("reshape")) == NULL ||
+                   (FILE_ = PyUnicode_InternFromString("file")) == NULL ||
+                   (FOLD = PyUnicode_InternFromString("fold_queued")) == NULL
+               ? -1
+               : 0;
+}
+
+/* The changed-file check of `file` (a MappedFile: `_fd`, `_stamp` = (size, mtime_ns), `_closed`):
+   1 unchanged and open, 0 not (or not decidable here: the caller's Python way decides), -1 an error
+   set. The fstat comes first and `_closed` is read after it, as MappedFile.check does (a close marks
+   the file closed before it closes the descriptor, so a reused descriptor number is never taken for
+   this file). */
+static int unchanged(PyObject *file) {
+    PyObject *fd_object = PyObject_GetAttr(file, FD);
+    if (fd_object == NULL)
+        return -1;
+    int overflow = 0;
+    long fd = PyLong_AsLongAndOverflow(fd_object, &overflow);
+    Py_DECREF(fd_object);
+    if (fd == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || fd < 0 || fd > INT_MAX)
+        return 0;
+    struct stat st;
+    int failed, interrupted = 0;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        failed = fstat((int)fd, &st);
+        Py_END_ALLOW_THREADS
+    } while (failed && errno == EINTR && !(interrupted = PyErr_CheckSignals()));
+    if (interrupted)
+        return -1;
+    if (failed)
+        return 0;
+    PyObject *closed = PyObject_GetAttr(file, CLOSED);
+    if (closed == NULL)
+        return -1;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (is_closed)
+        return is_closed < 0 ? -1 : 0;
+    PyObject *stamp = PyObject_GetAttr(file, STAMP);
+    if (stamp == NULL)
+        return -1;
+    int same = 0;
+    if (PyTuple_CheckExact(stamp) && PyTuple_GET_SIZE(stamp) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(stamp, 0)) &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(stamp, 1))) {
+        int size_overflow, ns_overflow;
+        long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(stamp, 0), &size_overflow);
+        long long ns = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(stamp, 1), &ns_overflow), now;
+        /* a time beyond int64 nanoseconds (past 2262) is not decided here */
+        same = !size_overflow && !ns_overflow && size == (long long)st.st_size &&
+               !__builtin_mul_overflow((long long)MODIFIED(st).tv_sec, 1000000000LL, &now) &&
+               !__builtin_add_overflow(now, (long long)MODIFIED(st).tv_nsec, &now) && ns == now;
+    }
+    Py_DECREF(stamp);
+    return same;
+}
+
+/* Elements [start, stop) of `file`'s cached element view for `dtype`, reshaped to `shape` (a tuple;
+   one dimension: the slice itself), after the changed-file check: a new reference, None (a new
+   reference) where the view is not cached or the check fails, or NULL with an error set. */
+static PyObject *element_slice(PyObject *file, PyObject *dtype, PyObject *start, PyObject *stop, PyObject *shape) {
+    PyObject *elements = PyObject_GetAttr(file, ELEMENTS);
+    if (elements == NULL)
+        return NULL;
+    PyObject *typed = PyDict_CheckExact(elements) ? PyDict_GetItemWithError(elements, dtype) : NULL;
+    Py_XINCREF(typed); /* (a close empties the cache meanwhile: this view stays valid, and the check says closed) */
+    Py_DECREF(elements);
+    if (typed == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    int same = unchanged(file);
+    if (same <= 0) {
+        Py_DECREF(typed);
+        return same < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *range = PySlice_New(start, stop, NULL);
+    PyObject *flat = range != NULL ? PyObject_GetItem(typed, range) : NULL;
+    Py_XDECREF(range);
+    Py_DECREF(typed);
+    if (flat == NULL || PyTuple_GET_SIZE(shape) == 1)
+        return flat;
+    PyObject *out = PyObject_CallMethodOneArg(flat, RESHAPE, shape);
+    Py_DECREF(flat);
+    return out;
+}
+
+PyDoc_STRVAR(mapped_slice_doc,
+"mapped_slice(file, dtype, start, stop, shape)\n--\n\n"
+"Elements [start, stop) of a MappedFile's mapping viewed as `dtype` (its cached element view),\n"
+"reshaped to the tuple `shape`, after the changed-file check; None where that view is not cached,\n"
+"the file is closed, its fstat fails or its size or modification time changed: the caller then\n"
+"goes the Python way, which checks again and says what is wrong. (view.stored_array's slice.)");
+
+static PyObject *mapped_slice(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyTuple_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "mapped_slice(file, dtype, start, stop, shape): shape a tuple");
+        return NULL;
+    }
+    return element_slice(args[0], args[1], args[2], args[3], args[4]);
+}
+
+/* An exact int within [0, 2**63) as a long long, or -1 (no error set) for anything else. */
+static long long count_of(PyObject *number) {
+    if (!PyLong_CheckExact(number))
+        return -1;
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow || value < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return value;
+}
+
+/* usage.fold_queued(): 0, or -1 with an error set */
+static int fold(PyObject *usage) {
+    PyObject *folded = PyObject_CallMethodNoArgs(usage, FOLD);
+    Py_XDECREF(folded);
+    return folded == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(plain_get_doc,
+"plain_get(fast, head, name, shape)\n--\n\n"
+"VarBuilder.get's shortest path, as view.plain_get_py does it: the stored tensor head + name as a\n"
+"zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
+"elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
+"the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
+"`fast` is (infos, owners, only, usage.plain, usage._queued, usage, FOLD_AT, element_sizes,\n"
+"plain_readers, MappedFile).");
+
+static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(fast, head, name, shape): fast a tuple of 10, head a str");
+        return NULL;
+    }
+    PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
+    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *plain = fast[3], *others = fast[4];
+    PyObject *usage = fast[5], *sizes = fast[7], *plain_readers = fast[8], *mapped = fast[9];
+    PyObject *name = args[2], *shape = args[3];
+    if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
+        !PyDict_Check(infos) || !PyDict_Check(owners) || !PyList_CheckExact(plain) ||
+        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
+        Py_RETURN_NONE;
+    PyObject *full = PyUnicode_GET_LENGTH(args[1]) ? PyUnicode_Concat(args[1], name) : Py_NewRef(name);
+    if (full == NULL)
+        return NULL;
+    PyObject *out = NULL, *start = NULL, *stop = NULL;
+    PyObject *info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
+    if (info == NULL || !PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
+        goto none;
+    /* the shape asked equals the stored one, every dimension an int (a bool, float or numpy int: general path) */
+    PyObject *stored_shape = PyTuple_GET_ITEM(info, 1);
+    Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+    if (!PyTuple_CheckExact(stored_shape) || PyTuple_GET_SIZE(stored_shape) != rank)
+        goto none;
+    for (Py_ssize_t i = 0; i < rank; i++) {
+        PyObject *asked = PyTuple_GET_ITEM(shape, i), *found = PyTuple_GET_ITEM(stored_shape, i);
+        if (!PyLong_CheckExact(asked) || !PyLong_CheckExact(found))
+            goto none;
+        int equal = PyObject_RichCompareBool(asked, found, Py_EQ);
+        if (equal <= 0) {
+            if (equal < 0)
+                goto done;
+            goto none;
+        }
+    }
+    PyObject *dtype = PyTuple_GET_ITEM(info, 0);
+    if (PyTuple_GET_ITEM(info, 4) != Py_None || PyTuple_GET_ITEM(info, 5) != Py_None)
+        goto none; /* strided or quantized */
+    PyObject *size_object = PyDict_GetItemWithError(sizes, dtype); /* set by stored_array: viewed as elements */
+    PyObject *reader = only != Py_None ? only : PyDict_GetItemWithError(owners, full); /* (no __missing__ here) */
+    if (size_object == NULL || reader == NULL || PyErr_Occurred())
+        goto check;
+    if (PyDict_GetItemWithError(plain_readers, (PyObject *)Py_TYPE(reader)) != Py_True)
+        goto check; /* a reader whose `buffer` may refuse a name */
+    long long size = count_of(size_object), offset = count_of(PyTuple_GET_ITEM(info, 2));
+    long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
+    if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
+        goto none;
+    PyObject *file = PyObject_GetAttr(reader, FILE_);
+    if (file == NULL)
+        goto done;
+    if ((PyObject *)Py_TYPE(file) == mapped && (start = PyLong_FromLongLong(offset / size)) != NULL &&
+        (stop = PyLong_FromLongLong(offset / size + nbytes / size)) != NULL)
+        out = element_slice(file, dtype, start, stop, shape);
+    else if (!PyErr_Occurred())
+        out = Py_NewRef(Py_None);
+    Py_DECREF(file);
+    if (out == NULL || out == Py_None)
+        goto done;
+    /* the request's record, as Usage.plain_hit makes it: the other queue folded first (the order of
+       requests kept), the name queued, folded once FOLD_AT are waiting */
+    Py_ssize_t waiting = PyObject_Length(others);
+    long long fold_at = count_of(fast[6]);
+    if (waiting > 0 && fold(usage) < 0)
+        waiting = -1;
+    if (waiting >= 0 && PyList_Append(plain, full) < 0)
+        waiting = -1;
+    if (waiting >= 0 && fold_at >= 0 && PyList_GET_SIZE(plain) >= fold_at && fold(usage) < 0)
+        waiting = -1;
+    if (waiting < 0)
+        Py_CLEAR(out);
+    goto done;
+check:
+    if (PyErr_Occurred())
+        goto done;
+none:
+    out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(full);
+    Py_XDECREF(start);
+    Py_XDECREF(stop);
+    return out;
+}
