@@ -8,5 +8,5 @@ extension modules experimental.)
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], depends=["weightio/_json_scan.h", "weightio/_files.h"],
-                             optional=True)])
+setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"],
+                             depends=["weightio/_json_scan.h", "weightio/_files.h"], optional=True)])

@@ -192,7 +192,7 @@ class Usage:
             last = self.last
             if last:  # a name whose last request was not plain: it is now
                 again = last.keys() & names
-                last.update(zip(again, again))
+                last.update({name: name for name in again})
 
     def hits(self) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order

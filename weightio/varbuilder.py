@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 
 from . import devices
+from ._io import MappedFile
 from .checkpoint import Checkpoint, open_checkpoint
 from .dtypes import parse_dtype
 from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
 from .names import LoadReport, Renamed, RenameSpec, Resolver, Sources, Usage, renamer
 from .names import listing as _listing  # (weightio.torch imports it from here)
-from ._io import MappedFile
 from .view import ELEMENT_SIZES, PLAIN_READERS, TensorView, plain_get
 
 __all__ = ["VarBuilder", "LoadReport", "RenameSpec"]
