@@ -158,3 +158,23 @@ def test_requests_from_eight_threads_are_all_counted(tmp_path, way, monkeypatch)
         report = vb.report()
         assert report.bytes_read == 8 * 20 * sum(v.nbytes for v in tensors.values())
         assert sorted(report.used) == sorted(tensors) and report.unused == () and report.renamed == {}
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
+def test_mapped_slice_declines_what_it_does_not_serve(tmp_path):
+    """None (the Python way then decides) for bounds outside the cached element view, negative or
+    non-int bounds, a shape that is not a tuple, a view not cached, a closed file."""
+    mapped_slice = speedups.mapped_slice
+    with wio.open(_two(tmp_path)) as ckpt:
+        ckpt["a"].numpy()  # (caches the float32 element view)
+        file, f4 = ckpt._only.file, np.dtype("<f4")
+        length = len(file._elements[f4])
+        assert mapped_slice(file, f4, length - 1, length, (1,)).shape == (1,)
+        assert mapped_slice(file, f4, 0, 0, (0,)).shape == (0,)
+        for start, stop, shape in ((length - 1, length + 1, (2,)), (2, 1, (1,)), (-1, 1, (2,)), (0, 2**63, (2,)),
+                                   (0, 2.0, (2,)), (True, 2, (1,)), (0, 2, [2])):
+            assert mapped_slice(file, f4, start, stop, shape) is None
+        assert mapped_slice(file, np.dtype("<i8"), 0, 1, (1,)) is None
+        with pytest.raises(TypeError, match="takes 5 arguments"):
+            mapped_slice(file, f4, 0, 1)
+    assert mapped_slice(file, f4, 0, 2, (2,)) is None

@@ -139,7 +139,7 @@ static int unchanged(PyObject *file) {
 /* Elements [start, stop) of `file`'s cached element view for `dtype`, reshaped to `shape` (a tuple;
    one dimension: the slice itself), after the changed-file check: a new reference, None (a new
    reference) where the view is not cached or the check fails, or NULL with an error set. */
-static PyObject *element_slice(PyObject *file, PyObject *dtype, PyObject *start, PyObject *stop, PyObject *shape) {
+static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first, long long end, PyObject *shape) {
     PyObject *elements = PyObject_GetAttr(file, ELEMENTS);
     if (elements == NULL)
         return NULL;
@@ -148,13 +148,21 @@ static PyObject *element_slice(PyObject *file, PyObject *dtype, PyObject *start,
     Py_DECREF(elements);
     if (typed == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t length = PyObject_Length(typed);
+    if (length < 0 || first < 0 || first > end || end > (long long)length) { /* (never, for a validated header) */
+        Py_DECREF(typed);
+        return length < 0 ? NULL : Py_NewRef(Py_None);
+    }
     int same = unchanged(file);
     if (same <= 0) {
         Py_DECREF(typed);
         return same < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *range = PySlice_New(start, stop, NULL);
+    PyObject *start = PyLong_FromLongLong(first), *stop = start != NULL ? PyLong_FromLongLong(end) : NULL;
+    PyObject *range = stop != NULL ? PySlice_New(start, stop, NULL) : NULL;
     PyObject *flat = range != NULL ? PyObject_GetItem(typed, range) : NULL;
+    Py_XDECREF(start);
+    Py_XDECREF(stop);
     Py_XDECREF(range);
     Py_DECREF(typed);
     if (flat == NULL || PyTuple_GET_SIZE(shape) == 1)
@@ -164,32 +172,13 @@ static PyObject *element_slice(PyObject *file, PyObject *dtype, PyObject *start,
     return out;
 }
 
-PyDoc_STRVAR(mapped_slice_doc,
-"mapped_slice(file, dtype, start, stop, shape)\n--\n\n"
-"Elements [start, stop) of a MappedFile's mapping viewed as `dtype` (its cached element view),\n"
-"reshaped to the tuple `shape`, after the changed-file check; None where that view is not cached,\n"
-"the file is closed, its fstat fails or its size or modification time changed: the caller then\n"
-"goes the Python way, which checks again and says what is wrong. (view.stored_array's slice.)");
-
-static PyObject *mapped_slice(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyTuple_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "mapped_slice(file, dtype, start, stop, shape): shape a tuple");
-        return NULL;
-    }
-    return element_slice(args[0], args[1], args[2], args[3], args[4]);
-}
-
 /* An exact int within [0, 2**63) as a long long, or -1 (no error set) for anything else. */
 static long long count_of(PyObject *number) {
     if (!PyLong_CheckExact(number))
         return -1;
     int overflow;
     long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
-    if (overflow || value < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    return value;
+    return overflow || value < 0 ? -1 : value; /* (no error is set for an exact int) */
 }
 
 /* usage.fold_queued(): 0, or -1 with an error set */
@@ -197,6 +186,25 @@ static int fold(PyObject *usage) {
     PyObject *folded = PyObject_CallMethodNoArgs(usage, FOLD);
     Py_XDECREF(folded);
     return folded == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(mapped_slice_doc,
+"mapped_slice(file, dtype, start, stop, shape)\n--\n\n"
+"Elements [start, stop) of a MappedFile's mapping viewed as `dtype` (its cached element view),\n"
+"reshaped to the tuple `shape`, after the changed-file check; None where that view is not cached\n"
+"(or does not hold those elements), `shape` is not a tuple,\n"
+"the file is closed, its fstat fails or its size or modification time changed: the caller then\n"
+"goes the Python way, which checks again and says what is wrong. (view.stored_array's slice.)");
+
+static PyObject *mapped_slice(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "mapped_slice takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long first = count_of(args[2]), end = count_of(args[3]);
+    if (!PyTuple_CheckExact(args[4]) || first < 0 || end < 0)
+        Py_RETURN_NONE;
+    return element_slice(args[0], args[1], first, end, args[4]);
 }
 
 PyDoc_STRVAR(plain_get_doc,
@@ -224,9 +232,11 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *full = PyUnicode_GET_LENGTH(args[1]) ? PyUnicode_Concat(args[1], name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
-    PyObject *out = NULL, *start = NULL, *stop = NULL;
+    PyObject *out = NULL;
     PyObject *info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
-    if (info == NULL || !PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
+    if (info == NULL)
+        goto check;
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
         goto none;
     /* the shape asked equals the stored one, every dimension an int (a bool, float or numpy int: general path) */
     PyObject *stored_shape = PyTuple_GET_ITEM(info, 1);
@@ -260,10 +270,10 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *file = PyObject_GetAttr(reader, FILE_);
     if (file == NULL)
         goto done;
-    if ((PyObject *)Py_TYPE(file) == mapped && (start = PyLong_FromLongLong(offset / size)) != NULL &&
-        (stop = PyLong_FromLongLong(offset / size + nbytes / size)) != NULL)
-        out = element_slice(file, dtype, start, stop, shape);
-    else if (!PyErr_Occurred())
+    long long first = offset / size, end;
+    if ((PyObject *)Py_TYPE(file) == mapped && !__builtin_add_overflow(first, nbytes / size, &end))
+        out = element_slice(file, dtype, first, end, shape);
+    else
         out = Py_NewRef(Py_None);
     Py_DECREF(file);
     if (out == NULL || out == Py_None)
@@ -288,7 +298,5 @@ none:
     out = Py_NewRef(Py_None);
 done:
     Py_DECREF(full);
-    Py_XDECREF(start);
-    Py_XDECREF(stop);
     return out;
 }

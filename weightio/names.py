@@ -135,7 +135,9 @@ class Usage:
     ``get``). Two queues: `plain` holds the names `get`'s shortest path served (asked = stored,
     the bytes the tensor's own, from `sizes`), a ``list.append`` each, counted as the names
     themselves; `_queued` every other hit, ``(asked, stored, bytes)`` (a ``deque.append``). A hit
-    of one kind folds the other's queue first, so `counts` keeps the order of the requests. A
+    of one kind folds the other's queue first, so `counts` keeps the order of the requests (requests
+    that alternate kinds fold at each change: a few microseconds each). The C path reads `FOLD_AT`
+    as it was when the builder was made. A
     fold is C loops over the queue (``Counter.update``, ``dict.update``): one that read each hit
     in Python cost more than the rest of a ``get``.
     """
