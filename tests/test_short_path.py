@@ -37,6 +37,11 @@ def way(request, monkeypatch):
     return request.param
 
 
+def _plain_hits(vb):
+    """Requests the short path recorded and no fold has counted yet (names; the others are tuples)."""
+    return sum(type(hit) is str for hit in vb._shared.usage.queued)
+
+
 def _general(vb, shape, name):
     """`get` the general way (resolution, shape check, placement), without the short path."""
     full, stored, value = vb._find(name)
@@ -67,11 +72,11 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
                     continue
                 served.append(name)
                 for _ in range(2):
-                    before = len(vb._shared.usage.plain)
+                    before = _plain_hits(vb)
                     got = vb.get(shape, name)
                     assert (got.dtype, got.shape, got.strides) == (general.dtype, general.shape, general.strides)
                     assert not got.flags.writeable and got.tobytes() == general.tobytes(), (entry, name)
-                    if len(vb._shared.usage.plain) > before:  # served by the short path: the same memory
+                    if _plain_hits(vb) > before:  # served by the short path: the same memory
                         taken.add(vb._shared.store.sources[0].format)
                         if got.size:  # (an empty slice's address is numpy's choice)
                             assert got.__array_interface__["data"][0] == general.__array_interface__["data"][0]
@@ -107,7 +112,7 @@ def test_a_name_is_reported_as_its_last_request_resolved_it_whichever_path_serve
         report = vb.report()
         assert (report.used, report.renamed, report.bytes_read) == (("b", "a"), {}, (3 + 3 + 2 + 3 + 2 * 3) * 4)
     if way == "c":
-        assert vb._shared.usage.plain == [] and not vb._shared.usage._queued  # (all folded by the reports)
+        assert vb._shared.usage.queued == []  # (all folded by the reports)
 
 
 def test_the_short_path_refuses_nothing_a_changed_or_closed_file_is_refused_the_general_way(tmp_path, way):
@@ -178,3 +183,36 @@ def test_mapped_slice_declines_what_it_does_not_serve(tmp_path):
         with pytest.raises(TypeError, match="takes 5 arguments"):
             mapped_slice(file, f4, 0, 1)
     assert mapped_slice(file, f4, 0, 2, (2,)) is None
+
+
+def test_the_record_folds_to_what_a_replay_of_the_requests_gives():
+    """`Usage` against a replay of every request in order, for random mixes of plain hits (names)
+    and others (renames, casts) folded at random points: the same hits (order, last resolution,
+    bytes) and the same stored names used."""
+    import random
+
+    class Info:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+
+    sizes = {name: Info(4 * (i + 1)) for i, name in enumerate("abcdef")}
+    rng = random.Random(7)
+    for _ in range(300):
+        usage, requests = Usage(sizes), []
+        for _ in range(rng.randrange(1, 30)):
+            asked = rng.choice("abcdef")
+            if rng.random() < 0.5:
+                usage.plain_hit(asked)
+                requests.append((asked, asked, sizes[asked].nbytes))
+            else:
+                stored = rng.choice("abcdef")
+                usage.hit(asked, stored, sizes[stored].nbytes)
+                requests.append((asked, stored, sizes[stored].nbytes))
+            if rng.random() < 0.2:
+                usage.fold_queued()
+        expected: dict[str, tuple[str, int]] = {}
+        for asked, stored, nbytes in requests:
+            expected[asked] = (stored, expected.get(asked, ("", 0))[1] + nbytes)
+        usage.fold_queued()
+        assert usage.hits() == expected and list(usage.hits()) == list(expected)
+        assert usage.used() == {stored for _, stored, _ in requests}

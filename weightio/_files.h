@@ -213,20 +213,20 @@ PyDoc_STRVAR(plain_get_doc,
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
 "the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`fast` is (infos, owners, only, usage.plain, usage._queued, usage, FOLD_AT, element_sizes,\n"
-"plain_readers, MappedFile).");
+"`fast` is (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes, plain_readers,\n"
+"MappedFile).");
 
 static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 || !PyUnicode_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "plain_get(fast, head, name, shape): fast a tuple of 10, head a str");
+    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 9 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(fast, head, name, shape): fast a tuple of 9, head a str");
         return NULL;
     }
     PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
-    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *plain = fast[3], *others = fast[4];
-    PyObject *usage = fast[5], *sizes = fast[7], *plain_readers = fast[8], *mapped = fast[9];
+    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
+    PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
     PyObject *name = args[2], *shape = args[3];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_Check(infos) || !PyDict_Check(owners) || !PyList_CheckExact(plain) ||
+        !PyDict_Check(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(args[1]) ? PyUnicode_Concat(args[1], name) : Py_NewRef(name);
@@ -278,17 +278,9 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_DECREF(file);
     if (out == NULL || out == Py_None)
         goto done;
-    /* the request's record, as Usage.plain_hit makes it: the other queue folded first (the order of
-       requests kept), the name queued, folded once FOLD_AT are waiting */
-    Py_ssize_t waiting = PyObject_Length(others);
-    long long fold_at = count_of(fast[6]);
-    if (waiting > 0 && fold(usage) < 0)
-        waiting = -1;
-    if (waiting >= 0 && PyList_Append(plain, full) < 0)
-        waiting = -1;
-    if (waiting >= 0 && fold_at >= 0 && PyList_GET_SIZE(plain) >= fold_at && fold(usage) < 0)
-        waiting = -1;
-    if (waiting < 0)
+    /* the request's record, as Usage.plain_hit makes it: the name queued, folded once FOLD_AT wait */
+    long long fold_at = count_of(fast[5]);
+    if (PyList_Append(queued, full) < 0 || (fold_at >= 0 && PyList_GET_SIZE(queued) >= fold_at && fold(usage) < 0))
         Py_CLEAR(out);
     goto done;
 check:

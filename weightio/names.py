@@ -46,10 +46,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat, starmap
 from operator import itemgetter
 from typing import Any
 
@@ -129,48 +128,42 @@ _ASKED_STORED = itemgetter(0, 1)
 class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
-    A hit is queued without a lock (a ``get`` is a few microseconds and the lock was a tenth of
-    it) and counted into `counts` and `last` under `lock`, by `fold`, before any reader looks, and
-    whenever `FOLD_AT` hits are queued (bounded memory however many times a process calls
-    ``get``). Two queues: `plain` holds the names `get`'s shortest path served (asked = stored,
-    the bytes the tensor's own, from `sizes`), a ``list.append`` each, counted as the names
-    themselves; `_queued` every other hit, ``(asked, stored, bytes)`` (a ``deque.append``). A hit
-    of one kind folds the other's queue first, so `counts` keeps the order of the requests (requests
-    that alternate kinds fold at each change: a few microseconds each). The C path reads `FOLD_AT`
-    as it was when the builder was made. A
-    fold is C loops over the queue (``Counter.update``, ``dict.update``): one that read each hit
-    in Python cost more than the rest of a ``get``.
+    A hit is queued without a lock (a ``list.append``: a ``get`` is a few microseconds and the
+    lock was a tenth of it) and counted into `counts` and `last` under `lock`, by `fold`, before
+    any reader looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a
+    process calls ``get``; the C path reads `FOLD_AT` as it was when the builder was made). One
+    queue, in request order: a request `get`'s shortest path served is its name (asked = stored,
+    the bytes the tensor's own, from `sizes`: no tuple made), any other ``(asked, stored, bytes)``.
+    A fold takes the queue's first hits while appends go on at its end, and counts them with C
+    loops (``Counter.update``, ``dict.update``); a fold that read each hit in Python cost more than
+    the rest of a ``get``, and only a fold of both kinds of hits does (for `last`, which needs
+    their order).
     """
 
     FOLD_AT = 4096
 
     def __init__(self, sizes: Mapping[str, Any] | None = None) -> None:
         # (asked, stored, bytes handed out) -> times, or a plain hit's name -> times, in first-request
-        # order; asked -> the stored name of its last request (where a hit that is not plain was last)
+        # order; asked -> the stored name of its last request, where one was not plain (for the others: asked)
         self.counts: Counter[tuple[str, str, int] | str] = Counter()
         self.last: dict[str, str] = {}
         self.missing: dict[str, None] = {}
         self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lock = threading.Lock()
-        self._queued: deque[tuple[str, str, int]] = deque()
-        self.plain: list[str] = []
+        self.queued: list[tuple[str, str, int] | str] = []
         self.sizes = sizes  # stored name -> its `TensorInfo`, for the bytes of plain hits
 
     def hit(self, asked: str, stored: str, nbytes: int) -> None:
-        if self.plain:
-            self.fold_queued()
-        queued = self._queued
+        queued = self.queued
         queued.append((asked, stored, nbytes))
         if len(queued) >= self.FOLD_AT:
             self.fold_queued()
 
     def plain_hit(self, name: str) -> None:
         """`hit(name, name, the tensor's bytes)`, as `get`'s shortest path records it (the C one too)."""
-        if self._queued:
-            self.fold_queued()
-        plain = self.plain
-        plain.append(name)
-        if len(plain) >= self.FOLD_AT:
+        queued = self.queued
+        queued.append(name)
+        if len(queued) >= self.FOLD_AT:
             self.fold_queued()
 
     def fold_queued(self) -> None:
@@ -180,21 +173,28 @@ class Usage:
 
     def fold(self) -> None:
         """Count the queued hits into `counts` and `last`; the caller holds `lock` (so one thread
-        folds at a time, and only the folder takes from the queues: appends may go on meanwhile)."""
-        queued = self._queued
-        if queued:
-            hits = list(starmap(queued.popleft, repeat((), len(queued))))
-            self.counts.update(hits)
-            self.last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
-        plain = self.plain
-        if plain:
-            names = plain[:]
-            del plain[: len(names)]  # (names appended meanwhile stay queued)
-            self.counts.update(names)
-            last = self.last
-            if last:  # a name whose last request was not plain: it is now
-                again = last.keys() & names
+        folds at a time, and only the folder takes from the queue: appends may go on meanwhile)."""
+        queued = self.queued
+        hits = queued[:]
+        del queued[: len(hits)]  # (hits appended meanwhile stay queued)
+        if not hits:
+            return
+        self.counts.update(hits)
+        last = self.last
+        kinds = set(map(type, hits))
+        if str not in kinds:  # no plain hit
+            last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
+        elif tuple not in kinds:  # only plain hits: a name whose last request was not plain now has one
+            if last:
+                again = last.keys() & hits
                 last.update({name: name for name in again})
+        else:
+            for one in hits:  # both kinds: in order
+                if type(one) is str:
+                    if one in last:
+                        last[one] = one
+                else:
+                    last[one[0]] = one[1]
 
     def hits(self) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order

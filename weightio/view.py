@@ -327,12 +327,12 @@ def plain_get_py(fast: tuple, head: str, name: Any, shape: Any) -> np.ndarray | 
     """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
     stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
     any other request, which the caller serves the general way (or refuses). `fast` is ``(infos,
-    owners, only, usage.plain, usage._queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile)``
+    owners, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile)``
     (`VarBuilder`'s, once per builder); the C `plain_get` does the same, taking the cached element
     views `stored_array` made and leaving the rest to this way."""
     if type(name) is not str or not name or type(shape) is not tuple:
         return None
-    infos, owners, only, _, _, usage, _, _, _, _ = fast
+    infos, owners, only, _, usage, _, _, _, _ = fast
     full = head + name
     info = infos.get(full)
     if info is None or info.shape != shape:
