@@ -1,12 +1,22 @@
 """The one C extension; everything else is in pyproject.toml.
 
-``weightio._speedups`` (weightio/_speedups.c) reads plain safetensors headers. It is optional:
-where it cannot be compiled (no C compiler), the install goes on and weightio reads every header
-with its Python paths. (Declared here rather than in pyproject.toml, where setuptools still calls
-extension modules experimental.)
+``weightio._speedups`` (weightio/_speedups.c) reads plain safetensors headers and makes
+`VarBuilder.get`'s views (with numpy's C API: numpy's headers are a build requirement). It is
+optional: where it cannot be compiled (no C compiler, no numpy headers), the install goes on and
+weightio does all of it in Python. (Declared here rather than in pyproject.toml, where setuptools
+still calls extension modules experimental.)
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"],
+
+def _numpy_headers() -> list[str]:
+    try:
+        import numpy
+    except ImportError:  # (an install without build isolation and without numpy: the extension is skipped)
+        return []
+    return [numpy.get_include()]
+
+
+setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], include_dirs=_numpy_headers(),
                              depends=["weightio/_json_scan.h", "weightio/_files.h"], optional=True)])

@@ -76,8 +76,12 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
                     got = vb.get(shape, name)
                     assert (got.dtype, got.shape, got.strides) == (general.dtype, general.shape, general.strides)
                     assert not got.flags.writeable and got.tobytes() == general.tobytes(), (entry, name)
+                    assert (got.flags.aligned, got.flags.c_contiguous, got.flags.f_contiguous) == (
+                        general.flags.aligned, general.flags.c_contiguous, general.flags.f_contiguous)
                     if _plain_hits(vb) > before:  # served by the short path: the same memory
                         taken.add(vb._shared.store.sources[0].format)
+                        with pytest.raises(ValueError):
+                            got.flags.writeable = True  # (a view of the read-only mapping stays read-only)
                         if got.size:  # (an empty slice's address is numpy's choice)
                             assert got.__array_interface__["data"][0] == general.__array_interface__["data"][0]
             report = vb.report()

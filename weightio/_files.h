@@ -3,7 +3,8 @@
    `file_stamp` is the part of an fstat the changed-file check compares, without the nineteen fields
    os.fstat builds. `mapped_slice` and `plain_get` make the zero-copy numpy view that
    view.stored_array and VarBuilder.get hand out for a tensor stored as plain elements, after that
-   check: one slice (and a reshape) of the element view MappedFile caches. Like the header readers,
+   check: one array over the element view MappedFile caches, made with numpy's C API (its shape's
+   element count checked against the span, the span against the view). Like the header readers,
    they refuse nothing: for anything they do not serve (a view not cached yet, another reader or
    file type, a failed fstat, a changed or closed file) they return None and the Python way, which
    checks again, serves or refuses it. No byte of the file is read here, and nothing is allocated
@@ -71,13 +72,12 @@ static PyObject *file_stamp(PyObject *module, PyObject *arg) {
     return out;
 }
 
-static PyObject *FD, *STAMP, *CLOSED, *ELEMENTS, *RESHAPE, *FILE_, *FOLD; /* names, interned at import */
+static PyObject *FD, *STAMP, *CLOSED, *ELEMENTS, *FILE_, *FOLD; /* names, interned at import */
 
 static int files_init(void) {
     return (FD = PyUnicode_InternFromString("_fd")) == NULL || (STAMP = PyUnicode_InternFromString("_stamp")) == NULL ||
                    (CLOSED = PyUnicode_InternFromString("_closed")) == NULL ||
                    (ELEMENTS = PyUnicode_InternFromString("_elements")) == NULL ||
-                   (RESHAPE = PyUnicode_InternFromString("reshape")) == NULL ||
                    (FILE_ = PyUnicode_InternFromString("file")) == NULL ||
                    (FOLD = PyUnicode_InternFromString("fold_queued")) == NULL
                ? -1
@@ -136,42 +136,6 @@ static int unchanged(PyObject *file) {
     return same;
 }
 
-/* Elements [start, stop) of `file`'s cached element view for `dtype`, reshaped to `shape` (a tuple;
-   one dimension: the slice itself), after the changed-file check: a new reference, None (a new
-   reference) where the view is not cached or the check fails, or NULL with an error set. */
-static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first, long long end, PyObject *shape) {
-    PyObject *elements = PyObject_GetAttr(file, ELEMENTS);
-    if (elements == NULL)
-        return NULL;
-    PyObject *typed = PyDict_CheckExact(elements) ? PyDict_GetItemWithError(elements, dtype) : NULL;
-    Py_XINCREF(typed); /* (a close empties the cache meanwhile: this view stays valid, and the check says closed) */
-    Py_DECREF(elements);
-    if (typed == NULL)
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t length = PyObject_Length(typed);
-    if (length < 0 || first < 0 || first > end || end > (long long)length) { /* (never, for a validated header) */
-        Py_DECREF(typed);
-        return length < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    int same = unchanged(file);
-    if (same <= 0) {
-        Py_DECREF(typed);
-        return same < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    PyObject *start = PyLong_FromLongLong(first), *stop = start != NULL ? PyLong_FromLongLong(end) : NULL;
-    PyObject *range = stop != NULL ? PySlice_New(start, stop, NULL) : NULL;
-    PyObject *flat = range != NULL ? PyObject_GetItem(typed, range) : NULL;
-    Py_XDECREF(start);
-    Py_XDECREF(stop);
-    Py_XDECREF(range);
-    Py_DECREF(typed);
-    if (flat == NULL || PyTuple_GET_SIZE(shape) == 1)
-        return flat;
-    PyObject *out = PyObject_CallMethodOneArg(flat, RESHAPE, shape);
-    Py_DECREF(flat);
-    return out;
-}
-
 /* An exact int within [0, 2**63) as a long long, or -1 (no error set) for anything else. */
 static long long count_of(PyObject *number) {
     if (!PyLong_CheckExact(number))
@@ -186,6 +150,53 @@ static int fold(PyObject *usage) {
     PyObject *folded = PyObject_CallMethodNoArgs(usage, FOLD);
     Py_XDECREF(folded);
     return folded == NULL ? -1 : 0;
+}
+
+/* Elements [first, end) of `file`'s cached element view for `dtype` (a one-dimensional, contiguous,
+   read-only ndarray), as one array of the tuple `shape` made by numpy's C API (a slice and a
+   reshape through Python cost three times as much), after the changed-file check: a new
+   reference, None (a new reference) where the view is not cached, does not hold those elements
+   in that shape, or the check fails, or NULL with an error set. */
+static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first, long long end, PyObject *shape) {
+    PyObject *elements = PyObject_GetAttr(file, ELEMENTS);
+    if (elements == NULL)
+        return NULL;
+    PyObject *typed = PyDict_CheckExact(elements) ? PyDict_GetItemWithError(elements, dtype) : NULL;
+    Py_XINCREF(typed); /* (a close empties the cache meanwhile: this view stays valid, and the check says closed) */
+    Py_DECREF(elements);
+    if (typed == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    /* the shape's element count, each dimension an exact int (at most 32 of them: numpy 1's limit) */
+    npy_intp dims[32], count = 1;
+    Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+    int fits = PyArray_CheckExact(typed) && PyArray_NDIM((PyArrayObject *)typed) == 1 && rank <= 32 &&
+               PyArray_ISCARRAY_RO((PyArrayObject *)typed) &&
+               PyArray_STRIDE((PyArrayObject *)typed, 0) == PyArray_ITEMSIZE((PyArrayObject *)typed);
+    for (Py_ssize_t i = 0; fits && i < rank; i++) {
+        long long d = count_of(PyTuple_GET_ITEM(shape, i));
+        dims[i] = (npy_intp)d;
+        fits = d >= 0 && d <= NPY_MAX_INTP && !__builtin_mul_overflow(count, dims[i], &count);
+    }
+    /* (never otherwise, for a validated header) */
+    fits = fits && first >= 0 && first <= end && end <= (long long)PyArray_DIM((PyArrayObject *)typed, 0) &&
+           (long long)count == end - first;
+    int same = fits ? unchanged(file) : 0;
+    if (same <= 0) {
+        Py_DECREF(typed);
+        return same < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)typed);
+    Py_INCREF(descr); /* (taken by the new array) */
+    char *data = PyArray_BYTES((PyArrayObject *)typed) + (npy_intp)first * PyArray_ITEMSIZE((PyArrayObject *)typed);
+    /* no flags: read-only, C order (numpy sets contiguity and alignment) */
+    PyObject *out = PyArray_NewFromDescr(&PyArray_Type, descr, (int)rank, dims, NULL, data, 0, NULL);
+    if (out == NULL || PyArray_SetBaseObject((PyArrayObject *)out, typed) < 0) { /* (takes `typed`) */
+        if (out == NULL)
+            Py_DECREF(typed);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    return out;
 }
 
 PyDoc_STRVAR(mapped_slice_doc,
@@ -226,7 +237,7 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
     PyObject *name = args[2], *shape = args[3];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_Check(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
+        !PyDict_CheckExact(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(args[1]) ? PyUnicode_Concat(args[1], name) : Py_NewRef(name);
@@ -258,8 +269,10 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (PyTuple_GET_ITEM(info, 4) != Py_None || PyTuple_GET_ITEM(info, 5) != Py_None)
         goto none; /* strided or quantized */
     PyObject *size_object = PyDict_GetItemWithError(sizes, dtype); /* set by stored_array: viewed as elements */
+    if (size_object == NULL)
+        goto check;
     PyObject *reader = only != Py_None ? only : PyDict_GetItemWithError(owners, full); /* (no __missing__ here) */
-    if (size_object == NULL || reader == NULL || PyErr_Occurred())
+    if (reader == NULL)
         goto check;
     if (PyDict_GetItemWithError(plain_readers, (PyObject *)Py_TYPE(reader)) != Py_True)
         goto check; /* a reader whose `buffer` may refuse a name */
@@ -267,7 +280,9 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
     if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
         goto none;
+    Py_INCREF(reader); /* (`owners` is filled lazily: held while its attribute is read) */
     PyObject *file = PyObject_GetAttr(reader, FILE_);
+    Py_DECREF(reader);
     if (file == NULL)
         goto done;
     long long first = offset / size, end;
@@ -279,8 +294,8 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (out == NULL || out == Py_None)
         goto done;
     /* the request's record, as Usage.plain_hit makes it: the name queued, folded once FOLD_AT wait */
-    long long fold_at = count_of(fast[5]);
-    if (PyList_Append(queued, full) < 0 || (fold_at >= 0 && PyList_GET_SIZE(queued) >= fold_at && fold(usage) < 0))
+    long long fold_at = count_of(fast[5]); /* (not a count: folded at once) */
+    if (PyList_Append(queued, full) < 0 || (PyList_GET_SIZE(queued) >= fold_at && fold(usage) < 0))
         Py_CLEAR(out);
     goto done;
 check:

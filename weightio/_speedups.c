@@ -303,6 +303,8 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 }
 
 #if defined(__linux__) || defined(__APPLE__)
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
 #include "_files.h"
 #endif
 
@@ -329,11 +331,12 @@ static struct PyModuleDef module = {
    (an in-place build left over from an older source is not called). */
 PyMODINIT_FUNC PyInit__speedups(void) {
 #if defined(__linux__) || defined(__APPLE__)
+    import_array(); /* numpy's C API (numpy is imported by weightio anyway); on failure: not loaded */
     if (files_init() < 0)
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 4) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 5) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -268,8 +268,9 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
     """`TensorView.numpy()` of a tensor numpy views as it is stored (a number in native byte
     order, or any dtype `numpy()` keeps as stored, in a local buffer): the common case, on
     the shortest path (`VarBuilder.get` takes it too). None for any other tensor, which the caller
-    serves the general way (the same array, or the refusal). The reader's `buffer` is asked as
-    always: its refusals and the file's changed-file check stay on this path."""
+    serves the general way (the same array, or the refusal). The reader's `buffer` is asked (its
+    refusals and the file's changed-file check), except in C, once the element view is cached, for
+    a reader whose `buffer` is `Reader.buffer` (refuses nothing): `mapped_slice` checks the file itself."""
     # one unpacking (a field read by name costs more); every field of `TensorInfo`, in order
     dtype, shape, offset, nbytes, strides, ggml_type = info
     kind = _KINDS.get(dtype)
