@@ -21,6 +21,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("WEIGHTIO_BENCH_DIR", "/tmp/weightio-bench"))
@@ -28,7 +29,7 @@ RESULTS = ROOT / "docs" / "benchmarks.md"
 RECORDS = ROOT / "bench" / "results"  # <suite>.json: the rows each suite's charts are drawn from
 IMAGES = ROOT / "docs" / "img"  # <suite>.png: the charts
 
-__all__ = ["CACHE", "Case", "arguments", "chart", "environment", "measure", "median", "publish", "rows",
+__all__ = ["CACHE", "Case", "arguments", "chart", "environment", "measure", "median", "median_extra", "publish", "rows",
            "rss_mib", "run_order", "run_worker", "warm", "worker_env", "write_section"]
 
 
@@ -139,10 +140,23 @@ def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, d
     return {
         case: {peer: {"seconds": median([r["seconds"] for r in runs]),
                       "rss_mib": median([r["rss_mib"] for r in runs]),
-                      "extra": runs[-1].get("extra"), "runs": len(runs)}
+                      "extra": median_extra([r.get("extra") for r in runs]), "runs": len(runs)}
                for peer, runs in peers.items()}
         for case, peers in samples.items()
     }
+
+
+def median_extra(extras: list) -> Any:
+    """The runs' `extra` readings as one: a number (not a bool) the median of the runs', a dict
+    key by key, anything else (a name, a list) the last run's; None where the last run had none."""
+    last = extras[-1] if extras else None
+    if isinstance(last, dict):
+        return {key: median_extra([e.get(key) for e in extras if isinstance(e, dict) and key in e])
+                for key in last}
+    numbers = [e for e in extras if isinstance(e, (int, float)) and not isinstance(e, bool)]
+    if last is None or len(numbers) != len(extras) or isinstance(last, bool):
+        return last
+    return numbers[0] if len(set(numbers)) == 1 else median(numbers)
 
 
 def environment() -> str:

@@ -231,7 +231,7 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
             lines.append(f"| {notes[case]} | {peer} | {shown} | {rss} | {ratio} |")
     for case, what in (("phases", f"{N_TENSORS} tensors"), ("phases_many", f"{_count(p['many']):,} tensors")):
         steps = results[case]["weightio"]["extra"]
-        lines += ["", f"weightio's open of the zip file of {what}, step by step (last run): "
+        lines += ["", f"weightio's open of the zip file of {what}, step by step (medians of the runs): "
                   + ", ".join(f"{name} {ms:.2f} ms" for name, ms in steps.items()) + "."]
     lines += ["", "The zip walk reads the central directory (with numpy when it is regular) and then every local "
               "header (in runs of nearby headers); the prepass (opcode checks before CPython's unpickler runs) "

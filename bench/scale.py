@@ -346,7 +346,8 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
         extra = results["resolve"]["weightio"]["extra"]
         lines += ["", f"`VarBuilder.get` over DeepSeek-V3's {extra['names']:,} names: "
                       f"**{extra['us_per_get_over_dict']:.2f} µs** per get over a bare dict lookup "
-                      f"({extra['us_per_dict']:.3f} µs), best of 3 passes in one process."]
+                      f"({extra['us_per_dict']:.3f} µs): in each process the best of 3 passes, "
+                      "the median of the processes."]
     return "\n".join(lines)
 
 

@@ -255,3 +255,17 @@ def test_pss_counts_shared_file_pages_once_across_processes(tmp_path):
             p.stdout.close()
     assert all(12 << 10 <= g <= 20 << 10 for g in grown), grown  # KiB: 16 MiB each, give or take
     assert 28 << 10 <= sum(grown) <= 36 << 10, grown  # the file once, not twice
+
+
+def test_a_cases_extra_readings_are_the_median_of_its_runs():
+    """`measure` used to publish the last run's `extra` (the scale suite's µs per `get` over a dict
+    lookup was one process's, beside medians of nine): numbers are now the runs' median, key by key."""
+    median_extra = _bench_module("common").median_extra
+    runs = [{"us": 4.3, "names": 91991, "steps": {"parse": 2.0, "walk": 5.0}, "heavy": "none", "ok": True},
+            {"us": 3.1, "names": 91991, "steps": {"parse": 1.0, "walk": 9.0}, "heavy": "torch", "ok": False},
+            {"us": 3.4, "names": 91991, "steps": {"parse": 3.0, "walk": 7.0}, "heavy": "jax", "ok": True}]
+    assert median_extra(runs) == {"us": 3.4, "names": 91991, "steps": {"parse": 2.0, "walk": 7.0}, "heavy": "jax",
+                                  "ok": True}
+    assert median_extra([None, None]) is None and median_extra([]) is None
+    assert median_extra([{"cores": 1.0}, {"cores": 2.0}]) == {"cores": 1.5}
+    assert median_extra([{"a": 1}, None, {"a": 3}]) == {"a": 2}
