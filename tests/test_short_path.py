@@ -220,3 +220,29 @@ def test_the_record_folds_to_what_a_replay_of_the_requests_gives():
         usage.fold_queued()
         assert usage.hits() == expected and list(usage.hits()) == list(expected)
         assert usage.used() == {stored for _, stored, _ in requests}
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
+def test_mapped_slice_declines_an_empty_shape_numpy_cannot_index():
+    """No elements, but dimensions whose product of bytes is past numpy's index range: numpy
+    refuses such an array (ValueError), so the C view declines it and raises nothing."""
+    data = np.zeros(16, np.uint8)
+    data.flags.writeable = False
+
+    class File:  # (what `mapped_slice` reads of a MappedFile)
+        pass
+
+    path_fd = os.open(__file__, os.O_RDONLY)
+    try:
+        st = os.fstat(path_fd)
+        file = File()
+        file._fd, file._closed, file._stamp = path_fd, False, (st.st_size, st.st_mtime_ns)
+        file._elements = {np.dtype("<f4"): data.view("<f4")}
+        assert speedups.mapped_slice(file, np.dtype("<f4"), 1, 3, (2,)).shape == (2,)
+        for shape in ((0, 2**62, 2), (0, 2**40, 2**40), (2**62, 0)):
+            with pytest.raises(ValueError):
+                np.empty(shape, np.float32)
+            assert speedups.mapped_slice(file, np.dtype("<f4"), 1, 1, shape) is None
+        assert speedups.mapped_slice(file, np.dtype("<f4"), 1, 1, (0, 2**20, 2**20)).shape == (0, 2**20, 2**20)
+    finally:
+        os.close(path_fd)

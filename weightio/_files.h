@@ -166,16 +166,20 @@ static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first,
     Py_DECREF(elements);
     if (typed == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    /* the shape's element count, each dimension an exact int (at most 32 of them: numpy 1's limit) */
-    npy_intp dims[32], count = 1;
+    /* the shape's element count, each dimension an exact int (at most 32 of them: numpy 1's limit), and
+       the bytes of its non-zero dimensions, which numpy refuses past its index range even for no elements */
+    npy_intp dims[32], count = 1, span = 1;
     Py_ssize_t rank = PyTuple_GET_SIZE(shape);
     int fits = PyArray_CheckExact(typed) && PyArray_NDIM((PyArrayObject *)typed) == 1 && rank <= 32 &&
                PyArray_ISCARRAY_RO((PyArrayObject *)typed) &&
                PyArray_STRIDE((PyArrayObject *)typed, 0) == PyArray_ITEMSIZE((PyArrayObject *)typed);
+    if (fits)
+        span = PyArray_ITEMSIZE((PyArrayObject *)typed);
     for (Py_ssize_t i = 0; fits && i < rank; i++) {
         long long d = count_of(PyTuple_GET_ITEM(shape, i));
         dims[i] = (npy_intp)d;
-        fits = d >= 0 && d <= NPY_MAX_INTP && !__builtin_mul_overflow(count, dims[i], &count);
+        fits = d >= 0 && d <= NPY_MAX_INTP && !__builtin_mul_overflow(count, dims[i], &count) &&
+               !__builtin_mul_overflow(span, d ? dims[i] : 1, &span);
     }
     /* (never otherwise, for a validated header) */
     fits = fits && first >= 0 && first <= end && end <= (long long)PyArray_DIM((PyArrayObject *)typed, 0) &&
