@@ -99,7 +99,7 @@ def test_hub_npz_headers_go_to_the_cdn_in_one_wave(serve_hub, tmp_path):
     path = tmp_path / "five.npz"
     np.savez(path, **arrays)
     hub = serve_hub({("model", "org/npz"): Repo({"c" * 40: {"five.npz": path.read_bytes()}}, {"main": "c" * 40})})
-    hub.delay = 0.05
+    hub.delay = 0.25  # (long enough for the wave's four requests to overlap on a loaded 2-CPU machine: 0.05 s was not)
     with wio.open("hf://org/npz/five.npz") as ckpt:
         hub.idle()
         assert sorted(ckpt) == sorted(arrays)

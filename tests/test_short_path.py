@@ -189,6 +189,27 @@ def test_mapped_slice_declines_what_it_does_not_serve(tmp_path):
     assert mapped_slice(file, f4, 0, 2, (2,)) is None
 
 
+def test_the_last_resolutions_kept_are_the_renames_only():
+    """`Usage.last` holds a name only while its last request resolved to another stored name: a fold
+    of plain hits and requests resolved to themselves leaves it empty (nothing to reconcile)."""
+    usage = Usage({"a": None, "b": None, "d": None})
+    usage.hit("a", "a", 4)
+    usage.plain_hit("b")
+    usage.fold()
+    assert usage.last == {}
+    usage.hit("c", "d", 4)
+    usage.hit("e", "b", 4)
+    usage.fold()
+    assert usage.last == {"c": "d", "e": "b"}
+    usage.plain_hit("e")  # (asked as a stored name now)
+    usage.fold()
+    assert usage.last == {"c": "d"}
+    usage.hit("c", "c", 8)
+    usage.plain_hit("b")
+    usage.fold()
+    assert usage.last == {}
+
+
 def test_the_record_folds_to_what_a_replay_of_the_requests_gives():
     """`Usage` against a replay of every request in order, for random mixes of plain hits (names)
     and others (renames, casts) folded at random points: the same hits (order, last resolution,
@@ -236,8 +257,7 @@ def test_mapped_slice_declines_an_empty_shape_numpy_cannot_index():
     try:
         st = os.fstat(path_fd)
         file = File()
-        file._fd, file._closed, file._stamp = path_fd, False, (st.st_size, st.st_mtime_ns)
-        file._elements = {np.dtype("<f4"): data.view("<f4")}
+        file._closed, file._fast = False, (path_fd, st.st_size, st.st_mtime_ns, {np.dtype("<f4"): data.view("<f4")})
         assert speedups.mapped_slice(file, np.dtype("<f4"), 1, 3, (2,)).shape == (2,)
         for shape in ((0, 2**62, 2), (0, 2**40, 2**40), (2**62, 0)):
             with pytest.raises(ValueError):

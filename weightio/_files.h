@@ -72,33 +72,31 @@ static PyObject *file_stamp(PyObject *module, PyObject *arg) {
     return out;
 }
 
-static PyObject *FD, *STAMP, *CLOSED, *ELEMENTS, *FILE_, *FOLD; /* names, interned at import */
+static PyObject *FAST, *CLOSED, *FILE_, *FOLD; /* names, interned at import */
 
 static int files_init(void) {
-    return (FD = PyUnicode_InternFromString("_fd")) == NULL || (STAMP = PyUnicode_InternFromString("_stamp")) == NULL ||
+    return (FAST = PyUnicode_InternFromString("_fast")) == NULL ||
                    (CLOSED = PyUnicode_InternFromString("_closed")) == NULL ||
-                   (ELEMENTS = PyUnicode_InternFromString("_elements")) == NULL ||
                    (FILE_ = PyUnicode_InternFromString("file")) == NULL ||
                    (FOLD = PyUnicode_InternFromString("fold_queued")) == NULL
                ? -1
                : 0;
 }
 
-/* The changed-file check of `file` (a MappedFile: `_fd`, `_stamp` = (size, mtime_ns), `_closed`):
-   1 unchanged and open, 0 not (or not decidable here: the caller's Python way decides), -1 an error
-   set. The fstat comes first and `_closed` is read after it, as MappedFile.check does (a close marks
-   the file closed before it closes the descriptor, so a reused descriptor number is never taken for
-   this file). */
-static int unchanged(PyObject *file) {
-    PyObject *fd_object = PyObject_GetAttr(file, FD);
-    if (fd_object == NULL)
+/* The changed-file check of `file` (a MappedFile: `_fast` = (fd, size, mtime_ns, element views),
+   `_closed`): 1 unchanged and open, 0 not (or not decidable here: the caller's Python way decides),
+   -1 an error set. The fstat comes first and `_closed` is read after it, as MappedFile.check does (a
+   close marks the file closed before it closes the descriptor, so a reused descriptor number is
+   never taken for this file). */
+static int unchanged(PyObject *file, PyObject *fixed) {
+    int overflow = 0, size_overflow = 0, ns_overflow = 0;
+    long fd = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(fixed, 0), &overflow);
+    long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(fixed, 1), &size_overflow);
+    long long ns = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(fixed, 2), &ns_overflow), now;
+    if ((fd == -1 || size == -1 || ns == -1) && PyErr_Occurred())
         return -1;
-    int overflow = 0;
-    long fd = PyLong_AsLongAndOverflow(fd_object, &overflow);
-    Py_DECREF(fd_object);
-    if (fd == -1 && PyErr_Occurred())
-        return -1;
-    if (overflow || fd < 0 || fd > INT_MAX)
+    /* a time beyond int64 nanoseconds (past 2262) is not decided here */
+    if (overflow || size_overflow || ns_overflow || fd < 0 || fd > INT_MAX)
         return 0;
     struct stat st;
     int failed, interrupted = 0;
@@ -118,22 +116,9 @@ static int unchanged(PyObject *file) {
     Py_DECREF(closed);
     if (is_closed)
         return is_closed < 0 ? -1 : 0;
-    PyObject *stamp = PyObject_GetAttr(file, STAMP);
-    if (stamp == NULL)
-        return -1;
-    int same = 0;
-    if (PyTuple_CheckExact(stamp) && PyTuple_GET_SIZE(stamp) == 2 && PyLong_CheckExact(PyTuple_GET_ITEM(stamp, 0)) &&
-        PyLong_CheckExact(PyTuple_GET_ITEM(stamp, 1))) {
-        int size_overflow, ns_overflow;
-        long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(stamp, 0), &size_overflow);
-        long long ns = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(stamp, 1), &ns_overflow), now;
-        /* a time beyond int64 nanoseconds (past 2262) is not decided here */
-        same = !size_overflow && !ns_overflow && size == (long long)st.st_size &&
-               !__builtin_mul_overflow((long long)MODIFIED(st).tv_sec, 1000000000LL, &now) &&
-               !__builtin_add_overflow(now, (long long)MODIFIED(st).tv_nsec, &now) && ns == now;
-    }
-    Py_DECREF(stamp);
-    return same;
+    return size == (long long)st.st_size &&
+           !__builtin_mul_overflow((long long)MODIFIED(st).tv_sec, 1000000000LL, &now) &&
+           !__builtin_add_overflow(now, (long long)MODIFIED(st).tv_nsec, &now) && ns == now;
 }
 
 /* An exact int within [0, 2**63) as a long long, or -1 (no error set) for anything else. */
@@ -158,14 +143,19 @@ static int fold(PyObject *usage) {
    reference, None (a new reference) where the view is not cached, does not hold those elements
    in that shape, or the check fails, or NULL with an error set. */
 static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first, long long end, PyObject *shape) {
-    PyObject *elements = PyObject_GetAttr(file, ELEMENTS);
-    if (elements == NULL)
+    PyObject *fixed = PyObject_GetAttr(file, FAST);
+    if (fixed == NULL)
         return NULL;
-    PyObject *typed = PyDict_CheckExact(elements) ? PyDict_GetItemWithError(elements, dtype) : NULL;
+    PyObject *typed = NULL;
+    if (PyTuple_CheckExact(fixed) && PyTuple_GET_SIZE(fixed) == 4 && PyLong_CheckExact(PyTuple_GET_ITEM(fixed, 0)) &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(fixed, 1)) && PyLong_CheckExact(PyTuple_GET_ITEM(fixed, 2)) &&
+        PyDict_CheckExact(PyTuple_GET_ITEM(fixed, 3)))
+        typed = PyDict_GetItemWithError(PyTuple_GET_ITEM(fixed, 3), dtype);
     Py_XINCREF(typed); /* (a close empties the cache meanwhile: this view stays valid, and the check says closed) */
-    Py_DECREF(elements);
-    if (typed == NULL)
+    if (typed == NULL) {
+        Py_DECREF(fixed);
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
     /* the shape's element count, each dimension an exact int (at most 32 of them: numpy 1's limit), and
        the bytes of its non-zero dimensions, which numpy refuses past its index range even for no elements */
     npy_intp dims[32], count = 1, span = 1;
@@ -184,7 +174,8 @@ static PyObject *element_slice(PyObject *file, PyObject *dtype, long long first,
     /* (never otherwise, for a validated header) */
     fits = fits && first >= 0 && first <= end && end <= (long long)PyArray_DIM((PyArrayObject *)typed, 0) &&
            (long long)count == end - first;
-    int same = fits ? unchanged(file) : 0;
+    int same = fits ? unchanged(file, fixed) : 0;
+    Py_DECREF(fixed);
     if (same <= 0) {
         Py_DECREF(typed);
         return same < 0 ? NULL : Py_NewRef(Py_None);
@@ -223,28 +214,25 @@ static PyObject *mapped_slice(PyObject *module, PyObject *const *args, Py_ssize_
 }
 
 PyDoc_STRVAR(plain_get_doc,
-"plain_get(fast, head, name, shape)\n--\n\n"
+"plain_get(plain, name, shape)\n--\n\n"
 "VarBuilder.get's shortest path, as view.plain_get_py does it: the stored tensor head + name as a\n"
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
 "the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`fast` is (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes, plain_readers,\n"
-"MappedFile).");
+"`plain` is a cursor's (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
+"plain_readers, MappedFile, head).");
 
-static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 9 || !PyUnicode_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "plain_get(fast, head, name, shape): fast a tuple of 9, head a str");
-        return NULL;
-    }
-    PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
+/* plain_get's work, `plain` a tuple of 10 whose last is a str (checked by the callers) */
+static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
+    PyObject *const *fast = &PyTuple_GET_ITEM(plain, 0);
+    PyObject *head = fast[9];
     PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
     PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
-    PyObject *name = args[2], *shape = args[3];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
         !PyDict_CheckExact(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
-    PyObject *full = PyUnicode_GET_LENGTH(args[1]) ? PyUnicode_Concat(args[1], name) : Py_NewRef(name);
+    PyObject *full = PyUnicode_GET_LENGTH(head) ? PyUnicode_Concat(head, name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
     PyObject *out = NULL;
@@ -310,4 +298,18 @@ none:
 done:
     Py_DECREF(full);
     return out;
+}
+
+/* a cursor's `_plain`: a tuple of 10, the last its head (a str) */
+static int is_plain(PyObject *plain) {
+    return PyTuple_CheckExact(plain) && PyTuple_GET_SIZE(plain) == 10 &&
+           PyUnicode_CheckExact(PyTuple_GET_ITEM(plain, 9));
+}
+
+static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !is_plain(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 10, its last a str");
+        return NULL;
+    }
+    return short_path(args[0], args[1], args[2]);
 }

@@ -165,6 +165,9 @@ class MappedFile:
         self._mmap: _FileMapping | None = None
         self._data: np.ndarray | None = None
         self._elements: dict[np.dtype, np.ndarray] = {}  # dtype -> the mapping as whole elements (`elements`)
+        # what the C view (`_speedups.mapped_slice`) reads in one attribute: fixed from here on (the
+        # element views' dict is the same object: changed in place only, as `close` empties it)
+        self._fast = (self._fd, size, modified, self._elements)
         self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] | None = None
 
     @property

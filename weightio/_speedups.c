@@ -336,7 +336,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 5) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 6) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -49,7 +49,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from .errors import CorruptFileError
@@ -122,9 +121,6 @@ def listing(names: Sequence[str]) -> str:
     return shown + (f", … and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
-_ASKED_STORED = itemgetter(0, 1)
-
-
 class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
@@ -134,17 +130,17 @@ class Usage:
     process calls ``get``; the C path reads `FOLD_AT` as it was when the builder was made). One
     queue, in request order: a request `get`'s shortest path served is its name (asked = stored,
     the bytes the tensor's own, from `sizes`: no tuple made), any other ``(asked, stored, bytes)``.
-    A fold takes the queue's first hits while appends go on at its end, and counts them with C
-    loops (``Counter.update``, ``dict.update``); a fold that read each hit in Python cost more than
-    the rest of a ``get``, and only a fold of both kinds of hits does (for `last`, which needs
-    their order).
+    A fold takes the queue's first hits while appends go on at its end, and counts them in C
+    (``Counter.update``); a fold that read each hit in Python cost more than the rest of a
+    ``get``, and only a fold that holds other requests does (for `last`, which needs their order
+    and holds only the names a rename resolved: a fold of plain hits then has nothing to do there).
     """
 
     FOLD_AT = 4096
 
     def __init__(self, sizes: Mapping[str, Any] | None = None) -> None:
         # (asked, stored, bytes handed out) -> times, or a plain hit's name -> times, in first-request
-        # order; asked -> the stored name of its last request, where one was not plain (for the others: asked)
+        # order; asked -> the stored name of its last request, where that was another name (else: asked)
         self.counts: Counter[tuple[str, str, int] | str] = Counter()
         self.last: dict[str, str] = {}
         self.missing: dict[str, None] = {}
@@ -181,20 +177,18 @@ class Usage:
             return
         self.counts.update(hits)
         last = self.last
-        kinds = set(map(type, hits))
-        if str not in kinds:  # no plain hit
-            last.update(map(_ASKED_STORED, hits))  # (a key keeps its first place and takes its last value)
-        elif tuple not in kinds:  # only plain hits: a name whose last request was not plain now has one
-            if last:
-                again = last.keys() & hits
-                last.update({name: name for name in again})
-        else:
-            for one in hits:  # both kinds: in order
+        if tuple in set(map(type, hits)):
+            for one in hits:  # in order: `last` holds a name while its last request resolved to another
                 if type(one) is str:
-                    if one in last:
-                        last[one] = one
-                else:
+                    if last:
+                        last.pop(one, None)
+                elif one[0] != one[1]:
                     last[one[0]] = one[1]
+                elif last:
+                    last.pop(one[0], None)
+        elif last:  # only plain hits: a name that a rename resolved before now resolves to itself
+            for name in last.keys() & hits:
+                del last[name]
 
     def hits(self) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order

@@ -94,7 +94,7 @@ class VarBuilder:
         self._head = ".".join(path) + "." if path else ""  # what a full name starts with
         # `get`'s shortest path: one checkpoint, names looked up as they are, numpy arrays as stored
         plain = backend is shared.resolver and dtype is None and device.framework == "numpy"
-        self._plain = shared.fast if plain else None
+        self._plain = shared.fast + (self._head,) if plain and shared.fast is not None else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -272,9 +272,9 @@ class VarBuilder:
             TensorNotFoundError: no stored tensor resolves from the name (lists the closest).
             ShapeMismatchError: the stored shape differs (says the full name, expected and found).
         """
-        fast = self._plain
-        if fast is not None and dtype is None:  # a stored name on numpy as stored: in C where built
-            out = plain_get(fast, self._head, name, shape)
+        plain = self._plain
+        if plain is not None and dtype is None:  # a stored name on numpy as stored (`view.plain_get`)
+            out = plain_get(plain, name, shape)
             if out is not None:
                 return out
         full, stored, value = self._find(name)

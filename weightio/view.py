@@ -289,7 +289,7 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
             plain = PLAIN_READERS[type(reader)] = _plain_buffer(type(reader))
         size = dtype.itemsize
         if plain and not offset % size:
-            # in C: the changed-file check, then one slice (and a reshape) of the cached element view;
+            # in C: the changed-file check, then one array over the cached element view (numpy's C API);
             # None where that view is not made yet or the check fails (the way below says why)
             start = offset // size
             out = _mapped_slice(file, dtype, start, start + nbytes // size, shape)
@@ -324,16 +324,16 @@ def _plain_buffer(cls: type) -> bool:
     return getattr(cls, "buffer", None) is Reader.buffer
 
 
-def plain_get_py(fast: tuple, head: str, name: Any, shape: Any) -> np.ndarray | None:
+def plain_get_py(plain: tuple, name: Any, shape: Any) -> np.ndarray | None:
     """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
     stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
-    any other request, which the caller serves the general way (or refuses). `fast` is ``(infos,
-    owners, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile)``
-    (`VarBuilder`'s, once per builder); the C `plain_get` does the same, taking the cached element
-    views `stored_array` made and leaving the rest to this way."""
+    any other request, which the caller serves the general way (or refuses). `plain` is a cursor's
+    ``(infos, owners, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
+    head)`` (the builder's, made once, and the cursor's prefix); the C `plain_get` does the same,
+    taking the cached element views `stored_array` made and leaving the rest to this way."""
     if type(name) is not str or not name or type(shape) is not tuple:
         return None
-    infos, owners, only, _, usage, _, _, _, _ = fast
+    infos, owners, only, _, usage, _, _, _, _, head = plain
     full = head + name
     info = infos.get(full)
     if info is None or info.shape != shape:
