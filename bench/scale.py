@@ -320,7 +320,7 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
     lines = [
         "## Speed at scale: opening many tensors and frontier-size layouts",
         "",
-        f"`python bench/scale.py {argv}` on {environment()}, load average at start "
+        f"`python bench/scale.py {argv}` on {environment()}, load average at the end of the run "
         f"{os.getloadavg()[0]:.2f}.",
         "Each run is a fresh process, page cache warm (headers); medians of "
         f"{reps} runs. weightio runs `weightio.open` and `.items()` (name, `shape`, `dtype` of each view); "
