@@ -53,7 +53,7 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
     """Each tensor of each fixture, asked twice by its stored name and shape (the first ask makes the
     cached element view the second slices): the general path's memory (address, dtype, shape,
     strides), read-only, and the same report; where the short path declines, the general path's array."""
-    taken = set()
+    taken, served_by_short_path = set(), set()
     for entry in manifest():
         try:
             vb = wio.VarBuilder.from_path(FIXTURES / entry)
@@ -80,6 +80,7 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
                         general.flags.aligned, general.flags.c_contiguous, general.flags.f_contiguous)
                     if _plain_hits(vb) > before:  # served by the short path: the same memory
                         taken.add(vb._shared.store.sources[0].format)
+                        served_by_short_path.add(entry)
                         with pytest.raises(ValueError):
                             got.flags.writeable = True  # (a view of the read-only mapping stays read-only)
                         if got.size:  # (an empty slice's address is numpy's choice)
@@ -88,6 +89,8 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
             assert (report.used, report.unused, report.missing) == (tuple(served), tuple(refused), ())
     # in C, readers whose `buffer` refuses names of their own (unpicklable, quantized, ...) go the general way
     assert taken == ({"safetensors"} if way == "c" else {"safetensors", "pytorch", "npy", "npz", "gguf", "ggml"})
+    # one file, and a checkpoint split in files (each name's info and file from `Checkpoint._placed`)
+    assert {"tiny-bert-sharded", "tiny-bert"} <= served_by_short_path, served_by_short_path
 
 
 def _two(tmp_path):

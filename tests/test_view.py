@@ -180,6 +180,7 @@ def test_a_close_racing_the_short_path_leaves_no_view_of_the_mapping_cached():
                 return super().get(key, default)
 
         file._elements = ClosingMeanwhile()
+        file._fast = (*file._fast[:3], file._elements)  # (the same dict object, as `MappedFile` keeps them)
         assert file.elements(data, np.dtype("<f4")) is not None  # (the caller's view, of bytes it had)
         assert file.closed and dict(file._elements) == {}
 

@@ -84,17 +84,16 @@ static int files_init(void) {
 }
 
 /* The changed-file check of `file` (a MappedFile: `_fast` = (fd, size, mtime_ns, element views),
-   `_closed`): 1 unchanged and open, 0 not (or not decidable here: the caller's Python way decides),
-   -1 an error set. The fstat comes first and `_closed` is read after it, as MappedFile.check does (a
-   close marks the file closed before it closes the descriptor, so a reused descriptor number is
-   never taken for this file). */
+   `_closed`), `fixed` its `_fast`, whose first three element_slice checked are exact ints: 1
+   unchanged and open, 0 not (or not decidable here: the caller's Python way decides), -1 an error
+   set. The fstat comes first and `_closed` is read after it, as MappedFile.check does (a close marks
+   the file closed before it closes the descriptor, so a reused descriptor number is never taken for
+   this file). */
 static int unchanged(PyObject *file, PyObject *fixed) {
     int overflow = 0, size_overflow = 0, ns_overflow = 0;
     long fd = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(fixed, 0), &overflow);
     long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(fixed, 1), &size_overflow);
     long long ns = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(fixed, 2), &ns_overflow), now;
-    if ((fd == -1 || size == -1 || ns == -1) && PyErr_Occurred())
-        return -1;
     /* a time beyond int64 nanoseconds (past 2262) is not decided here */
     if (overflow || size_overflow || ns_overflow || fd < 0 || fd > INT_MAX)
         return 0;
@@ -219,24 +218,32 @@ PyDoc_STRVAR(plain_get_doc,
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
 "the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`plain` is a cursor's (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
+"`plain` is a cursor's (infos, placed, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
 "plain_readers, MappedFile, head).");
 
-/* plain_get's work, `plain` a tuple of 10 whose last is a str (checked by the callers) */
+/* plain_get's work, `plain` a tuple of 10 whose last is a str (checked by plain_get) */
 static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
     PyObject *const *fast = &PyTuple_GET_ITEM(plain, 0);
     PyObject *head = fast[9];
-    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
+    PyObject *infos = fast[0], *placed = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
     PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_CheckExact(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
+        !PyDict_CheckExact(infos) || !PyDict_Check(placed) || !PyList_CheckExact(queued) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(head) ? PyUnicode_Concat(head, name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
-    PyObject *out = NULL;
-    PyObject *info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
+    PyObject *out = NULL, *info, *reader;
+    if (only != Py_None) { /* borrowed: `infos` never changes */
+        info = PyDict_GetItemWithError(infos, full);
+        reader = only;
+    } else { /* several files: (info, reader) in one lookup (`placed`, filled on a first miss in Python) */
+        PyObject *found = PyDict_GetItemWithError(placed, full);
+        int pair = found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2;
+        info = pair ? PyTuple_GET_ITEM(found, 0) : NULL; /* (both owned by the checkpoint too) */
+        reader = pair ? PyTuple_GET_ITEM(found, 1) : NULL;
+    }
     if (info == NULL)
         goto check;
     if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
@@ -263,16 +270,13 @@ static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
     PyObject *size_object = PyDict_GetItemWithError(sizes, dtype); /* set by stored_array: viewed as elements */
     if (size_object == NULL)
         goto check;
-    PyObject *reader = only != Py_None ? only : PyDict_GetItemWithError(owners, full); /* (no __missing__ here) */
-    if (reader == NULL)
-        goto check;
     if (PyDict_GetItemWithError(plain_readers, (PyObject *)Py_TYPE(reader)) != Py_True)
         goto check; /* a reader whose `buffer` may refuse a name */
     long long size = count_of(size_object), offset = count_of(PyTuple_GET_ITEM(info, 2));
     long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
     if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
         goto none;
-    Py_INCREF(reader); /* (`owners` is filled lazily: held while its attribute is read) */
+    Py_INCREF(reader); /* (held while its attribute is read, whatever that runs) */
     PyObject *file = PyObject_GetAttr(reader, FILE_);
     Py_DECREF(reader);
     if (file == NULL)

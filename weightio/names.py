@@ -133,7 +133,8 @@ class Usage:
     A fold takes the queue's first hits while appends go on at its end, and counts them in C
     (``Counter.update``); a fold that read each hit in Python cost more than the rest of a
     ``get``, and only a fold that holds other requests does (for `last`, which needs their order
-    and holds only the names a rename resolved: a fold of plain hits then has nothing to do there).
+    and holds only the names a request resolved to another stored name: a rename, a wrapper rule, a
+    legacy name or the base-model prefix; a fold of plain hits has nothing to do there unless some did).
     """
 
     FOLD_AT = 4096
@@ -186,7 +187,7 @@ class Usage:
                     last[one[0]] = one[1]
                 elif last:
                     last.pop(one[0], None)
-        elif last:  # only plain hits: a name that a rename resolved before now resolves to itself
+        elif last:  # only plain hits: a name resolved to another stored name before now resolves to itself
             for name in last.keys() & hits:
                 del last[name]
 
