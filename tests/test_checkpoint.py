@@ -44,17 +44,15 @@ def test_a_sharded_checkpoint_finds_each_names_file_when_first_asked():
     index = json.loads((SHARDED / "model.safetensors.index.json").read_text())["weight_map"]
     with wio.open(SHARDED) as ckpt:
         assert [v.path for _, v in ckpt.items()] == [str(SHARDED / index[n]) for n in ckpt]
-        assert len(ckpt._placed) == 0  # (opening and listing never build the map)
+        assert len(ckpt._owners) == 0  # (opening and listing never build the map)
         last = list(ckpt)[-1]
         assert ckpt[last].path == str(SHARDED / index[last])
-        assert len(ckpt._placed) == len(ckpt) == 39
-        assert all(ckpt._placed[n] == (ckpt[n].info, ckpt[n]._reader) for n in ckpt)  # (name -> its info and reader)
+        assert len(ckpt._owners) == len(ckpt) == 39
         # a thread whose lookup missed just before another filled the map: still found, not a KeyError
         first = next(iter(ckpt))
-        info, reader = ckpt._placed.__missing__(first)
-        assert (reader.path, info) == (str(SHARDED / index[first]), ckpt[first].info)
+        assert ckpt._owners.__missing__(first).path == str(SHARDED / index[first])
         with pytest.raises(KeyError):
-            ckpt._placed.__missing__("no such tensor")
+            ckpt._owners.__missing__("no such tensor")
 
 
 @pytest.mark.parametrize("path", [BERT, SHARDED], ids=["one file", "sharded"])

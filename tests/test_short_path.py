@@ -89,8 +89,7 @@ def test_every_fixture_tensor_is_the_general_paths_array(way):
             assert (report.used, report.unused, report.missing) == (tuple(served), tuple(refused), ())
     # in C, readers whose `buffer` refuses names of their own (unpicklable, quantized, ...) go the general way
     assert taken == ({"safetensors"} if way == "c" else {"safetensors", "pytorch", "npy", "npz", "gguf", "ggml"})
-    # one file, and a checkpoint split in files (each name's info and file from `Checkpoint._placed`)
-    assert {"tiny-bert-sharded", "tiny-bert"} <= served_by_short_path, served_by_short_path
+    assert {"tiny-bert-sharded", "tiny-bert"} <= served_by_short_path, served_by_short_path  # (several files, one)
 
 
 def _two(tmp_path):

@@ -218,32 +218,24 @@ PyDoc_STRVAR(plain_get_doc,
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
 "the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`plain` is a cursor's (infos, placed, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
+"`plain` is a cursor's (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
 "plain_readers, MappedFile, head).");
 
 /* plain_get's work, `plain` a tuple of 10 whose last is a str (checked by plain_get) */
 static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
     PyObject *const *fast = &PyTuple_GET_ITEM(plain, 0);
     PyObject *head = fast[9];
-    PyObject *infos = fast[0], *placed = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
+    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
     PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_CheckExact(infos) || !PyDict_Check(placed) || !PyList_CheckExact(queued) ||
+        !PyDict_CheckExact(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
         !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(head) ? PyUnicode_Concat(head, name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
-    PyObject *out = NULL, *info, *reader;
-    if (only != Py_None) { /* borrowed: `infos` never changes */
-        info = PyDict_GetItemWithError(infos, full);
-        reader = only;
-    } else { /* several files: (info, reader) in one lookup (`placed`, filled on a first miss in Python) */
-        PyObject *found = PyDict_GetItemWithError(placed, full);
-        int pair = found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2;
-        info = pair ? PyTuple_GET_ITEM(found, 0) : NULL; /* (both owned by the checkpoint too) */
-        reader = pair ? PyTuple_GET_ITEM(found, 1) : NULL;
-    }
+    PyObject *out = NULL;
+    PyObject *info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
     if (info == NULL)
         goto check;
     if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
@@ -270,13 +262,16 @@ static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
     PyObject *size_object = PyDict_GetItemWithError(sizes, dtype); /* set by stored_array: viewed as elements */
     if (size_object == NULL)
         goto check;
+    PyObject *reader = only != Py_None ? only : PyDict_GetItemWithError(owners, full); /* (no __missing__ here) */
+    if (reader == NULL)
+        goto check;
     if (PyDict_GetItemWithError(plain_readers, (PyObject *)Py_TYPE(reader)) != Py_True)
         goto check; /* a reader whose `buffer` may refuse a name */
     long long size = count_of(size_object), offset = count_of(PyTuple_GET_ITEM(info, 2));
     long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
     if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
         goto none;
-    Py_INCREF(reader); /* (held while its attribute is read, whatever that runs) */
+    Py_INCREF(reader); /* (`owners` is filled lazily: held while its attribute is read) */
     PyObject *file = PyObject_GetAttr(reader, FILE_);
     Py_DECREF(reader);
     if (file == NULL)

@@ -17,7 +17,6 @@ from typing import Any
 
 from . import layout
 from ._failures import is_url
-from ._gc import collector_paused
 from ._io import MappedFile
 from .errors import (
     DOWNLOAD_ADVICE,
@@ -76,7 +75,7 @@ class Checkpoint(Mapping[str, TensorView]):
             merged.setdefault(key, value)
         self.metadata = merged
         self._infos = infos
-        self._placed = _Placed(self._readers)  # name -> (info, reader) where there are several (filled when asked)
+        self._owners = _Owners(self._readers)  # name -> reader, when there are several (filled when first asked)
         self._only = self._readers[0] if len(self._readers) == 1 else None
 
     # ------------------------------------------------------------------ Mapping
@@ -94,7 +93,7 @@ class Checkpoint(Mapping[str, TensorView]):
 
     def _view(self, name: str, info: TensorInfo) -> TensorView:
         only = self._only
-        return TensorView(only if only is not None else self._placed[name][1], name, info)
+        return TensorView(only if only is not None else self._owners[name], name, info)
 
     def items(self) -> ItemsView[str, TensorView]:
         """(name, view) of every tensor, in file order (the views made straight from the index)."""
@@ -176,12 +175,10 @@ class Checkpoint(Mapping[str, TensorView]):
         self.close()
 
 
-class _Placed(dict):  # type: ignore[type-arg]
-    """name -> (its `TensorInfo`, its reader) of a checkpoint of several readers, filled on the
-    first lookup: opening and listing never need it (`Checkpoint._views` walks the readers), and
-    building it costs a pass over every name (~40 ms at 90k). One lookup gives both, where a get
-    by name made two in tables of that size (`VarBuilder.get`'s short path: each a cache miss).
-    Filled in one `dict.update`, so no thread sees it half-filled."""
+class _Owners(dict):  # type: ignore[type-arg]
+    """name -> reader of a checkpoint of several readers, filled on the first lookup: opening and
+    listing never need it (`Checkpoint._views` walks the readers), and building it costs a pass
+    over every name (~20 ms at 90k). Filled in one `dict.update`, so no thread sees it half-filled."""
 
     __slots__ = ("_readers",)
 
@@ -189,20 +186,17 @@ class _Placed(dict):  # type: ignore[type-arg]
         super().__init__()
         self._readers = readers
 
-    def __missing__(self, name: str) -> tuple[TensorInfo, Reader]:
+    def __missing__(self, name: str) -> Reader:
         if not self:
-            placed: dict[str, tuple[TensorInfo, Reader]] = {}
-            with collector_paused():  # (a pair a name: none in a cycle, 90k of them)
-                for reader in self._readers:
-                    tensors = reader.tensors
-                    pairs = zip(tensors.values(), itertools.repeat(reader), strict=False)  # (C-level: no loop here)
-                    placed.update(zip(tensors, pairs, strict=True))
-                self.update(placed)
+            owners: dict[str, Reader] = {}
+            for reader in self._readers:
+                owners.update(dict.fromkeys(reader.tensors, reader))
+            self.update(owners)
         # (looked up again: another thread may have filled it between this one's miss and here)
-        found = dict.get(self, name)
-        if found is None:
+        owner = dict.get(self, name)
+        if owner is None:
             raise KeyError(name)
-        return found
+        return owner
 
 
 class CheckpointItems(ItemsView[str, TensorView]):

@@ -328,25 +328,20 @@ def plain_get_py(plain: tuple, name: Any, shape: Any) -> np.ndarray | None:
     """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
     stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
     any other request, which the caller serves the general way (or refuses). `plain` is a cursor's
-    ``(infos, placed, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
+    ``(infos, owners, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
     head)`` (the builder's, made once, and the cursor's prefix); the C `plain_get` does the same,
     taking the cached element views `stored_array` made and leaving the rest to this way."""
     if type(name) is not str or not name or type(shape) is not tuple:
         return None
-    infos, placed, only, _, usage, _, _, _, _, head = plain
+    infos, owners, only, _, usage, _, _, _, _, head = plain
     full = head + name
-    if only is not None:
-        info, reader = infos.get(full), only
-    elif full in infos:  # several files: the info and its reader (`Checkpoint._placed`, filled on a first miss)
-        info, reader = placed[full]
-    else:
-        return None
+    info = infos.get(full)
     if info is None or info.shape != shape:
         return None
     for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
         if type(d) is not int:
             return None
-    out = stored_array(reader, full, info)
+    out = stored_array(only if only is not None else owners[full], full, info)
     if out is not None:
         usage.plain_hit(full)
     return out
