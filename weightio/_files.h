@@ -221,10 +221,14 @@ PyDoc_STRVAR(plain_get_doc,
 "`plain` is a cursor's (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
 "plain_readers, MappedFile, head).");
 
-/* plain_get's work, `plain` a tuple of 10 whose last is a str (checked by plain_get) */
-static PyObject *short_path(PyObject *plain, PyObject *name, PyObject *shape) {
-    PyObject *const *fast = &PyTuple_GET_ITEM(plain, 0);
-    PyObject *head = fast[9];
+static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(args[0], 9))) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 10, its last a str");
+        return NULL;
+    }
+    PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
+    PyObject *head = fast[9], *name = args[1], *shape = args[2];
     PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
     PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
@@ -297,18 +301,4 @@ none:
 done:
     Py_DECREF(full);
     return out;
-}
-
-/* a cursor's `_plain`: a tuple of 10, the last its head (a str) */
-static int is_plain(PyObject *plain) {
-    return PyTuple_CheckExact(plain) && PyTuple_GET_SIZE(plain) == 10 &&
-           PyUnicode_CheckExact(PyTuple_GET_ITEM(plain, 9));
-}
-
-static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !is_plain(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 10, its last a str");
-        return NULL;
-    }
-    return short_path(args[0], args[1], args[2]);
 }
