@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import struct
@@ -597,9 +598,11 @@ def test_version():
 
 
 def _installed() -> str:
-    exe = shutil.which("weightio")
+    """The console script of the environment running the tests (beside its interpreter: a venv
+    need not be activated), else the one on PATH."""
+    exe = shutil.which("weightio", path=os.path.dirname(sys.executable)) or shutil.which("weightio")
     if exe is None:
-        pytest.skip("the weightio console script is not on PATH (package not installed)")
+        pytest.skip("no weightio console script beside the interpreter or on PATH (package not installed)")
     return exe
 
 
