@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
+from weightio import checkpoint
 from weightio.errors import CorruptFileError, FormatError, TensorNotFoundError, WeightioError
 
 from .conftest import FIXTURES, digest, manifest
@@ -40,19 +41,58 @@ def test_a_sharded_directory_is_one_checkpoint_equal_to_the_single_file():
             assert sharded[name].path == str(SHARDED / shard)
 
 
-def test_a_sharded_checkpoint_finds_each_names_file_when_first_asked():
+@pytest.mark.parametrize("c", [True, False], ids=["C place", "Python"])
+def test_a_sharded_checkpoint_finds_each_names_info_and_file_when_first_asked(c, monkeypatch):
+    if c and checkpoint._place_c is None:
+        pytest.skip("weightio._speedups is not built here")
+    monkeypatch.setattr(checkpoint, "_place_c", checkpoint._place_c if c else None)
     index = json.loads((SHARDED / "model.safetensors.index.json").read_text())["weight_map"]
     with wio.open(SHARDED) as ckpt:
         assert [v.path for _, v in ckpt.items()] == [str(SHARDED / index[n]) for n in ckpt]
-        assert len(ckpt._owners) == 0  # (opening and listing never build the map)
+        assert ckpt._placed == {}  # (opening and listing never build the map)
         last = list(ckpt)[-1]
         assert ckpt[last].path == str(SHARDED / index[last])
-        assert len(ckpt._owners) == len(ckpt) == 39
-        # a thread whose lookup missed just before another filled the map: still found, not a KeyError
+        files = ckpt.files
+        assert {n: (info, files[i]) for n, (info, i) in ckpt._placed.items()} == \
+            {n: (ckpt._infos[n], str(SHARDED / index[n])) for n in ckpt}
+        # C leaves the map and its pairs to reference counting: the collector never walks them
+        assert gc.is_tracked(ckpt._placed) is not c
+        assert all(gc.is_tracked(pair) is not c for pair in ckpt._placed.values())
+        # a thread that found the map empty just before another filled it: still found, not filled twice
+        placed = dict(ckpt._placed)
         first = next(iter(ckpt))
-        assert ckpt._owners.__missing__(first).path == str(SHARDED / index[first])
+        assert ckpt._place(first) == (ckpt._infos[first], 0) and ckpt._placed == placed
         with pytest.raises(KeyError):
-            ckpt._owners.__missing__("no such tensor")
+            ckpt._place("no such tensor")
+
+
+@pytest.mark.skipif(checkpoint._place_c is None, reason="weightio._speedups is not built here")
+def test_the_c_map_declines_what_it_cannot_leave_untracked():
+    from weightio.records import TensorInfo
+
+    class Reader:
+        def __init__(self, tensors):
+            self.tensors = tensors
+
+    info = TensorInfo(np.dtype("<f4"), (2,), 0, 8)
+    place = checkpoint._place_c
+    placed: dict = {}
+    assert place(placed, [Reader({"a": info}), Reader({"b": info})], TensorInfo) is True
+    assert placed == {"a": (info, 0), "b": (info, 1)} and not gc.is_tracked(placed)
+    assert place(placed, [Reader({"c": info})], TensorInfo) is True and list(placed) == ["a", "b"]  # filled already
+
+    class Name(str):
+        pass
+
+    for readers in ([Reader({"a": info}), Reader({"b": (np.dtype("<f4"), (2,), 0, 8, None, None)})],  # not an info
+                    [Reader({"a": info}), Reader({Name("b"): info})],  # a str subclass: its __eq__ could run code
+                    [Reader({"a": info}), Reader(list({"b": info}.items()))]):  # not a dict
+        placed = {}
+        assert place(placed, readers, TensorInfo) is False and placed == {}
+    with pytest.raises(TypeError, match=r"place\(placed, readers, info_type\)"):
+        place({}, ([Reader({"a": info})]), None)
+    with pytest.raises(AttributeError):
+        place({}, [object()], TensorInfo)
 
 
 @pytest.mark.parametrize("path", [BERT, SHARDED], ids=["one file", "sharded"])

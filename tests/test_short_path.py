@@ -191,6 +191,31 @@ def test_mapped_slice_declines_what_it_does_not_serve(tmp_path):
     assert mapped_slice(file, f4, 0, 2, (2,)) is None
 
 
+def test_a_map_entry_that_names_no_reader_goes_the_general_way(way):
+    """With several files, the short path takes a name's info and reader index from
+    `Checkpoint._placed`; an index outside the readers (or not an int) is declined (None), and a
+    name not in the map yet too, whichever way runs."""
+    plain_get = varbuilder.plain_get
+    with wio.VarBuilder.from_path(FIXTURES / "tiny-bert-sharded") as vb:
+        ckpt = vb._shared.store.sources[0]
+        name = next(iter(ckpt))
+        shape = ckpt[name].shape  # (a first lookup by name: fills the map)
+        vb.get(shape, name)  # (the general way: caches the element view the short path slices)
+        placed, plain = ckpt._placed, vb._plain
+        assert plain[1] is placed and plain[9] is ckpt._readers and plain[10] == ""
+        assert plain_get(plain, name, shape).shape == shape
+        info, at = placed[name]
+        for wrong in (len(ckpt._readers), -1, 2**64, 0.0, None):
+            placed[name] = (info, wrong)
+            assert plain_get(plain, name, shape) is None
+        placed[name] = (info, at)
+        del placed[name]
+        assert plain_get(plain, name, shape) is None
+        if way == "c":
+            with pytest.raises(TypeError, match="plain a tuple of 11"):
+                plain_get(plain[:10], name, shape)
+
+
 def test_the_last_resolutions_kept_are_the_renames_only():
     """`Usage.last` holds a name only while its last request resolved to another stored name: a fold
     of plain hits and requests resolved to themselves leaves it empty (nothing to reconcile)."""

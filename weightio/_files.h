@@ -218,28 +218,39 @@ PyDoc_STRVAR(plain_get_doc,
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
 "the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`plain` is a cursor's (infos, owners, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
-"plain_readers, MappedFile, head).");
+"`plain` is a cursor's (infos, placed, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
+"plain_readers, MappedFile, readers, head).");
 
 static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10 ||
-        !PyUnicode_CheckExact(PyTuple_GET_ITEM(args[0], 9))) {
-        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 10, its last a str");
+    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 11 ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(args[0], 10))) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 11, its last a str");
         return NULL;
     }
     PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
-    PyObject *head = fast[9], *name = args[1], *shape = args[2];
-    PyObject *infos = fast[0], *owners = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
-    PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8];
+    PyObject *head = fast[10], *name = args[1], *shape = args[2];
+    PyObject *infos = fast[0], *placed = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
+    PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8], *readers = fast[9];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_CheckExact(infos) || !PyDict_Check(owners) || !PyList_CheckExact(queued) ||
-        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
+        !PyDict_CheckExact(infos) || !PyDict_CheckExact(placed) || !PyList_CheckExact(queued) ||
+        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers) || !PyList_CheckExact(readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(head) ? PyUnicode_Concat(head, name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
-    PyObject *out = NULL;
-    PyObject *info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
+    PyObject *out = NULL, *info, *reader = only;
+    if (only != Py_None) {
+        info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
+    } else { /* several files: (info, index of its reader) in one lookup; `placed` is filled by a first
+                request the general way, and never changes after */
+        PyObject *found = PyDict_GetItemWithError(placed, full);
+        long long at = -1;
+        if (found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2 &&
+            PyLong_CheckExact(PyTuple_GET_ITEM(found, 1)))
+            at = count_of(PyTuple_GET_ITEM(found, 1)); /* (-1, no error, for one that does not fit) */
+        info = at >= 0 && at < (long long)PyList_GET_SIZE(readers) ? PyTuple_GET_ITEM(found, 0) : NULL;
+        reader = info != NULL ? PyList_GET_ITEM(readers, (Py_ssize_t)at) : NULL;
+    }
     if (info == NULL)
         goto check;
     if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 6)
@@ -266,16 +277,13 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *size_object = PyDict_GetItemWithError(sizes, dtype); /* set by stored_array: viewed as elements */
     if (size_object == NULL)
         goto check;
-    PyObject *reader = only != Py_None ? only : PyDict_GetItemWithError(owners, full); /* (no __missing__ here) */
-    if (reader == NULL)
-        goto check;
     if (PyDict_GetItemWithError(plain_readers, (PyObject *)Py_TYPE(reader)) != Py_True)
         goto check; /* a reader whose `buffer` may refuse a name */
     long long size = count_of(size_object), offset = count_of(PyTuple_GET_ITEM(info, 2));
     long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
     if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
         goto none;
-    Py_INCREF(reader); /* (`owners` is filled lazily: held while its attribute is read) */
+    Py_INCREF(reader); /* (held while its attribute is read, whatever that runs) */
     PyObject *file = PyObject_GetAttr(reader, FILE_);
     Py_DECREF(reader);
     if (file == NULL)

@@ -302,6 +302,65 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
     return result;
 }
 
+PyDoc_STRVAR(place_doc,
+"place(placed, readers, info_type)\n--\n\n"
+"Fill the empty dict `placed` with name -> (info, i) for every name and info of readers[i].tensors\n"
+"(a list of readers, each `tensors` a dict of str -> `info_type`), in one pass that runs no Python\n"
+"code (no thread sees it half-filled). Each pair is untracked by the cyclic garbage collector, and\n"
+"so `placed` is too: an info (immutable data) and an int are no part of any cycle, and a 90k-name\n"
+"map then adds nothing to a collection. True when filled (or already filled), False where it\n"
+"declined (a `tensors` not a dict, a name not a str, an info of another type): the caller fills it.");
+
+static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "place(placed, readers, info_type): a dict, a list and a type");
+        return NULL;
+    }
+    PyObject *placed = args[0], *info_type = args[2];
+    if (PyDict_GET_SIZE(placed))
+        Py_RETURN_TRUE;
+    PyObject *tables = PySequence_List(args[1]); /* (the attributes read below may run Python code) */
+    if (tables == NULL)
+        return NULL;
+    int filled = 1, mine = 0; /* mine: this call has stored pairs */
+    Py_ssize_t n = PyList_GET_SIZE(tables);
+    for (Py_ssize_t i = 0; i < n && filled > 0; i++) {
+        PyObject *tensors = PyObject_GetAttrString(PyList_GET_ITEM(tables, i), "tensors");
+        if (tensors != NULL && !PyDict_CheckExact(tensors))
+            filled = 0;
+        if (tensors == NULL)
+            filled = -1;
+        else
+            PyList_SetItem(tables, i, tensors); /* (steals `tensors`; releases the reader's reference) */
+    }
+    if (filled > 0 && PyDict_GET_SIZE(placed)) /* filled by another thread meanwhile */
+        n = 0;
+    for (Py_ssize_t i = 0; i < n && filled > 0; i++) {
+        PyObject *index = PyLong_FromSsize_t(i), *name, *info;
+        Py_ssize_t at = 0;
+        if (index == NULL)
+            filled = -1;
+        while (filled > 0 && PyDict_Next(PyList_GET_ITEM(tables, i), &at, &name, &info)) {
+            if (!PyUnicode_CheckExact(name) || Py_TYPE(info) != (PyTypeObject *)info_type) {
+                filled = 0; /* (a str subclass's __eq__ could run code meanwhile) */
+                break;
+            }
+            PyObject *pair = PyTuple_Pack(2, info, index);
+            if (pair != NULL)
+                PyObject_GC_UnTrack(pair); /* (before it is stored: a tracked value would make `placed` tracked) */
+            mine = 1;
+            if (pair == NULL || PyDict_SetItem(placed, name, pair) < 0)
+                filled = -1;
+            Py_XDECREF(pair);
+        }
+        Py_XDECREF(index);
+    }
+    if (filled <= 0 && mine) /* (declined part-way: the caller fills it whole) */
+        PyDict_Clear(placed);
+    Py_DECREF(tables);
+    return filled < 0 ? NULL : PyBool_FromLong(filled);
+}
+
 #if defined(__linux__) || defined(__APPLE__)
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
@@ -311,6 +370,7 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"safetensors_header", safetensors_header, METH_VARARGS, safetensors_header_doc},
     {"index_json", index_json, METH_VARARGS, index_json_doc},
+    {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
 #if defined(__linux__) || defined(__APPLE__)
     {"file_stamp", file_stamp, METH_O, file_stamp_doc},
     {"mapped_slice", (PyCFunction)(void (*)(void))mapped_slice, METH_FASTCALL, mapped_slice_doc},
@@ -336,7 +396,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 6) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 7) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -64,8 +64,8 @@ class _Shared:
             self.usage, self.fast = Usage(), None
             return
         self.usage = usage = Usage(only._infos)
-        self.fast = (only._infos, only._owners, only._only, usage.queued, usage, usage.FOLD_AT, ELEMENT_SIZES,
-                     PLAIN_READERS, MappedFile)
+        self.fast = (only._infos, only._placed, only._only, usage.queued, usage, usage.FOLD_AT, ELEMENT_SIZES,
+                     PLAIN_READERS, MappedFile, only._readers)
 
 
 class VarBuilder:

@@ -328,20 +328,29 @@ def plain_get_py(plain: tuple, name: Any, shape: Any) -> np.ndarray | None:
     """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
     stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
     any other request, which the caller serves the general way (or refuses). `plain` is a cursor's
-    ``(infos, owners, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
-    head)`` (the builder's, made once, and the cursor's prefix); the C `plain_get` does the same,
-    taking the cached element views `stored_array` made and leaving the rest to this way."""
+    ``(infos, placed, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
+    readers, head)`` (the builder's, made once, and the cursor's prefix): with several readers a
+    name's info and reader index come from `placed` (`Checkpoint._placed`, empty until the first
+    request by name, which the general way serves). The C `plain_get` does the same, taking the
+    cached element views `stored_array` made and leaving the rest to this way."""
     if type(name) is not str or not name or type(shape) is not tuple:
         return None
-    infos, owners, only, _, usage, _, _, _, _, head = plain
+    infos, placed, only, _, usage, _, _, _, _, readers, head = plain
     full = head + name
-    info = infos.get(full)
+    if only is not None:
+        info, reader = infos.get(full), only
+    else:
+        found = placed.get(full)
+        at = found[1] if found is not None else None
+        if type(at) is not int or not 0 <= at < len(readers):  # (the map's own ints always are: as C checks)
+            return None
+        info, reader = found[0], readers[at]
     if info is None or info.shape != shape:
         return None
     for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
         if type(d) is not int:
             return None
-    out = stored_array(only if only is not None else owners[full], full, info)
+    out = stored_array(reader, full, info)
     if out is not None:
         usage.plain_hit(full)
     return out
