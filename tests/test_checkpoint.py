@@ -61,9 +61,9 @@ def test_a_sharded_checkpoint_finds_each_names_info_and_file_when_first_asked(c,
         # a thread that found the map empty just before another filled it: still found, not filled twice
         placed = dict(ckpt._placed)
         first = next(iter(ckpt))
-        assert ckpt._place(first) == (ckpt._infos[first], 0) and ckpt._placed == placed
+        assert ckpt._placed_pair(first) == (ckpt._infos[first], 0) and ckpt._placed == placed
         with pytest.raises(KeyError):
-            ckpt._place("no such tensor")
+            ckpt._placed_pair("no such tensor")
 
 
 @pytest.mark.skipif(checkpoint._place_c is None, reason="weightio._speedups is not built here")
@@ -89,10 +89,61 @@ def test_the_c_map_declines_what_it_cannot_leave_untracked():
                     [Reader({"a": info}), Reader(list({"b": info}.items()))]):  # not a dict
         placed = {}
         assert place(placed, readers, TensorInfo) is False and placed == {}
-    with pytest.raises(TypeError, match=r"place\(placed, readers, info_type\)"):
-        place({}, ([Reader({"a": info})]), None)
+    for args in (({}, (Reader({"a": info}),), TensorInfo), ({}, [Reader({"a": info})], None)):  # a tuple; no type
+        with pytest.raises(TypeError, match=r"place\(placed, readers, info_type\)"):
+            place(*args)
     with pytest.raises(AttributeError):
         place({}, [object()], TensorInfo)
+
+    class Racing:  # another thread fills the map while this one reads the readers' tables
+        @property
+        def tensors(self):
+            placed["z"] = (info, 0)
+            return {"a": info}
+
+    placed = {}
+    assert place(placed, [Racing()], TensorInfo) is True and placed == {"z": (info, 0)}
+
+
+@pytest.mark.skipif(checkpoint._place_c is None, reason="weightio._speedups is not built here")
+def test_no_finalizer_sees_the_c_map_half_filled():
+    """A collection in the middle of the fill (Python 3.10 and 3.11 collect while C allocates)
+    could run a finalizer, and any thread, while the map was part-filled: the pairs are made with
+    the collector off in a dict of place's own, and the map goes from empty to full in one step."""
+    from weightio.records import TensorInfo
+
+    class Reader:
+        def __init__(self, tensors):
+            self.tensors = tensors
+
+    info = TensorInfo(np.dtype("<f4"), (2,), 0, 8)
+    readers = [Reader({f"r{r}.t{i}": info for i in range(2000)}) for r in range(5)]
+    placed: dict = {}
+    seen: list[int] = []
+
+    class Cycle:  # garbage whose finalizer records what it sees and leaves the next such garbage
+        left = 5000
+
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            seen.append(len(placed))
+            if Cycle.left > 0:
+                Cycle.left -= 1
+                Cycle()
+
+    threshold = gc.get_threshold()
+    gc.collect()
+    try:
+        gc.set_threshold(1)  # (a collection at nearly every allocation of a tracked object)
+        Cycle()
+        assert checkpoint._place_c(placed, readers, TensorInfo) is True
+    finally:
+        Cycle.left = 0
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert len(placed) == 10_000 and seen and set(seen) <= {0, 10_000}
 
 
 @pytest.mark.parametrize("path", [BERT, SHARDED], ids=["one file", "sharded"])

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -598,11 +598,12 @@ def test_version():
 
 
 def _installed() -> str:
-    """The console script of the environment running the tests (beside its interpreter: a venv
+    """The console script of the environment running the tests (its scripts directory: a venv
     need not be activated), else the one on PATH."""
-    exe = shutil.which("weightio", path=os.path.dirname(sys.executable)) or shutil.which("weightio")
+    exe = shutil.which("weightio", path=sysconfig.get_path("scripts")) or shutil.which("weightio")
     if exe is None:
-        pytest.skip("no weightio console script beside the interpreter or on PATH (package not installed)")
+        pytest.skip("no weightio console script in the interpreter's scripts directory or on PATH "
+                    "(package not installed)")
     return exe
 
 

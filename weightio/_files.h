@@ -241,8 +241,8 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     PyObject *out = NULL, *info, *reader = only;
     if (only != Py_None) {
         info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
-    } else { /* several files: (info, index of its reader) in one lookup; `placed` is filled by a first
-                request the general way, and never changes after */
+    } else { /* several files: (info, index of its reader) in one lookup (`placed`: filled by a first
+                request the general way; the info is the index's own too) */
         PyObject *found = PyDict_GetItemWithError(placed, full);
         long long at = -1;
         if (found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2 &&
@@ -283,17 +283,17 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     long long nbytes = count_of(PyTuple_GET_ITEM(info, 3));
     if (size <= 0 || offset < 0 || nbytes < 0 || offset % size)
         goto none;
-    Py_INCREF(reader); /* (held while its attribute is read, whatever that runs) */
+    Py_INCREF(reader); /* (both held while its attribute is read, whatever that runs: `dtype` is the info's) */
+    Py_INCREF(info);
     PyObject *file = PyObject_GetAttr(reader, FILE_);
     Py_DECREF(reader);
-    if (file == NULL)
-        goto done;
     long long first = offset / size, end;
-    if ((PyObject *)Py_TYPE(file) == mapped && !__builtin_add_overflow(first, nbytes / size, &end))
+    if (file != NULL && (PyObject *)Py_TYPE(file) == mapped && !__builtin_add_overflow(first, nbytes / size, &end))
         out = element_slice(file, dtype, first, end, shape);
-    else
+    else if (file != NULL)
         out = Py_NewRef(Py_None);
-    Py_DECREF(file);
+    Py_XDECREF(file);
+    Py_DECREF(info);
     if (out == NULL || out == Py_None)
         goto done;
     /* the request's record, as Usage.plain_hit makes it: the name queued, folded once FOLD_AT wait */

@@ -305,58 +305,68 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 PyDoc_STRVAR(place_doc,
 "place(placed, readers, info_type)\n--\n\n"
 "Fill the empty dict `placed` with name -> (info, i) for every name and info of readers[i].tensors\n"
-"(a list of readers, each `tensors` a dict of str -> `info_type`), in one pass that runs no Python\n"
-"code (no thread sees it half-filled). Each pair is untracked by the cyclic garbage collector, and\n"
-"so `placed` is too: an info (immutable data) and an int are no part of any cycle, and a 90k-name\n"
-"map then adds nothing to a collection. True when filled (or already filled), False where it\n"
-"declined (a `tensors` not a dict, a name not a str, an info of another type): the caller fills it.");
+"(a list of readers, each `tensors` a dict of str -> `info_type`), in one step no thread sees half\n"
+"done: the pairs are made in a dict of this call's own with the cyclic garbage collector off (so no\n"
+"finalizer, and no other thread, runs meanwhile), then moved into `placed` by one update. Each pair\n"
+"is untracked by the collector, and so `placed` is too: an info holds data only (a dtype, tuples of\n"
+"ints, ints, None, a str, as every reader makes it) and no pair is part of any cycle, so a 90k-name\n"
+"map adds nothing to a collection. True when filled (or already filled), False where it declined\n"
+"(a `tensors` not a dict, a name not a str, an info of another type): the caller fills it.");
+
+/* place's pairs for `tables` (each reader's `tensors`, exact dicts) in a new dict, or NULL: an error
+   set, or none (declined). The caller has the collector off: nothing here runs Python code. */
+static PyObject *placed_pairs(PyObject *tables, PyObject *info_type) {
+    PyObject *built = PyDict_New();
+    for (Py_ssize_t i = 0; built != NULL && i < PyList_GET_SIZE(tables); i++) {
+        PyObject *index = PyLong_FromSsize_t(i), *name, *info, *pair = NULL;
+        Py_ssize_t at = 0;
+        int ok = index != NULL;
+        while (ok && PyDict_Next(PyList_GET_ITEM(tables, i), &at, &name, &info)) {
+            /* (a str subclass's __eq__ or __hash__ would run code; another info type may hold anything) */
+            ok = PyUnicode_CheckExact(name) && Py_TYPE(info) == (PyTypeObject *)info_type &&
+                 (pair = PyTuple_Pack(2, info, index)) != NULL;
+            if (pair != NULL)
+                PyObject_GC_UnTrack(pair); /* (before it is stored: a tracked value would make `built` tracked) */
+            ok = ok && PyDict_SetItem(built, name, pair) == 0;
+            Py_XDECREF(pair);
+            pair = NULL;
+        }
+        Py_XDECREF(index);
+        if (!ok)
+            Py_CLEAR(built);
+    }
+    return built;
+}
 
 static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyType_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "place(placed, readers, info_type): a dict, a list and a type");
         return NULL;
     }
-    PyObject *placed = args[0], *info_type = args[2];
+    PyObject *placed = args[0];
     if (PyDict_GET_SIZE(placed))
         Py_RETURN_TRUE;
     PyObject *tables = PySequence_List(args[1]); /* (the attributes read below may run Python code) */
     if (tables == NULL)
         return NULL;
-    int filled = 1, mine = 0; /* mine: this call has stored pairs */
-    Py_ssize_t n = PyList_GET_SIZE(tables);
-    for (Py_ssize_t i = 0; i < n && filled > 0; i++) {
+    int filled = 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tables) && filled > 0; i++) {
         PyObject *tensors = PyObject_GetAttrString(PyList_GET_ITEM(tables, i), "tensors");
-        if (tensors != NULL && !PyDict_CheckExact(tensors))
-            filled = 0;
-        if (tensors == NULL)
-            filled = -1;
-        else
+        filled = tensors == NULL ? -1 : PyDict_CheckExact(tensors);
+        if (tensors != NULL)
             PyList_SetItem(tables, i, tensors); /* (steals `tensors`; releases the reader's reference) */
     }
-    if (filled > 0 && PyDict_GET_SIZE(placed)) /* filled by another thread meanwhile */
-        n = 0;
-    for (Py_ssize_t i = 0; i < n && filled > 0; i++) {
-        PyObject *index = PyLong_FromSsize_t(i), *name, *info;
-        Py_ssize_t at = 0;
-        if (index == NULL)
+    if (filled > 0 && PyDict_GET_SIZE(placed) == 0) { /* (not filled by another thread meanwhile) */
+        int collecting = PyGC_Disable();
+        PyObject *built = placed_pairs(tables, args[2]);
+        if (collecting)
+            PyGC_Enable();
+        if (built == NULL)
+            filled = PyErr_Occurred() ? -1 : 0;
+        else if (PyDict_Update(placed, built) < 0) /* (str keys, untracked values: runs no code) */
             filled = -1;
-        while (filled > 0 && PyDict_Next(PyList_GET_ITEM(tables, i), &at, &name, &info)) {
-            if (!PyUnicode_CheckExact(name) || Py_TYPE(info) != (PyTypeObject *)info_type) {
-                filled = 0; /* (a str subclass's __eq__ could run code meanwhile) */
-                break;
-            }
-            PyObject *pair = PyTuple_Pack(2, info, index);
-            if (pair != NULL)
-                PyObject_GC_UnTrack(pair); /* (before it is stored: a tracked value would make `placed` tracked) */
-            mine = 1;
-            if (pair == NULL || PyDict_SetItem(placed, name, pair) < 0)
-                filled = -1;
-            Py_XDECREF(pair);
-        }
-        Py_XDECREF(index);
+        Py_XDECREF(built);
     }
-    if (filled <= 0 && mine) /* (declined part-way: the caller fills it whole) */
-        PyDict_Clear(placed);
     Py_DECREF(tables);
     return filled < 0 ? NULL : PyBool_FromLong(filled);
 }

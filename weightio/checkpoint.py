@@ -80,7 +80,7 @@ class Checkpoint(Mapping[str, TensorView]):
         self.metadata = merged
         self._infos = infos
         # name -> (info, index of its reader), when there are several readers: filled on the first
-        # lookup by name (`_place`)
+        # lookup by name (`_placed_pair`)
         self._placed: dict[str, tuple[TensorInfo, int]] = {}
         self._only = self._readers[0] if len(self._readers) == 1 else None
 
@@ -101,10 +101,10 @@ class Checkpoint(Mapping[str, TensorView]):
         only = self._only
         if only is not None:
             return TensorView(only, name, info)
-        placed = self._placed.get(name) or self._place(name)
+        placed = self._placed.get(name) or self._placed_pair(name)
         return TensorView(self._readers[placed[1]], name, info)
 
-    def _place(self, name: str) -> tuple[TensorInfo, int]:
+    def _placed_pair(self, name: str) -> tuple[TensorInfo, int]:
         """`_placed[name]`, the map filled first if it is empty (KeyError: no such tensor).
 
         Opening and listing never need the map (`_views` walks the readers), and filling it is a

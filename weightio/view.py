@@ -341,8 +341,8 @@ def plain_get_py(plain: tuple, name: Any, shape: Any) -> np.ndarray | None:
         info, reader = infos.get(full), only
     else:
         found = placed.get(full)
-        at = found[1] if found is not None else None
-        if type(at) is not int or not 0 <= at < len(readers):  # (the map's own ints always are: as C checks)
+        at = found[1] if type(found) is tuple and len(found) == 2 else None
+        if type(at) is not int or not 0 <= at < len(readers):  # (the map's own pairs always are: as C checks)
             return None
         info, reader = found[0], readers[at]
     if info is None or info.shape != shape:
