@@ -363,8 +363,10 @@ static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             PyGC_Enable();
         if (built == NULL)
             filled = PyErr_Occurred() ? -1 : 0;
-        else if (PyDict_Update(placed, built) < 0) /* (str keys, untracked values: runs no code) */
+        else if (PyDict_Update(placed, built) < 0) { /* (str keys, untracked values: runs no code) */
+            PyDict_Clear(placed); /* (a resize that failed part-way leaves nothing half filled) */
             filled = -1;
+        }
         Py_XDECREF(built);
     }
     Py_DECREF(tables);
