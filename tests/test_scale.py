@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -123,23 +124,34 @@ def test_an_empty_file_is_refused_with_its_descriptor_closed_once(tmp_path, monk
     assert len(closed) == 1  # by __init__, and not again when the half-made object is collected
 
 
-def test_a_small_header_is_read_with_one_pread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("way", ["C open_head", "Python"])
+def test_a_small_header_is_read_with_one_pread(tmp_path, monkeypatch, way):
+    if way == "Python":
+        monkeypatch.setattr(_io, "_open_head", None)
+    elif _io._open_head is None:
+        pytest.skip("the C module is not built")
     path = tmp_path / "x.safetensors"
     big = tmp_path / "big.safetensors"
     from safetensors.numpy import save_file
 
     save_file({"a": np.arange(6, dtype=np.float32), "b": np.ones(2, np.int64)}, str(path))
     save_file({f"t.{i}": np.zeros(1, np.uint8) for i in range(200)}, str(big))  # a header over 4 KiB
-    calls = []
-    real = os.pread
+    calls, heads = [], []
+    real, real_head = os.pread, _io._open_head
     monkeypatch.setattr(os, "pread", lambda fd, n, offset: calls.append((n, offset)) or real(fd, n, offset))
+    if real_head is not None:  # (the C call reads the first bytes itself: count it as the read it makes)
+        monkeypatch.setattr(_io, "_open_head", lambda p, f, n: heads.append(n) or real_head(p, f, n))
+    first = [(min(path.stat().st_size, 4096), 0)]
     with wio.open(path) as ckpt:
-        assert calls == [(min(path.stat().st_size, 4096), 0)]  # sniffing and the whole header: one read
+        # sniffing and the whole header: one read, in C or in Python
+        assert (heads, calls) == (([4096], []) if way == "C open_head" else ([], first))
         assert ckpt["a"].numpy().tolist() == [0, 1, 2, 3, 4, 5]
     calls.clear()
+    heads.clear()
     with wio.open(big) as ckpt:
         n = int.from_bytes(big.read_bytes()[:8], "little")
-        assert calls == [(4096, 0), (n, 8)] and len(ckpt) == 200
+        assert len(ckpt) == 200
+        assert (heads, calls) == (([4096], [(n, 8)]) if way == "C open_head" else ([], [(4096, 0), (n, 8)]))
 
 
 def _header_in_reverse(tensors: dict[str, np.ndarray]) -> bytes:
@@ -327,12 +339,75 @@ def test_a_file_whose_first_bytes_cannot_be_read_is_an_input_error(tmp_path, mon
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "pread", broken)
+    monkeypatch.setattr(_io, "_open_head", lambda *args: None)  # (as the C call declines a failed read)
     with pytest.raises(InputError, match="cannot read the first bytes: Input/output error") as caught:
         MappedFile(path, head=True)
     monkeypatch.undo()
     assert caught.value.errno == errno.EIO and caught.value.path == str(path)
     if before is not None:
         assert len(os.listdir("/proc/self/fd")) == before  # the descriptor was closed
+
+
+def _descriptors() -> int | None:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+
+@pytest.mark.skipif(_io._open_head is None, reason="the C module is not built")
+def test_open_head_opens_a_regular_file_and_declines_anything_else(tmp_path):
+    """`open_head` is `MappedFile(head=True)`'s first calls in C: for a regular, non-empty file the
+    descriptor, the size and mtime an fstat gives and the first bytes; for anything else None with
+    no descriptor left open, so that the Python calls open it again and say what is wrong."""
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(range(256)) * 20)  # 5,120 bytes
+    before = _descriptors()
+    fd, size, modified, head = _io._open_head(str(path), _io._OPEN_FLAGS, 4096)
+    try:
+        found = os.fstat(fd)
+        assert (size, modified, head) == (5120, found.st_mtime_ns, path.read_bytes()[:4096])
+        assert os.get_inheritable(fd) is False and os.path.samestat(found, os.stat(path))
+    finally:
+        os.close(fd)
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"abc")
+    fd, size, _, head = _io._open_head(small, _io._OPEN_FLAGS, 4096)  # (a PathLike, as os.open takes)
+    os.close(fd)
+    assert (size, head) == (3, b"abc")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    os.mkfifo(tmp_path / "fifo")
+    for declined in ("empty.bin", "fifo", ".", "missing.bin", "x\0.bin"):
+        assert _io._open_head(str(tmp_path / declined), _io._OPEN_FLAGS, 4096) is None, declined
+    assert _descriptors() == before
+    with pytest.raises(TypeError):
+        _io._open_head(str(path), str(_io._OPEN_FLAGS), 4096)
+    with pytest.raises(ValueError):
+        _io._open_head(str(path), _io._OPEN_FLAGS, -1)
+    with pytest.raises(OverflowError):
+        _io._open_head(str(path), 2**70, 4096)
+
+
+@pytest.mark.parametrize("name, message", [("empty.bin", "empty file (0 bytes)"), ("fifo", "is a FIFO"),
+                                           (".", "is a directory"), ("missing.bin", "cannot open: No such file")])
+def test_what_open_head_declines_is_refused_as_before(tmp_path, name, message):
+    (tmp_path / "empty.bin").write_bytes(b"")
+    os.mkfifo(tmp_path / "fifo")
+    before = _descriptors()
+    with pytest.raises(wio.WeightioError, match=re.escape(message)):
+        _io.MappedFile(tmp_path / name, head=True)
+    assert _descriptors() == before
+
+
+_SHORT = "/sys/kernel/mm/transparent_hugepage/enabled"  # (sysfs: a size of 4096, far fewer bytes to read)
+
+
+@pytest.mark.skipif(_io._open_head is None or not os.path.isfile(_SHORT), reason="needs the C module and sysfs")
+def test_a_file_that_reads_shorter_than_its_size_is_declined_in_c_and_refused_in_python():
+    with open(_SHORT, "rb") as f:
+        assert os.fstat(f.fileno()).st_size > len(f.read())
+    before = _descriptors()
+    assert _io._open_head(_SHORT, _io._OPEN_FLAGS, 4096) is None
+    with pytest.raises(CorruptFileError, match="file shrank while reading the first bytes"):
+        _io.MappedFile(_SHORT, head=True)
+    assert _descriptors() == before
 
 
 def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):

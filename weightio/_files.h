@@ -1,18 +1,23 @@
-/* weightio._speedups, part two (POSIX): the changed-file check and the views of `get`'s shortest path.
+/* weightio._speedups, part two (POSIX): opening a file, the changed-file check and the views of
+   `get`'s shortest path.
 
-   `file_stamp` is the part of an fstat the changed-file check compares, without the nineteen fields
-   os.fstat builds. `mapped_slice` and `plain_get` make the zero-copy numpy view that
+   `open_head` is MappedFile(head=True)'s first calls (open, fstat, the first bytes read): the one
+   function here that reads bytes of a file, at most the caller's `head` of them (never a count read
+   from the file), into a bytes object that holds them as read. `file_stamp` is the part of an fstat
+   the changed-file check compares, without the nineteen fields os.fstat builds. `mapped_slice` and `plain_get` make the zero-copy numpy view that
    view.stored_array and VarBuilder.get hand out for a tensor stored as plain elements, after that
    check: one array over the element view MappedFile caches, made with numpy's C API (its shape's
    element count checked against the span, the span against the view). Like the header readers,
    they refuse nothing: for anything they do not serve (a view not cached yet, another reader or
    file type, a failed fstat, a changed or closed file) they return None and the Python way, which
-   checks again, serves or refuses it. No byte of the file is read here, and nothing is allocated
+   checks again, serves or refuses it. They read no byte of the file, and nothing here is allocated
    from a number in it. Included by _speedups.c. */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #ifdef __APPLE__
 #define MODIFIED(st) ((st).st_mtimespec)
 #else
@@ -69,6 +74,83 @@ static PyObject *file_stamp(PyObject *module, PyObject *arg) {
     PyTuple_SET_ITEM(out, 0, mode);
     PyTuple_SET_ITEM(out, 1, size);
     PyTuple_SET_ITEM(out, 2, modified);
+    return out;
+}
+
+PyDoc_STRVAR(open_head_doc,
+"open_head(path, flags, head)\n--\n\n"
+"What MappedFile(path, head=True) does first, in one call: os.open(path, flags), the file_stamp of\n"
+"the descriptor and its first min(size, head) bytes: (fd, size, mtime_ns, first bytes), the\n"
+"descriptor the caller's to close. None, with nothing left open, for a path os.open would not take\n"
+"as it is, a failed or interrupted system call, a file that is not regular or is empty, or a read\n"
+"that comes back short: the caller's Python way then opens it again and says what is wrong. A\n"
+"failed allocation is a MemoryError (nothing left open either).");
+
+/* All of `length` bytes at offset 0 of `fd` into `buffer`, the GIL released: 1, or 0 (an error, an
+   interruption or a short file: not retried here). */
+static int read_head(int fd, char *buffer, Py_ssize_t length) {
+    Py_ssize_t got = 0;
+    ssize_t n = 1;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < length && (n = pread(fd, buffer + got, (size_t)(length - got), (off_t)got)) > 0)
+        got += n;
+    Py_END_ALLOW_THREADS
+    return got == length;
+}
+
+static PyObject *open_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "open_head(path, flags, head): a path and two ints");
+        return NULL;
+    }
+    long flags = PyLong_AsLong(args[1]);
+    if (flags == -1 && PyErr_Occurred())
+        return NULL;
+    if (flags < INT_MIN || flags > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "open_head: flags out of range"); /* (as os.open says it) */
+        return NULL;
+    }
+    Py_ssize_t wanted = PyLong_AsSsize_t(args[2]);
+    if (wanted == -1 && PyErr_Occurred())
+        return NULL;
+    if (wanted < 0) {
+        PyErr_SetString(PyExc_ValueError, "open_head: a negative head");
+        return NULL;
+    }
+    PyObject *encoded = NULL; /* (str, bytes or os.PathLike, as os.open takes them) */
+    if (!PyUnicode_FSConverter(args[0], &encoded)) {
+        PyErr_Clear(); /* (an embedded NUL, say: os.open says so) */
+        Py_RETURN_NONE;
+    }
+    int fd;
+    struct stat st;
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(PyBytes_AS_STRING(encoded), (int)flags, 0777); /* (the mode os.open gives, were O_CREAT asked) */
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)) {
+        close(fd);
+        fd = -1;
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    if (fd < 0)
+        Py_RETURN_NONE;
+    Py_ssize_t length = (long long)st.st_size < (long long)wanted ? (Py_ssize_t)st.st_size : wanted;
+    PyObject *head = PyBytes_FromStringAndSize(NULL, length);
+    PyObject *number = PyLong_FromLong(fd), *size = PyLong_FromLongLong((long long)st.st_size);
+    PyObject *modified = nanoseconds((long long)MODIFIED(st).tv_sec, (long)MODIFIED(st).tv_nsec);
+    PyObject *out = NULL;
+    if (head != NULL && number != NULL && size != NULL && modified != NULL) {
+        if (read_head(fd, PyBytes_AS_STRING(head), length))
+            out = PyTuple_Pack(4, number, size, modified, head);
+        else
+            out = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(head);
+    Py_XDECREF(number);
+    Py_XDECREF(size);
+    Py_XDECREF(modified);
+    if (out == NULL || out == Py_None)
+        close(fd); /* (on an error or a decline nothing stays open; the tuple hands the caller the descriptor) */
     return out;
 }
 

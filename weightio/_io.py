@@ -118,6 +118,9 @@ def _fstat_stamp(fd: int) -> tuple[int, int, int]:
 # (st_mode, st_size, st_mtime_ns) of ``os.fstat(fd)``: in C where built (`weightio._speedups`), without
 # the nineteen fields (three of them floats) os.fstat makes, which were most of the cost of a changed-file check.
 file_stamp: Callable[[int], tuple[int, int, int]] = getattr(speedups, "file_stamp", None) or _fstat_stamp
+# os.open, the file_stamp and the first bytes of a regular, non-empty file in one C call (None for
+# anything else: `MappedFile` then makes those calls in Python, which say what is wrong)
+_open_head: Callable[[str, int, int], tuple[int, int, int, bytes] | None] | None = getattr(speedups, "open_head", None)
 
 
 class MappedFile:
@@ -147,15 +150,20 @@ class MappedFile:
         self.path = os.fspath(path)
         self._lock = threading.Lock()  # close() against a concurrent pread/fstat/map of the same descriptor
         self._closed = True  # (until a descriptor is held: `__del__` closes the one of a file dropped unclosed)
-        self._fd, (_, size, modified) = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
-        self._closed = size == 0
+        self._head: bytes | None = None
+        opened = _open_head(self.path, _OPEN_FLAGS, self.HEAD) if head and fd is None and _open_head else None
+        if opened is not None:  # (the same calls as below, in C: a regular file, not empty, its first bytes read)
+            self._fd, size, modified, self._head = opened
+            self._closed = False
+        else:
+            self._fd, (_, size, modified) = _open_regular(self.path) if fd is None else _dup_regular(fd, self.path)
+            self._closed = size == 0
         self.size = size
         self._stamp = (size, modified)
         if self._closed:
             os.close(self._fd)
             raise CorruptFileError("empty file (0 bytes)", path=self.path)
-        self._head: bytes | None = None
-        if head:  # read now, before any other thread can see this file: no lock, no check on each read
+        if head and opened is None:  # read now, before another thread can see this file: no lock, no check per read
             try:
                 self._head = self._pread_unlocked(0, min(self.size, self.HEAD), "the first bytes")
             except BaseException:

@@ -385,6 +385,7 @@ static PyMethodDef methods[] = {
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
 #if defined(__linux__) || defined(__APPLE__)
     {"file_stamp", file_stamp, METH_O, file_stamp_doc},
+    {"open_head", (PyCFunction)(void (*)(void))open_head, METH_FASTCALL, open_head_doc},
     {"mapped_slice", (PyCFunction)(void (*)(void))mapped_slice, METH_FASTCALL, mapped_slice_doc},
     {"plain_get", (PyCFunction)(void (*)(void))plain_get, METH_FASTCALL, plain_get_doc},
 #endif
@@ -408,7 +409,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 7) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 8) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -152,10 +152,19 @@ def check_index(index: dict[str, Any], index_path: str) -> tuple[dict[str, str],
         raise CorruptFileError("weight_map must be an object mapping tensor names to file names", path=index_path)
     if not isinstance(metadata, dict):
         raise CorruptFileError("metadata must be an object", path=index_path)
-    for shard in set(weight_map.values()):
-        if not plain_name(shard) and outside(shard):
-            raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
+    names = set(weight_map.values())
+    if not _all_plain(names):  # (a few scans of all the names at once: 191 one by one were ~0.2 ms)
+        for shard in names:
+            if not plain_name(shard) and outside(shard):
+                raise CorruptFileError(f"shard name {shard!r} points outside the model directory", path=index_path)
     return weight_map, metadata
+
+
+def _all_plain(names: set[str]) -> bool:
+    """`plain_name` of every name of `names`, told in four scans of them all joined (by a NUL, which
+    is none of the characters looked for)."""
+    joined = "\0".join(names)
+    return "" not in names and ".." not in names and not any(c in joined for c in "/\\:%")
 
 
 def plain_name(shard: str) -> bool:

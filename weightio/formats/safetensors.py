@@ -105,11 +105,17 @@ class SafetensorsReader(Reader):
         if n > size - 8:
             raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
         raw = self.file.read(8, n, "the header")
-        # (the C path makes nothing the collector tracks per tensor: no pause needed there)
-        tensors = self._native(raw, 8 + n, size - 8 - n) if _c_header is not None else None
-        if tensors is not None:
-            self.tensors = tensors
-            return
+        if _c_header is not None:  # (the C path makes nothing the collector tracks per tensor: no pause needed)
+            limits = self.limits
+            found = _c_header(raw, 8 + n, _PLAIN, TensorInfo, MAX_NDIM, min(limits.tensors, sys.maxsize),
+                              min(limits.name_bytes, sys.maxsize))
+            if found is not None:
+                tensors, metadata, ordered, expected = found
+                tensors = tensors if ordered and expected == size - 8 - n else _covering(  # (ordered: it covers)
+                    tensors, ordered, expected, 8 + n, size - 8 - n)
+                if tensors is not None:
+                    self.metadata, self.tensors = metadata, tensors
+                    return
         with collector_paused():  # a large header is a few hundred thousand containers, none in a cycle
             text = decode_utf8(raw, path=self.path, what="header")
             tensors = self._plain(text, 8 + n, size - 8 - n)
@@ -119,20 +125,6 @@ class SafetensorsReader(Reader):
                 self._check_coverage(entries, size - 8 - n)
                 tensors = {name: info for _, _, name, info in entries}
         self.tensors = tensors
-
-    def _native(self, raw: bytes, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
-        """`_plain` in C (`weightio._speedups`): every tensor, in file order, when the header is plain
-        (no escape, no float, no extra field: see weightio/_speedups.c), valid and within `limits`
-        (checked there, names by their exact UTF-8 length); else None, and the Python paths read it.
-        It accepts a subset of what the Python paths accept, with the same tensors and metadata."""
-        limits = self.limits
-        found = _c_header(raw, data_start, _PLAIN, TensorInfo, MAX_NDIM, min(limits.tensors, sys.maxsize),
-                          min(limits.name_bytes, sys.maxsize))
-        if found is None:
-            return None
-        tensors, metadata, ordered, expected = found
-        self.metadata = metadata
-        return _covering(tensors, ordered, expected, data_start, data_size)
 
     def _plain(self, text: str, data_start: int, data_size: int) -> dict[str, TensorInfo] | None:
         """Every tensor, in file order, when the header is plain and valid; else None.

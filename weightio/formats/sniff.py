@@ -196,6 +196,8 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
     # A JSON object after the 8-byte length is enough: a length that is absurd or runs past the
     # end is the reader's to report precisely, not a reason to call the file unknown. Other JSON
     # values (a malformed header) count only when the length is plausible.
+    if head[8:9] == b"{":  # (every header a writer makes: no copy of the rest to strip)
+        return True
     if len(head) < 9:
         return False
     first = head[8:].lstrip(b" \t\r\n")[:1]
