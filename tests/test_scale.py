@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import tempfile
 import threading
 
 import numpy as np
@@ -17,7 +18,10 @@ from weightio import _io, _json
 from weightio._gc import collector_paused
 from weightio._io import MappedFile
 from weightio.errors import CorruptFileError
-from weightio.formats.safetensors import SafetensorsReader
+from weightio.formats import safetensors as safetensors_module
+from weightio.formats.safetensors import SafetensorsReader, read_plain
+from weightio.formats.sniff import sniff
+from weightio.records import TensorInfo
 
 from .conftest import FIXTURES, safetensors_bytes
 
@@ -429,3 +433,116 @@ def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):
     monkeypatch.undo()
     if before is not None:
         assert len(os.listdir("/proc/self/fd")) == before  # the descriptor was closed
+
+
+# ----------------------------------------------------------------------------- a plain file in one C call
+
+needs_plain = pytest.mark.skipif(safetensors_module._c_plain is None, reason="the C module is not built")
+
+
+def _both_ways(path) -> tuple[SafetensorsReader | None, SafetensorsReader]:
+    """`read_plain`'s reader of `path` (or None) and the usual way's."""
+    return read_plain(MappedFile(path, head=True)), SafetensorsReader(MappedFile(path, head=True))
+
+
+@needs_plain
+def test_a_plain_file_is_read_from_its_first_bytes_as_the_usual_way_reads_it(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"b": np.arange(6, dtype=np.float32), "a": np.ones((2, 3), np.int64)}, str(tmp_path / "two.safetensors"),
+              metadata={"format": "pt", "note": "é"})
+    save_file({"x": np.zeros(3000, np.uint8)}, str(tmp_path / "big.safetensors"))  # past 512 bytes: the tar test
+    (tmp_path / "none.safetensors").write_bytes(safetensors_bytes({}))
+    files = sorted(FIXTURES.rglob("*.safetensors")) + sorted(tmp_path.glob("*.safetensors"))
+    read = 0
+    for path in files:
+        fast, usual = _both_ways(path)
+        try:
+            if fast is None:
+                continue
+            read += 1
+            assert sniff(MappedFile(path, head=True)) == "safetensors", path  # (as sniff calls it)
+            assert type(fast) is SafetensorsReader and fast.file.head is None  # (its first bytes let go)
+            assert (list(fast.tensors.items()), fast.metadata) == (list(usual.tensors.items()), usual.metadata), path
+            assert (fast.path, fast.limits, fast.format) == (usual.path, usual.limits, "safetensors")
+            assert set(vars(fast)) == set(vars(usual)) and fast.file.size == usual.file.size
+            assert all(type(info) is TensorInfo for info in fast.tensors.values())
+        finally:
+            usual.close()
+            if fast is not None:
+                fast.close()
+    assert read >= len(files) - 5, (read, len(files))  # (most are: the others, below, are left to the usual way)
+    with wio.open(tmp_path / "two.safetensors") as ckpt:  # (the open path takes it)
+        assert ckpt.metadata == {"format": "pt", "note": "é"} and ckpt["a"].numpy().tolist() == [[1] * 3] * 2
+
+
+@needs_plain
+def test_what_is_not_a_plain_file_in_its_first_bytes_is_left_to_the_usual_way(tmp_path):
+    from safetensors.numpy import save_file
+
+    plain, c_plain = tmp_path / "plain.safetensors", safetensors_module._c_plain
+    save_file({"a": np.arange(4, dtype=np.float32)}, str(plain))
+    cases = {
+        "header past the first 4 KiB": {f"t.{i}": np.zeros(1, np.uint8) for i in range(200)},
+        "header out of data order": _header_in_reverse({"z": np.arange(4, dtype=np.float32),
+                                                        "a": np.ones(2, np.int16)}),
+        "space before the object": safetensors_bytes(b' {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+                                                     b"\0"),
+        "an escape in a name": safetensors_bytes(b'{"\\u0061":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+                                                 b"\0"),
+        # a tar checksum field of digits (no tar header: tarfile refuses it, which only sniff tells)
+        "digits where tar keeps its checksum": safetensors_bytes({"__metadata__": {"p": "7" * 600}}),
+    }
+    for name, content in cases.items():
+        path = tmp_path / f"{len(os.listdir(tmp_path))}.safetensors"
+        if isinstance(content, dict):
+            save_file(content, str(path))
+        else:
+            path.write_bytes(content)
+        fast, usual = _both_ways(path)
+        usual.close()
+        assert fast is None, name
+        with wio.open(path) as ckpt:  # (read the usual way, as before)
+            assert ckpt.format == "safetensors", name
+    refused = {"trailing bytes": (plain.read_bytes() + b"\0", "1 bytes after the last tensor belong to no tensor"),
+               "a hole": (safetensors_bytes({"a": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}, b"\0\0"),
+                          "data_offsets begin 1 leaves a hole of 1 bytes")}
+    for name, (content, message) in refused.items():
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(content)
+        assert read_plain(MappedFile(path, head=True)) is None, name
+        with pytest.raises(CorruptFileError, match=message):
+            wio.open(path)
+    with wio.limits.using(header_bytes=20):  # over a limit: declined, and the usual way says so
+        assert read_plain(MappedFile(plain, head=True)) is None
+        with pytest.raises(CorruptFileError, match="header length 56 exceeds the 20-byte limit"):
+            wio.open(plain)
+    with wio.limits.using(tensors=0):
+        with pytest.raises(CorruptFileError, match="limits.tensors"):
+            wio.open(plain)
+    head, size = plain.read_bytes()[:4096], plain.stat().st_size
+    arguments = (safetensors_module._PLAIN, TensorInfo, 64, 10, 100, 1000)
+    assert c_plain(head, size, (), b"", *arguments) is not None
+    assert c_plain(head, size, (head[:3],), b"", *arguments) is None  # one of sniff's magic numbers: not vouched
+    assert c_plain(head, size - 1, (), b"", *arguments) is None  # (a size shorter than the bytes given)
+    assert c_plain(head[:8], size, (), b"", *arguments) is None
+    with pytest.raises(ValueError, match="info_type"):
+        c_plain(head, size, (), b"", safetensors_module._PLAIN, dict, 64, 10, 100, 1000)
+
+
+@needs_plain
+def test_a_safetensors_tar_polyglot_is_not_vouched_for_and_is_refused():
+    """A plain safetensors file whose first block tarfile opens (the metadata string holds the tar
+    fields): `sniff` refuses it as a polyglot, so the C path must leave it to sniff."""
+    from .test_differential import _safetensors_tar
+
+    raw = _safetensors_tar()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "x.bin")
+        with open(path, "wb") as f:
+            f.write(raw)
+        assert read_plain(MappedFile(path, head=True)) is None
+        with pytest.raises(wio.FormatError, match="is both a safetensors file and a tar archive"):
+            wio.open(path)
+        with safetensors_module._only_way("typed"):  # (another way than C: the C path is off too)
+            assert safetensors_module._c_plain is None

@@ -209,6 +209,11 @@ class MappedFile:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def head(self) -> bytes | None:
+        """The first bytes read at open (`HEAD` of them, or the whole file), until `release_head`; else None."""
+        return self._head
+
     def elements(self, data: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
         """`data`, when it is this file's mapping (as `data` returned it: checked), viewed as whole
         `dtype` elements from byte 0; None for any other array. Cached per dtype: a tensor at an

@@ -7,6 +7,9 @@
    one "__metadata__" object of strings, with no key twice; each entry of a known dtype code, at
    most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
    `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8.
+   `plain_safetensors` reads a whole file from its first bytes (those MappedFile reads at open):
+   when they are certainly a safetensors file to sniff and hold the whole header, that header as
+   `safetensors_header` reads it, its tensors in data order and covering the data section.
    `index_json` reads a plain sharded-checkpoint index: a "weight_map" object of strings and a
    "metadata" object of scalars. Anything else returns None, and the caller reads the input the
    Python way, which accepts or refuses it with its own words: these functions refuse nothing and
@@ -223,6 +226,39 @@ static int bare_tuple_type(PyTypeObject *t) {
     return 1;
 }
 
+/* The plain header `buf[0:len]` into `h` (its codes, info_type, limits and data_start set; its
+   tensors and metadata made here, released by header_clear): 1, 0 not plain (no error), -1 an error. */
+static int parse_header(Header *h, const unsigned char *buf, Py_ssize_t len) {
+    h->ordered = 1;
+    h->tensors = PyDict_New();
+    h->metadata = PyDict_New();
+    if (h->tensors == NULL || h->metadata == NULL)
+        return -1;
+    Cursor c = {buf, buf + len};
+    if (!document(&c, read_member, h))
+        return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
+static void header_clear(Header *h) {
+    Py_XDECREF(h->tensors);
+    Py_XDECREF(h->metadata);
+    Py_XDECREF(h->last_code);
+    Py_XDECREF(h->last_row);
+}
+
+/* The checks both entry points make of info_type and the limits: 1, or 0 with ValueError set. */
+static int header_arguments(Header *h, Py_ssize_t data_start) {
+    if (!bare_tuple_type(h->info_type) || data_start < 0 || h->max_ndim < 0 || h->max_ndim > MAX_RANK ||
+        h->max_tensors < 0 || h->max_name_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "info_type must be a tuple subclass without a __dict__ or slots; "
+                                          "max_ndim 0..64; data_start and the limits >= 0");
+        return 0;
+    }
+    h->data_start = (uint64_t)data_start;
+    return 1;
+}
+
 static PyObject *safetensors_header(PyObject *module, PyObject *args) {
     Py_buffer view;
     Py_ssize_t data_start;
@@ -231,32 +267,86 @@ static PyObject *safetensors_header(PyObject *module, PyObject *args) {
                           &PyType_Type, &h.info_type, &h.max_ndim, &h.max_tensors, &h.max_name_bytes))
         return NULL;
     PyObject *result = NULL;
-    if (!bare_tuple_type(h.info_type) || data_start < 0 || h.max_ndim < 0 || h.max_ndim > MAX_RANK ||
-        h.max_tensors < 0 || h.max_name_bytes < 0) {
-        PyErr_SetString(PyExc_ValueError, "info_type must be a tuple subclass without a __dict__ or slots; "
-                                          "max_ndim 0..64; data_start and the limits >= 0");
-        goto done;
-    }
-    h.data_start = (uint64_t)data_start;
-    h.ordered = 1;
-    h.tensors = PyDict_New();
-    h.metadata = PyDict_New();
-    if (h.tensors == NULL || h.metadata == NULL)
-        goto done;
-    Cursor c = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
-    if (!document(&c, read_member, &h)) {
-        if (!PyErr_Occurred())
-            result = Py_NewRef(Py_None);
-        goto done;
-    }
-    result = Py_BuildValue("(OONK)", h.tensors, h.metadata, PyBool_FromLong(h.ordered),
-                           (unsigned long long)h.expected);
-done:
-    Py_XDECREF(h.tensors);
-    Py_XDECREF(h.metadata);
-    Py_XDECREF(h.last_code);
-    Py_XDECREF(h.last_row);
+    int parsed = header_arguments(&h, data_start) ? parse_header(&h, view.buf, view.len) : -1;
+    if (parsed == 1)
+        result = Py_BuildValue("(OONK)", h.tensors, h.metadata, PyBool_FromLong(h.ordered),
+                               (unsigned long long)h.expected);
+    else if (parsed == 0)
+        result = Py_NewRef(Py_None);
+    header_clear(&h);
     PyBuffer_Release(&view);
+    return result;
+}
+
+PyDoc_STRVAR(plain_safetensors_doc,
+"plain_safetensors(head, size, prefixes, checksum_bytes, codes, info_type, max_ndim, max_tensors,\n"
+"                  max_name_bytes, max_header)\n--\n\n"
+"A whole safetensors file read from its first bytes `head` (of a file of `size` bytes):\n"
+"(tensors, metadata) as safetensors_header reads them, when `head` is one that sniff calls\n"
+"safetensors without a doubt (see vouched below: `prefixes`, the magic numbers sniff knows, and\n"
+"`checksum_bytes`, what a tar checksum field may hold, are sniff's), holds the whole header (its\n"
+"length at most max_header and within the file), the header is plain and its tensors come in data\n"
+"order and cover the data section exactly. None for anything else: the caller sniffs and reads the\n"
+"file the usual way, which reads it or says what is wrong.");
+
+/* Whether sniff is sure to call the file that starts with `p` (its first `n` bytes, or all of them)
+   safetensors: a '{' after the 8-byte length, none of the magic numbers it tests first, and no
+   first 512-byte block that tarfile could open (what torch.load tries on any file not a zip): not a
+   base-256 checksum, not all zeros (byte 8 is '{'), and a checksum field (bytes 148..155, up to a
+   NUL) holding a byte that int(field, 8) cannot get past, so that tarfile refuses it. */
+static int vouched(const unsigned char *p, Py_ssize_t n, PyObject *prefixes, const Py_buffer *checks) {
+    if (n < 9 || p[8] != '{')
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); i++) {
+        PyObject *prefix = PyTuple_GET_ITEM(prefixes, i);
+        if (!PyBytes_CheckExact(prefix))
+            return 0;
+        Py_ssize_t length = PyBytes_GET_SIZE(prefix);
+        if (n >= length && memcmp(p, PyBytes_AS_STRING(prefix), (size_t)length) == 0)
+            return 0;
+    }
+    if (n < 512)
+        return 1; /* (tarfile refuses a file shorter than a block) */
+    if (p[148] == 0x80 || p[148] == 0xff)
+        return 0;
+    for (int i = 148; i < 156 && p[i] != 0; i++)
+        if (memchr(checks->buf, p[i], (size_t)checks->len) == NULL)
+            return 1;
+    return 0;
+}
+
+static PyObject *plain_safetensors(PyObject *module, PyObject *args) {
+    Py_buffer view, checks;
+    Py_ssize_t size, max_header;
+    PyObject *prefixes;
+    Header h = {0};
+    if (!PyArg_ParseTuple(args, "y*nO!y*O!O!innn:plain_safetensors", &view, &size, &PyTuple_Type, &prefixes,
+                          &checks, &PyDict_Type, &h.codes, &PyType_Type, &h.info_type, &h.max_ndim, &h.max_tensors,
+                          &h.max_name_bytes, &max_header))
+        return NULL;
+    const unsigned char *p = view.buf;
+    PyObject *result = NULL;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0 && view.len >= 8; i--)
+        n = n << 8 | p[i];
+    /* (the header's length at most max_header and within both the file and `head`: else the usual
+       way says what is wrong, or reads a header longer than `head`) */
+    if (max_header < 0 || size < view.len || !vouched(p, view.len, prefixes, &checks) ||
+        n > (uint64_t)max_header || n > (uint64_t)(view.len - 8)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (!header_arguments(&h, (Py_ssize_t)(8 + n)))
+        goto done;
+    int parsed = parse_header(&h, p + 8, (Py_ssize_t)n);
+    if (parsed == 1 && h.ordered && h.expected == (uint64_t)size - 8 - n)
+        result = PyTuple_Pack(2, h.tensors, h.metadata);
+    else if (parsed >= 0)
+        result = Py_NewRef(Py_None); /* (not plain, or not in data order or not covering: the usual way) */
+done:
+    header_clear(&h);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&checks);
     return result;
 }
 
@@ -381,6 +471,7 @@ static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
 static PyMethodDef methods[] = {
     {"safetensors_header", safetensors_header, METH_VARARGS, safetensors_header_doc},
+    {"plain_safetensors", plain_safetensors, METH_VARARGS, plain_safetensors_doc},
     {"index_json", index_json, METH_VARARGS, index_json_doc},
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
 #if defined(__linux__) || defined(__APPLE__)
@@ -409,7 +500,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 8) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 9) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -50,18 +50,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any
 
 from .._gc import collector_paused
+from .._io import MappedFile
 from .._json import decode_utf8, fast_json, parse_json_object
 from .._native import speedups
 from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
+from ..limits import current as current_limits
 from ..limits import exceeded
 from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
+from .sniff import SAFETENSORS_VOUCH
 
-# The header's fast path in C (weightio/_speedups.c: `weightio._native`), else None.
+# The header's fast path in C (weightio/_speedups.c: `weightio._native`), else None; and a whole
+# plain file's, from the first bytes read at open (`read_plain`).
 _c_header = speedups.safetensors_header if speedups is not None else None
+_c_plain = speedups.plain_safetensors if speedups is not None else None
 
 __all__ = ["SafetensorsReader", "write", "MAX_HEADER_SIZE"]
 
@@ -81,6 +86,22 @@ _WRITE_RANK = {
         "I16 U16 F16 BF16 I32 U32 F32 C64 F64 I64 U64".split()
     )
 }
+
+
+def read_plain(file: MappedFile) -> SafetensorsReader | None:
+    """The reader of `file` (a local file just opened, its first bytes still held) in one C call,
+    when those bytes hold a whole plain safetensors file that `sniff` calls safetensors (see
+    `_speedups.plain_safetensors`: its tensors in data order, covering the data section); None for
+    any other, which the caller sniffs and opens the usual way. A 191-shard model's shards are
+    each such a file: sniffing and reading each the usual way was two thirds of its open."""
+    head = file.head
+    if _c_plain is None or head is None:
+        return None
+    limits = current_limits()
+    found = _c_plain(head, file.size, *SAFETENSORS_VOUCH, _PLAIN, TensorInfo, MAX_NDIM,
+                     min(limits.tensors, sys.maxsize), min(limits.name_bytes, sys.maxsize),
+                     min(limits.header_bytes, sys.maxsize))
+    return None if found is None else SafetensorsReader._read(file, *found, limits)
 
 
 class SafetensorsReader(Reader):
@@ -440,8 +461,9 @@ def _only_way(way: str) -> Iterator[None]:
     so it is not for use while other threads open files."""
     from .. import _json
 
-    saved = _c_header, _json._msgspec, SafetensorsReader._plain
+    saved = _c_header, _json._msgspec, SafetensorsReader._plain, _c_plain
     globals()["_c_header"] = saved[0] if way == "native" else None
+    globals()["_c_plain"] = saved[3] if way == "native" else None
     if way == "typed":
         import msgspec
 
@@ -453,7 +475,7 @@ def _only_way(way: str) -> Iterator[None]:
     try:
         yield
     finally:
-        globals()["_c_header"], _json._msgspec, SafetensorsReader._plain = saved  # type: ignore[method-assign]
+        globals()["_c_header"], _json._msgspec, SafetensorsReader._plain, globals()["_c_plain"] = saved  # type: ignore[method-assign]
 
 
 def _is_count(x: Any) -> bool:

@@ -154,6 +154,11 @@ _HIGH_BYTES = bytes(range(128, 256))
 _CHECKSUM_BYTES = b"0123456789 \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f+-_oO"
 _ZERO_BLOCK = bytes(_TAR_BLOCK)
 
+# What the C `plain_safetensors` is given to be sure `sniff` calls a file safetensors: the prefixes
+# tested before safetensors (the zip records and `_MAGICS`) and the bytes a tar checksum field may
+# hold (see weightio/_speedups.c, `vouched`; tests/test_sniff.py holds the two to agreeing)
+SAFETENSORS_VOUCH = ((b"PK\x03\x04", b"PK\x05\x06", *_MAGIC_BYTES), _CHECKSUM_BYTES)
+
 
 def _tar_checksum_may_match(block: bytes) -> bool:
     """False only where `tarfile` refuses the header `block` (a file's first 512 bytes) for its
