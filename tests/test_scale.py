@@ -6,8 +6,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import re
-import tempfile
 import threading
 
 import numpy as np
@@ -19,8 +19,9 @@ from weightio._gc import collector_paused
 from weightio._io import MappedFile
 from weightio.errors import CorruptFileError
 from weightio.formats import safetensors as safetensors_module
+from weightio.formats import sniff as sniff_module
 from weightio.formats.safetensors import SafetensorsReader, read_plain
-from weightio.formats.sniff import sniff
+from weightio.formats.sniff import SAFETENSORS_VOUCH, sniff
 from weightio.records import TensorInfo
 
 from .conftest import FIXTURES, safetensors_bytes
@@ -440,9 +441,26 @@ def test_a_file_that_cannot_be_stat_ed_is_an_input_error(tmp_path, monkeypatch):
 needs_plain = pytest.mark.skipif(safetensors_module._c_plain is None, reason="the C module is not built")
 
 
+def _plain_or_none(path) -> SafetensorsReader | None:
+    """`read_plain`'s reader of `path`, or None (its file closed)."""
+    file = MappedFile(path, head=True)
+    reader = read_plain(file)
+    if reader is None:
+        file.close()
+    return reader
+
+
+def _sniffed(path) -> str:
+    file = MappedFile(path, head=True)
+    try:
+        return sniff(file)
+    finally:
+        file.close()
+
+
 def _both_ways(path) -> tuple[SafetensorsReader | None, SafetensorsReader]:
     """`read_plain`'s reader of `path` (or None) and the usual way's."""
-    return read_plain(MappedFile(path, head=True)), SafetensorsReader(MappedFile(path, head=True))
+    return _plain_or_none(path), SafetensorsReader(MappedFile(path, head=True))
 
 
 @needs_plain
@@ -461,7 +479,7 @@ def test_a_plain_file_is_read_from_its_first_bytes_as_the_usual_way_reads_it(tmp
             if fast is None:
                 continue
             read += 1
-            assert sniff(MappedFile(path, head=True)) == "safetensors", path  # (as sniff calls it)
+            assert _sniffed(path) == "safetensors", path  # (as sniff calls it)
             assert type(fast) is SafetensorsReader and fast.file.head is None  # (its first bytes let go)
             assert (list(fast.tensors.items()), fast.metadata) == (list(usual.tensors.items()), usual.metadata), path
             assert (fast.path, fast.limits, fast.format) == (usual.path, usual.limits, "safetensors")
@@ -510,16 +528,18 @@ def test_what_is_not_a_plain_file_in_its_first_bytes_is_left_to_the_usual_way(tm
     for name, (content, message) in refused.items():
         path = tmp_path / f"{name}.safetensors"
         path.write_bytes(content)
-        assert read_plain(MappedFile(path, head=True)) is None, name
+        assert _plain_or_none(path) is None, name
         with pytest.raises(CorruptFileError, match=message):
             wio.open(path)
     with wio.limits.using(header_bytes=20):  # over a limit: declined, and the usual way says so
-        assert read_plain(MappedFile(plain, head=True)) is None
+        assert _plain_or_none(plain) is None
         with pytest.raises(CorruptFileError, match="header length 56 exceeds the 20-byte limit"):
             wio.open(plain)
-    with wio.limits.using(tensors=0):
-        with pytest.raises(CorruptFileError, match="limits.tensors"):
-            wio.open(plain)
+    for limit, message in (("tensors", "limits.tensors"), ("name_bytes", "limits.name_bytes")):
+        with wio.limits.using(**{limit: 0}):
+            assert _plain_or_none(plain) is None, limit
+            with pytest.raises(CorruptFileError, match=message):
+                wio.open(plain)
     head, size = plain.read_bytes()[:4096], plain.stat().st_size
     arguments = (safetensors_module._PLAIN, TensorInfo, 64, 10, 100, 1000)
     assert c_plain(head, size, (), b"", *arguments) is not None
@@ -531,18 +551,56 @@ def test_what_is_not_a_plain_file_in_its_first_bytes_is_left_to_the_usual_way(tm
 
 
 @needs_plain
-def test_a_safetensors_tar_polyglot_is_not_vouched_for_and_is_refused():
+def test_a_safetensors_tar_polyglot_is_not_vouched_for_and_is_refused(tmp_path):
     """A plain safetensors file whose first block tarfile opens (the metadata string holds the tar
     fields): `sniff` refuses it as a polyglot, so the C path must leave it to sniff."""
     from .test_differential import _safetensors_tar
 
-    raw = _safetensors_tar()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "x.bin")
-        with open(path, "wb") as f:
-            f.write(raw)
-        assert read_plain(MappedFile(path, head=True)) is None
-        with pytest.raises(wio.FormatError, match="is both a safetensors file and a tar archive"):
-            wio.open(path)
-        with safetensors_module._only_way("typed"):  # (another way than C: the C path is off too)
-            assert safetensors_module._c_plain is None
+    path = tmp_path / "x.bin"
+    path.write_bytes(_safetensors_tar())
+    assert _plain_or_none(path) is None
+    with pytest.raises(wio.FormatError, match="is both a safetensors file and a tar archive"):
+        wio.open(path)
+    head, size = path.read_bytes()[:4096], path.stat().st_size
+    arguments = (*SAFETENSORS_VOUCH, safetensors_module._PLAIN, TensorInfo, 64, 10, 100, 10_000)
+    assert safetensors_module._c_plain(head[:300], size, *arguments) is None  # (fewer than the 512 sniff reads)
+    with safetensors_module._only_way("typed"):  # (another way than C: the C path is off too)
+        assert safetensors_module._c_plain is None
+
+
+@needs_plain
+def test_the_c_path_vouches_only_for_first_bytes_sniff_calls_safetensors(tmp_path):
+    """Random plain files whose tar checksum field (bytes 148..155, inside a metadata string of
+    spaces, which tarfile reads as zeros in the fields before it) holds digits, signs, 'o's, spaces
+    and now and then a letter, or the block's checksum spelt right: each read by `read_plain` only
+    if `sniff` calls it safetensors and tarfile refuses it, and then as the usual way reads it."""
+    rng = random.Random(16)
+    path, seen = tmp_path / "x.safetensors", {True: 0, False: 0}
+    for _ in range(1500):
+        field = "".join(rng.choice("0123456789 +-_oO") if rng.random() > 0.1 else rng.choice("a{:x") for _ in range(8))
+        text = json.dumps({"__metadata__": {"p": " " * (148 - 30) + "{}" + " " * 500},
+                           "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, separators=(",", ":"))
+        raw = bytearray(safetensors_bytes(text.replace("{}", " " * 8), b"ab"))
+        assert raw[148:156] == b" " * 8
+        if rng.random() < 0.2:  # the checksum tarfile computes, spelt right: a tar header (a polyglot)
+            field = f"{256 + sum(raw[:148]) + sum(raw[156:512]):07o} "
+        raw[148:156] = field.encode()
+        path.write_bytes(raw)
+        fast = _plain_or_none(path)
+        seen[fast is not None] += 1
+        if fast is None:
+            continue
+        try:
+            assert _sniffed(path) == "safetensors" and not sniff_module.opens_as_tar(bytes(raw[:512])), field
+            usual = SafetensorsReader(str(path))
+            assert (fast.tensors, fast.metadata) == (usual.tensors, usual.metadata)
+            usual.close()
+        finally:
+            fast.close()
+    assert min(seen.values()) > 300, seen
+    prefixes, checksum_bytes = SAFETENSORS_VOUCH  # (the C path's copy of what sniff tests before safetensors)
+    assert set(prefixes) >= {b"PK\x03\x04", b"PK\x05\x06", *sniff_module._MAGIC_BYTES}
+    assert checksum_bytes == sniff_module._CHECKSUM_BYTES
+    # a header within the first 4 KiB has a length below 2**12: its bytes 2..7 are zeros, which no
+    # prefix has, so a magic number is declined by the length as well as by the prefix test
+    assert all(prefix[2] != 0 for prefix in prefixes)

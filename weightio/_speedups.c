@@ -281,7 +281,8 @@ static PyObject *safetensors_header(PyObject *module, PyObject *args) {
 PyDoc_STRVAR(plain_safetensors_doc,
 "plain_safetensors(head, size, prefixes, checksum_bytes, codes, info_type, max_ndim, max_tensors,\n"
 "                  max_name_bytes, max_header)\n--\n\n"
-"A whole safetensors file read from its first bytes `head` (of a file of `size` bytes):\n"
+"A whole safetensors file read from its first bytes `head` (of a file of `size` bytes: all of them,\n"
+"or at least the first 512, which sniff looks at):\n"
 "(tensors, metadata) as safetensors_header reads them, when `head` is one that sniff calls\n"
 "safetensors without a doubt (see vouched below: `prefixes`, the magic numbers sniff knows, and\n"
 "`checksum_bytes`, what a tar checksum field may hold, are sniff's), holds the whole header (its\n"
@@ -289,8 +290,8 @@ PyDoc_STRVAR(plain_safetensors_doc,
 "order and cover the data section exactly. None for anything else: the caller sniffs and reads the\n"
 "file the usual way, which reads it or says what is wrong.");
 
-/* Whether sniff is sure to call the file that starts with `p` (its first `n` bytes, or all of them)
-   safetensors: a '{' after the 8-byte length, none of the magic numbers it tests first, and no
+/* Whether sniff is sure to call the file that starts with `p` (its first `n` bytes, all of them or
+   at least 512) safetensors: a '{' right after the 8-byte length (byte 8: no whitespace before it), none of the magic numbers it tests first, and no
    first 512-byte block that tarfile could open (what torch.load tries on any file not a zip): not a
    base-256 checksum, not all zeros (byte 8 is '{'), and a checksum field (bytes 148..155, up to a
    NUL) holding a byte that int(field, 8) cannot get past, so that tarfile refuses it. */
@@ -329,15 +330,17 @@ static PyObject *plain_safetensors(PyObject *module, PyObject *args) {
     uint64_t n = 0;
     for (int i = 7; i >= 0 && view.len >= 8; i--)
         n = n << 8 | p[i];
-    /* (the header's length at most max_header and within both the file and `head`: else the usual
-       way says what is wrong, or reads a header longer than `head`) */
-    if (max_header < 0 || size < view.len || !vouched(p, view.len, prefixes, &checks) ||
-        n > (uint64_t)max_header || n > (uint64_t)(view.len - 8)) {
+    if (!header_arguments(&h, 0)) /* (checked whatever the bytes: a ValueError, as safetensors_header's) */
+        goto done;
+    /* `head` the file's first bytes, all of them or at least the 512 sniff looks at (the tar test
+       needs them); the header's length at most max_header and within both the file and `head`:
+       else the usual way says what is wrong, or reads a header longer than `head` */
+    if (max_header < 0 || size < view.len || (view.len < 512 && view.len != size) ||
+        !vouched(p, view.len, prefixes, &checks) || n > (uint64_t)max_header || n > (uint64_t)(view.len - 8)) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    if (!header_arguments(&h, (Py_ssize_t)(8 + n)))
-        goto done;
+    h.data_start = 8 + n;
     int parsed = parse_header(&h, p + 8, (Py_ssize_t)n);
     if (parsed == 1 && h.ordered && h.expected == (uint64_t)size - 8 - n)
         result = PyTuple_Pack(2, h.tensors, h.metadata);

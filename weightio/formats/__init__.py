@@ -61,13 +61,14 @@ SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".gguf"
 
 def open_file(path: str | os.PathLike[str] | MappedFile | RemoteFile) -> Reader:
     """Map `path` (or take an opened file: a `RemoteFile`), sniff its format from its bytes and
-    return the validated reader."""
-    local = isinstance(path, (str, os.PathLike))
-    file = MappedFile(path, head=True) if local else path
+    return the validated reader. A local safetensors file whose first bytes hold its whole plain
+    header (a shard of a model cut in many, say) is read in one C call (`safetensors.read_plain`)."""
+    file = MappedFile(path, head=True) if isinstance(path, (str, os.PathLike)) else path
     try:
-        plain = _safetensors.read_plain(file) if local else None  # (a shard of a sharded model, say: one C call)
-        if plain is not None:
-            return plain
+        if isinstance(file, MappedFile) and READERS["safetensors"] is _safetensors.SafetensorsReader:
+            plain = _safetensors.read_plain(file)
+            if plain is not None:
+                return plain
         fmt = _sniff.sniff(file)
         try:
             reader = resolve(READERS[fmt])

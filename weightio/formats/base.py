@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,9 +69,6 @@ def using_unknown_globals(mode: str) -> Iterator[str]:
         _unknown_globals.reset(token)
 
 
-_R = TypeVar("_R", bound="Reader")
-
-
 class Reader:
     """Base class of the per-format readers: one file, one mapping.
 
@@ -90,17 +87,6 @@ class Reader:
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self.limits: Limits = current_limits()  # read once: they also bound what buffer() inflates later
-
-    @classmethod
-    def _read(cls: type[_R], file: MappedFile | RemoteFile, tensors: dict[str, TensorInfo], metadata: dict[str, Any],
-              limits: Limits) -> _R:
-        """What ``cls(file)`` makes, from a header already read and validated elsewhere (`tensors` and
-        `metadata` as the parse leaves them, under `limits`), without reading it again."""
-        reader = cls.__new__(cls)
-        reader.file, reader.path, reader.limits = file, file.path, limits
-        reader.metadata, reader.tensors = metadata, tensors
-        file.release_head()
-        return reader
 
     def _validate(self, parse: Callable[..., None], *args: Any) -> None:
         """Run the header parser `parse(*args)`; if it fails, the file is released before the error leaves."""

@@ -56,8 +56,8 @@ from .._native import speedups
 from .._outputs import atomic_write, write_all
 from ..dtypes import TABLE, DType, by_numpy, by_safetensors
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, UsageError, WeightioWarning
+from ..limits import Limits, exceeded
 from ..limits import current as current_limits
-from ..limits import exceeded
 from ..records import TensorSource, new_info
 from ..text import describe, dims, number
 from .base import MAX_NDIM, Reader, TensorInfo, stored_name
@@ -101,7 +101,10 @@ def read_plain(file: MappedFile) -> SafetensorsReader | None:
     found = _c_plain(head, file.size, *SAFETENSORS_VOUCH, _PLAIN, TensorInfo, MAX_NDIM,
                      min(limits.tensors, sys.maxsize), min(limits.name_bytes, sys.maxsize),
                      min(limits.header_bytes, sys.maxsize))
-    return None if found is None else SafetensorsReader._read(file, *found, limits)
+    if found is None:
+        return None
+    tensors, metadata = found
+    return SafetensorsReader._from_header(file, tensors, metadata, limits)
 
 
 class SafetensorsReader(Reader):
@@ -112,6 +115,17 @@ class SafetensorsReader(Reader):
     def __init__(self, path: Any) -> None:
         super().__init__(path)
         self._validate(self._read_header)
+
+    @classmethod
+    def _from_header(cls, file: MappedFile, tensors: dict[str, TensorInfo], metadata: dict[str, str],
+                     limits: Limits) -> SafetensorsReader:
+        """What ``cls(file)`` makes, from a header read and checked already (`read_plain`: `tensors`
+        and `metadata` as `_read_header` leaves them, under `limits`), without reading it again."""
+        reader = cls.__new__(cls)
+        reader.file, reader.path, reader.metadata, reader.tensors, reader.limits = (file, file.path, metadata, tensors,
+                                                                                   limits)
+        file.release_head()
+        return reader
 
     def _fail(self, message: str, tensor: str | None = None) -> CorruptFileError:
         return CorruptFileError(message, path=self.path, tensor=tensor)
