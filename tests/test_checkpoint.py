@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import ntpath
+import posixpath
 import random
 import shutil
 
@@ -12,6 +14,7 @@ import pytest
 
 import weightio as wio
 from weightio import checkpoint
+from weightio.checkpoint import shard_paths
 from weightio.errors import CorruptFileError, FormatError, TensorNotFoundError, WeightioError
 
 from .conftest import FIXTURES, digest, manifest
@@ -272,6 +275,15 @@ def test_malformed_index(tmp_path, index, message):
         wio.open(target)
 
 
+@pytest.mark.parametrize("paths", [posixpath, ntpath], ids=["posix", "windows"])
+def test_shard_paths_are_the_joins_of_the_directory_and_each_name(paths):
+    directories = ["m", "m/", "m//", ".", "./", "../m", "/abs/m", "", r"\\server\share", "//server/share",
+                   r"\\?\UNC\s\sh", "C:", "C:\\", r"C:\m", "m\\", r"\\server"]
+    names = ["model-00001-of-00191.safetensors", "sub/x.safetensors", r"sub\x.safetensors", "a b", "é.bin", "x..y"]
+    for directory in directories:
+        assert shard_paths(directory, names, paths) == {paths.join(directory, n): n for n in names}, directory
+
+
 @pytest.mark.parametrize("shard,posix,windows", [
     ("model-00001-of-00002.safetensors", False, False),
     ("sub/model.safetensors", False, False),
@@ -292,9 +304,6 @@ def test_malformed_index(tmp_path, index, message):
     ("50%25.safetensors", False, False),  # (decoded: "50%.safetensors", a file name)
 ])
 def test_shard_names_that_leave_the_model_directory(shard, posix, windows):
-    import ntpath
-    import posixpath
-
     from weightio import layout
 
     assert layout.outside(shard, posixpath) is posix

@@ -546,8 +546,30 @@ def test_what_is_not_a_plain_file_in_its_first_bytes_is_left_to_the_usual_way(tm
     assert c_plain(head, size, (head[:3],), b"", *arguments) is None  # one of sniff's magic numbers: not vouched
     assert c_plain(head, size - 1, (), b"", *arguments) is None  # (a size shorter than the bytes given)
     assert c_plain(head[:8], size, (), b"", *arguments) is None
-    with pytest.raises(ValueError, match="info_type"):
-        c_plain(head, size, (), b"", safetensors_module._PLAIN, dict, 64, 10, 100, 1000)
+    for bytes_ in (head, b""):  # (the arguments are checked whatever the bytes)
+        with pytest.raises(ValueError, match="info_type"):
+            c_plain(bytes_, size, (), b"", safetensors_module._PLAIN, dict, 64, 10, 100, 1000)
+        with pytest.raises(ValueError, match="max_ndim"):
+            c_plain(bytes_, size, (), b"", safetensors_module._PLAIN, TensorInfo, 65, 10, 100, 1000)
+
+
+@needs_plain
+def test_a_reader_registered_for_safetensors_in_place_of_ours_is_used(tmp_path, monkeypatch):
+    from safetensors.numpy import save_file
+
+    from weightio import formats
+
+    class Mine(SafetensorsReader):
+        pass
+
+    path = tmp_path / "x.safetensors"
+    save_file({"a": np.arange(3, dtype=np.float32)}, str(path))
+    monkeypatch.setitem(formats.READERS, "safetensors", Mine)
+    with wio.open(path) as ckpt:
+        assert type(ckpt.readers[0]) is Mine and ckpt["a"].numpy().tolist() == [0, 1, 2]
+    monkeypatch.delitem(formats.READERS, "safetensors")
+    with pytest.raises(wio.FormatError, match="is a safetensors file, which this version of weightio cannot read"):
+        wio.open(path)
 
 
 @needs_plain
@@ -561,9 +583,20 @@ def test_a_safetensors_tar_polyglot_is_not_vouched_for_and_is_refused(tmp_path):
     assert _plain_or_none(path) is None
     with pytest.raises(wio.FormatError, match="is both a safetensors file and a tar archive"):
         wio.open(path)
-    head, size = path.read_bytes()[:4096], path.stat().st_size
+    # a header short enough to lie in the first 300 bytes, and a tar header in the first block: handed
+    # only those 300 bytes of a longer file, the C path cannot tell the block is tar-like, so declines
+    header = json.dumps({"a": {"dtype": "U8", "shape": [600], "data_offsets": [0, 600]}}, separators=(",", ":"))
+    raw = bytearray(safetensors_bytes(header, bytes(600)))
+    raw[148:156] = b" " * 8
+    raw[148:156] = f"{sum(raw[:512]):06o}\0 ".encode()
+    assert sniff_module.opens_as_tar(bytes(raw[:512]))
     arguments = (*SAFETENSORS_VOUCH, safetensors_module._PLAIN, TensorInfo, 64, 10, 100, 10_000)
-    assert safetensors_module._c_plain(head[:300], size, *arguments) is None  # (fewer than the 512 sniff reads)
+    assert safetensors_module._c_plain(bytes(raw), len(raw), *arguments) is None
+    assert safetensors_module._c_plain(bytes(raw[:300]), len(raw), *arguments) is None  # (fewer than sniff reads)
+    assert safetensors_module._c_plain(bytes(raw[:300]), 300, *arguments) is None  # (the whole file: no data)
+    raw[148:156] = b"xxxxxxxx"  # (not tar-like: vouched for, whole or with 512 bytes or more)
+    assert safetensors_module._c_plain(bytes(raw[:512]), len(raw), *arguments) is not None
+    assert safetensors_module._c_plain(bytes(raw[:300]), len(raw), *arguments) is None
     with safetensors_module._only_way("typed"):  # (another way than C: the C path is off too)
         assert safetensors_module._c_plain is None
 
@@ -590,13 +623,13 @@ def test_the_c_path_vouches_only_for_first_bytes_sniff_calls_safetensors(tmp_pat
         seen[fast is not None] += 1
         if fast is None:
             continue
+        usual = SafetensorsReader(str(path))
         try:
             assert _sniffed(path) == "safetensors" and not sniff_module.opens_as_tar(bytes(raw[:512])), field
-            usual = SafetensorsReader(str(path))
             assert (fast.tensors, fast.metadata) == (usual.tensors, usual.metadata)
-            usual.close()
         finally:
             fast.close()
+            usual.close()
     assert min(seen.values()) > 300, seen
     prefixes, checksum_bytes = SAFETENSORS_VOUCH  # (the C path's copy of what sniff tests before safetensors)
     assert set(prefixes) >= {b"PK\x03\x04", b"PK\x05\x06", *sniff_module._MAGIC_BYTES}

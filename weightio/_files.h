@@ -4,10 +4,11 @@
    `open_head` is MappedFile(head=True)'s first calls (open, fstat, the first bytes read): the one
    function here that reads bytes of a file, at most the caller's `head` of them (never a count read
    from the file), into a bytes object that holds them as read. `file_stamp` is the part of an fstat
-   the changed-file check compares, without the nineteen fields os.fstat builds. `mapped_slice` and `plain_get` make the zero-copy numpy view that
-   view.stored_array and VarBuilder.get hand out for a tensor stored as plain elements, after that
-   check: one array over the element view MappedFile caches, made with numpy's C API (its shape's
-   element count checked against the span, the span against the view). Like the header readers,
+   the changed-file check compares, without the nineteen fields os.fstat builds. `mapped_slice` and
+   `plain_get` make the zero-copy numpy view that view.stored_array and VarBuilder.get hand out for
+   a tensor stored as plain elements, after that check: one array over the element view MappedFile
+   caches, made with numpy's C API (its shape's element count checked against the span, the span
+   against the view). Like the header readers,
    they refuse nothing: for anything they do not serve (a view not cached yet, another reader or
    file type, a failed fstat, a changed or closed file) they return None and the Python way, which
    checks again, serves or refuses it. They read no byte of the file, and nothing here is allocated

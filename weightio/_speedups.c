@@ -291,10 +291,11 @@ PyDoc_STRVAR(plain_safetensors_doc,
 "file the usual way, which reads it or says what is wrong.");
 
 /* Whether sniff is sure to call the file that starts with `p` (its first `n` bytes, all of them or
-   at least 512) safetensors: a '{' right after the 8-byte length (byte 8: no whitespace before it), none of the magic numbers it tests first, and no
-   first 512-byte block that tarfile could open (what torch.load tries on any file not a zip): not a
-   base-256 checksum, not all zeros (byte 8 is '{'), and a checksum field (bytes 148..155, up to a
-   NUL) holding a byte that int(field, 8) cannot get past, so that tarfile refuses it. */
+   at least 512) safetensors: a '{' right after the 8-byte length (byte 8: no whitespace before
+   it), none of the magic numbers it tests first, and no first 512-byte block that tarfile could
+   open (what torch.load tries on any file not a zip): not a base-256 checksum, not all zeros (byte
+   8 is '{'), and a checksum field (bytes 148..155, up to a NUL) holding a byte that int(field, 8)
+   cannot get past, so that tarfile refuses it. */
 static int vouched(const unsigned char *p, Py_ssize_t n, PyObject *prefixes, const Py_buffer *checks) {
     if (n < 9 || p[8] != '{')
         return 0;

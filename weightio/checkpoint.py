@@ -372,10 +372,18 @@ def _open_sharded(directory: str, index_path: str, files: set[str] | None = None
     for shard in shard_names:
         if not (files is not None and shard in files) and not os.path.isfile(os.path.join(directory, shard)):
             raise CorruptFileError(f"lists shard {shard!r}, which is missing", path=index_path)
-    within = os.path.join(directory, "")  # (+ a name `read_index` let through: what os.path.join makes, at a fifth
-    shard_of = {within + s: s for s in shard_names}  # of its cost: a 191-shard model's joins were 3% of its open)
+    shard_of = shard_paths(directory, shard_names)
     readers = _open_files(list(shard_of))
     return open_sharded_set(directory, index_path, weight_map, index_metadata, readers, shard_of)
+
+
+def shard_paths(directory: str, shards: list[str], paths: Any = os.path) -> dict[str, str]:
+    """``paths.join(directory, shard)`` -> `shard`, for shard names `layout.read_index` let through
+    (none absolute or with a drive), at a fifth of the joins' cost (a 191-shard model's were 3% of
+    its open): one join makes the prefix (with "x", cut off: a join with "" leaves a UNC share's
+    root without its separator)."""
+    within = paths.join(directory, "x")[:-1]
+    return {within + shard: shard for shard in shards}
 
 
 def open_sharded_set(path: str, index_path: str, weight_map: dict[str, str], metadata: dict[str, Any],

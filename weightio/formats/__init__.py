@@ -65,7 +65,7 @@ def open_file(path: str | os.PathLike[str] | MappedFile | RemoteFile) -> Reader:
     header (a shard of a model cut in many, say) is read in one C call (`safetensors.read_plain`)."""
     file = MappedFile(path, head=True) if isinstance(path, (str, os.PathLike)) else path
     try:
-        if isinstance(file, MappedFile) and READERS["safetensors"] is _safetensors.SafetensorsReader:
+        if isinstance(file, MappedFile) and READERS.get("safetensors") is _safetensors.SafetensorsReader:
             plain = _safetensors.read_plain(file)
             if plain is not None:
                 return plain

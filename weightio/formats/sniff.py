@@ -157,7 +157,7 @@ _ZERO_BLOCK = bytes(_TAR_BLOCK)
 # What the C `plain_safetensors` is given to be sure `sniff` calls a file safetensors: the prefixes
 # tested before safetensors (the zip records and `_MAGICS`) and the bytes a tar checksum field may
 # hold (see weightio/_speedups.c, `vouched`; tests/test_scale.py holds the two to agreeing on
-# random first bytes, and every prefix to having a non-zero third byte, as the C path assumes)
+# random first bytes)
 SAFETENSORS_VOUCH = ((b"PK\x03\x04", b"PK\x05\x06", *_MAGIC_BYTES), _CHECKSUM_BYTES)
 
 
