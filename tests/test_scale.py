@@ -471,6 +471,9 @@ def test_a_plain_file_is_read_from_its_first_bytes_as_the_usual_way_reads_it(tmp
               metadata={"format": "pt", "note": "é"})
     save_file({"x": np.zeros(3000, np.uint8)}, str(tmp_path / "big.safetensors"))  # past 512 bytes: the tar test
     (tmp_path / "none.safetensors").write_bytes(safetensors_bytes({}))
+    # (a header out of data order: put in data order, as the usual way does)
+    (tmp_path / "reversed.safetensors").write_bytes(_header_in_reverse({"z": np.arange(4, dtype=np.float32),
+                                                                         "a": np.ones(2, np.int16)}))
     files = sorted(FIXTURES.rglob("*.safetensors")) + sorted(tmp_path.glob("*.safetensors"))
     read = 0
     for path in files:
@@ -490,6 +493,9 @@ def test_a_plain_file_is_read_from_its_first_bytes_as_the_usual_way_reads_it(tmp
             if fast is not None:
                 fast.close()
     assert read >= len(files) - 5, (read, len(files))  # (most are: the others, below, are left to the usual way)
+    fast = _plain_or_none(tmp_path / "reversed.safetensors")  # (parsed once, in C, then put in data order)
+    assert fast is not None and list(fast.tensors) == ["z", "a"]
+    fast.close()
     with wio.open(tmp_path / "two.safetensors") as ckpt:  # (the open path takes it)
         assert ckpt.metadata == {"format": "pt", "note": "é"} and ckpt["a"].numpy().tolist() == [[1] * 3] * 2
 
@@ -502,8 +508,6 @@ def test_what_is_not_a_plain_file_in_its_first_bytes_is_left_to_the_usual_way(tm
     save_file({"a": np.arange(4, dtype=np.float32)}, str(plain))
     cases = {
         "header past the first 4 KiB": {f"t.{i}": np.zeros(1, np.uint8) for i in range(200)},
-        "header out of data order": _header_in_reverse({"z": np.arange(4, dtype=np.float32),
-                                                        "a": np.ones(2, np.int16)}),
         "space before the object": safetensors_bytes(b' {"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
                                                      b"\0"),
         "an escape in a name": safetensors_bytes(b'{"\\u0061":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
@@ -593,7 +597,9 @@ def test_a_safetensors_tar_polyglot_is_not_vouched_for_and_is_refused(tmp_path):
     arguments = (*SAFETENSORS_VOUCH, safetensors_module._PLAIN, TensorInfo, 64, 10, 100, 10_000)
     assert safetensors_module._c_plain(bytes(raw), len(raw), *arguments) is None
     assert safetensors_module._c_plain(bytes(raw[:300]), len(raw), *arguments) is None  # (fewer than sniff reads)
-    assert safetensors_module._c_plain(bytes(raw[:300]), 300, *arguments) is None  # (the whole file: no data)
+    short = tmp_path / "short.bin"  # (300 bytes as the whole file: too short for its tensor's data)
+    short.write_bytes(bytes(raw[:300]))
+    assert _plain_or_none(short) is None
     raw[148:156] = b"xxxxxxxx"  # (not tar-like: vouched for, whole or with 512 bytes or more)
     assert safetensors_module._c_plain(bytes(raw[:512]), len(raw), *arguments) is not None
     assert safetensors_module._c_plain(bytes(raw[:300]), len(raw), *arguments) is None

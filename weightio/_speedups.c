@@ -7,9 +7,9 @@
    one "__metadata__" object of strings, with no key twice; each entry of a known dtype code, at
    most `max_ndim` dimensions and a byte span that is non-empty and exactly its size; at most
    `max_tensors` tensors, and no name or metadata key longer than `max_name_bytes` in UTF-8.
-   `plain_safetensors` reads a whole file from its first bytes (those MappedFile reads at open):
-   when they are certainly a safetensors file to sniff and hold the whole header, that header as
-   `safetensors_header` reads it, its tensors in data order and covering the data section.
+   `plain_safetensors` reads a file's header from its first bytes (those MappedFile reads at open)
+   when they are certainly a safetensors file to sniff and hold the whole header, as
+   `safetensors_header` reads it.
    `index_json` reads a plain sharded-checkpoint index: a "weight_map" object of strings and a
    "metadata" object of scalars. Anything else returns None, and the caller reads the input the
    Python way, which accepts or refuses it with its own words: these functions refuse nothing and
@@ -259,6 +259,15 @@ static int header_arguments(Header *h, Py_ssize_t data_start) {
     return 1;
 }
 
+/* What parse_header found, as both entry points return it: (tensors, metadata, ordered, expected)
+   when `parsed` is 1, None when 0, NULL (the error set) when -1. */
+static PyObject *header_result(const Header *h, int parsed) {
+    if (parsed == 1)
+        return Py_BuildValue("(OONK)", h->tensors, h->metadata, PyBool_FromLong(h->ordered),
+                             (unsigned long long)h->expected);
+    return parsed == 0 ? Py_NewRef(Py_None) : NULL;
+}
+
 static PyObject *safetensors_header(PyObject *module, PyObject *args) {
     Py_buffer view;
     Py_ssize_t data_start;
@@ -268,11 +277,7 @@ static PyObject *safetensors_header(PyObject *module, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     int parsed = header_arguments(&h, data_start) ? parse_header(&h, view.buf, view.len) : -1;
-    if (parsed == 1)
-        result = Py_BuildValue("(OONK)", h.tensors, h.metadata, PyBool_FromLong(h.ordered),
-                               (unsigned long long)h.expected);
-    else if (parsed == 0)
-        result = Py_NewRef(Py_None);
+    result = header_result(&h, parsed);
     header_clear(&h);
     PyBuffer_Release(&view);
     return result;
@@ -281,14 +286,14 @@ static PyObject *safetensors_header(PyObject *module, PyObject *args) {
 PyDoc_STRVAR(plain_safetensors_doc,
 "plain_safetensors(head, size, prefixes, checksum_bytes, codes, info_type, max_ndim, max_tensors,\n"
 "                  max_name_bytes, max_header)\n--\n\n"
-"A whole safetensors file read from its first bytes `head` (of a file of `size` bytes: all of them,\n"
-"or at least the first 512, which sniff looks at):\n"
-"(tensors, metadata) as safetensors_header reads them, when `head` is one that sniff calls\n"
-"safetensors without a doubt (see vouched below: `prefixes`, the magic numbers sniff knows, and\n"
-"`checksum_bytes`, what a tar checksum field may hold, are sniff's), holds the whole header (its\n"
-"length at most max_header and within the file), the header is plain and its tensors come in data\n"
-"order and cover the data section exactly. None for anything else: the caller sniffs and reads the\n"
-"file the usual way, which reads it or says what is wrong.");
+"A safetensors file's header read from its first bytes `head` (of a file of `size` bytes: all of\n"
+"them, or at least the first 512, which sniff looks at): what safetensors_header returns for it,\n"
+"(tensors, metadata, ordered, expected), when `head` is one that sniff calls safetensors without a\n"
+"doubt (see vouched below: `prefixes`, the magic numbers sniff knows, and `checksum_bytes`, what a\n"
+"tar checksum field may hold, are sniff's), holds the whole header (its length at most max_header\n"
+"and within the file) and the header is plain; the caller checks the tensors cover the data\n"
+"section. None for anything else: the caller sniffs and reads the file the usual way, which reads\n"
+"it or says what is wrong.");
 
 /* Whether sniff is sure to call the file that starts with `p` (its first `n` bytes, all of them or
    at least 512) safetensors: a '{' right after the 8-byte length (byte 8: no whitespace before
@@ -342,11 +347,7 @@ static PyObject *plain_safetensors(PyObject *module, PyObject *args) {
         goto done;
     }
     h.data_start = 8 + n;
-    int parsed = parse_header(&h, p + 8, (Py_ssize_t)n);
-    if (parsed == 1 && h.ordered && h.expected == (uint64_t)size - 8 - n)
-        result = PyTuple_Pack(2, h.tensors, h.metadata);
-    else if (parsed >= 0)
-        result = Py_NewRef(Py_None); /* (not plain, or not in data order or not covering: the usual way) */
+    result = header_result(&h, parse_header(&h, p + 8, (Py_ssize_t)n));
 done:
     header_clear(&h);
     PyBuffer_Release(&view);

@@ -90,10 +90,11 @@ _WRITE_RANK = {
 
 def read_plain(file: MappedFile) -> SafetensorsReader | None:
     """The reader of `file` (a local file just opened, its first bytes still held) in one C call,
-    when those bytes hold a whole plain safetensors file that `sniff` calls safetensors (see
-    `_speedups.plain_safetensors`: its tensors in data order, covering the data section); None for
-    any other, which the caller sniffs and opens the usual way. A 191-shard model's shards are
-    each such a file: sniffing and reading each the usual way was two thirds of its open."""
+    when those bytes hold the whole plain header of a safetensors file that `sniff` calls
+    safetensors (`_speedups.plain_safetensors`) and its tensors cover the data section (`_covering`,
+    as `_read_header` checks it); None for any other, which the caller sniffs and opens the usual
+    way. A 191-shard model's shards are each such a file: sniffing and reading each the usual way
+    was two thirds of its open."""
     head = file.head
     if _c_plain is None or head is None:
         return None
@@ -103,8 +104,10 @@ def read_plain(file: MappedFile) -> SafetensorsReader | None:
                      min(limits.header_bytes, sys.maxsize))
     if found is None:
         return None
-    tensors, metadata = found
-    return SafetensorsReader._from_header(file, tensors, metadata, limits)
+    tensors, metadata, ordered, expected = found
+    n = int.from_bytes(head[:8], "little")  # (the header's length, which the C call checked)
+    covering = _covering(tensors, ordered, expected, 8 + n, file.size - 8 - n)
+    return None if covering is None else SafetensorsReader._from_header(file, covering, metadata, limits)
 
 
 class SafetensorsReader(Reader):
@@ -146,8 +149,7 @@ class SafetensorsReader(Reader):
                               min(limits.name_bytes, sys.maxsize))
             if found is not None:
                 tensors, metadata, ordered, expected = found
-                tensors = tensors if ordered and expected == size - 8 - n else _covering(  # (ordered: it covers)
-                    tensors, ordered, expected, 8 + n, size - 8 - n)
+                tensors = _covering(tensors, ordered, expected, 8 + n, size - 8 - n)
                 if tensors is not None:
                     self.metadata, self.tensors = metadata, tensors
                     return
