@@ -56,17 +56,19 @@ def test_a_sharded_checkpoint_finds_each_names_info_and_file_when_first_asked(c,
         last = list(ckpt)[-1]
         assert ckpt[last].path == str(SHARDED / index[last])
         files = ckpt.files
-        assert {n: (info, files[i]) for n, (info, i) in ckpt._placed.items()} == \
-            {n: (ckpt._infos[n], str(SHARDED / index[n])) for n in ckpt}
-        # C leaves the map and its pairs to reference counting: the collector never walks them
+        assert {n: (info, files[i], serial) for n, (info, i, serial) in ckpt._placed.items()} == \
+            {n: (ckpt._infos[n], str(SHARDED / index[n]), serial) for serial, n in enumerate(ckpt)}
+        assert list(ckpt._placed) == list(ckpt)  # (serials in the map's order: the checkpoint's)
+        # C leaves the map and its triples to reference counting: the collector never walks them
         assert gc.is_tracked(ckpt._placed) is not c
-        assert all(gc.is_tracked(pair) is not c for pair in ckpt._placed.values())
+        assert all(gc.is_tracked(triple) is not c for triple in ckpt._placed.values())
         # a thread that found the map empty just before another filled it: still found, not filled twice
         placed = dict(ckpt._placed)
         first = next(iter(ckpt))
-        assert ckpt._placed_pair(first) == (ckpt._infos[first], 0) and ckpt._placed == placed
+        assert ckpt._placed_triple(first) == (ckpt._infos[first], 0, 0) and ckpt._placed == placed
+        assert ckpt._fill_placed() is ckpt._placed and ckpt._placed == placed
         with pytest.raises(KeyError):
-            ckpt._placed_pair("no such tensor")
+            ckpt._placed_triple("no such tensor")
 
 
 @pytest.mark.skipif(checkpoint._place_c is None, reason="weightio._speedups is not built here")
@@ -81,7 +83,12 @@ def test_the_c_map_declines_what_it_cannot_leave_untracked():
     place = checkpoint._place_c
     placed: dict = {}
     assert place(placed, [Reader({"a": info}), Reader({"b": info})], TensorInfo) is True
-    assert placed == {"a": (info, 0), "b": (info, 1)} and not gc.is_tracked(placed)
+    assert placed == {"a": (info, 0, 0), "b": (info, 1, 1)} and not gc.is_tracked(placed)
+    placed = {}
+    # (serials past the ints Python caches)
+    assert place(placed, [Reader({f"a{i}": info for i in range(300)}), Reader({"b": info})], TensorInfo) is True
+    assert list(placed.values()) == [(info, 0, i) for i in range(300)] + [(info, 1, 300)]
+    placed = {"a": (info, 0, 0), "b": (info, 1, 1)}
     assert place(placed, [Reader({"c": info})], TensorInfo) is True and list(placed) == ["a", "b"]  # filled already
 
     class Name(str):
@@ -101,17 +108,17 @@ def test_the_c_map_declines_what_it_cannot_leave_untracked():
     class Racing:  # another thread fills the map while this one reads the readers' tables
         @property
         def tensors(self):
-            placed["z"] = (info, 0)
+            placed["z"] = (info, 0, 0)
             return {"a": info}
 
     placed = {}
-    assert place(placed, [Racing()], TensorInfo) is True and placed == {"z": (info, 0)}
+    assert place(placed, [Racing()], TensorInfo) is True and placed == {"z": (info, 0, 0)}
 
 
 @pytest.mark.skipif(checkpoint._place_c is None, reason="weightio._speedups is not built here")
 def test_no_finalizer_sees_the_c_map_half_filled():
     """A collection in the middle of the fill (Python 3.10 and 3.11 collect while C allocates)
-    could run a finalizer, and any thread, while the map was part-filled: the pairs are made with
+    could run a finalizer, and any thread, while the map was part-filled: the triples are made with
     the collector off in a dict of place's own, and the map goes from empty to full in one step."""
     from weightio.records import TensorInfo
 

@@ -38,8 +38,8 @@ def way(request, monkeypatch):
 
 
 def _plain_hits(vb):
-    """Requests the short path recorded and no fold has counted yet (names; the others are tuples)."""
-    return sum(type(hit) is str for hit in vb._shared.usage.queued)
+    """Requests the short path recorded (the sum of the times counted at each name's serial)."""
+    return int(np.frombuffer(bytes(vb._shared.usage.plain), np.int64)[0::3].sum())
 
 
 def _general(vb, shape, name):
@@ -202,39 +202,57 @@ def test_a_map_entry_that_names_no_reader_goes_the_general_way(way):
         shape = ckpt[name].shape  # (a first lookup by name: fills the map)
         vb.get(shape, name)  # (the general way: caches the element view the short path slices)
         placed, plain = ckpt._placed, vb._plain
-        assert plain[1] is placed and plain[9] is ckpt._readers and plain[10] == ""
+        assert plain[0] is placed and plain[1] is ckpt._readers and plain[8] == ""
         assert plain_get(plain, name, shape).shape == shape
-        info, at = placed[name]
+        info, at, serial = placed[name]
+        assert list(placed)[serial] == name and len(vb._shared.usage.plain) == 24 * len(ckpt)
         for wrong in (len(ckpt._readers), -1, 2**64, 0.0, None):
-            placed[name] = (info, wrong)
+            placed[name] = (info, wrong, serial)
+            assert plain_get(plain, name, shape) is None
+            placed[name] = (info, at, wrong if wrong is not len(ckpt._readers) else len(ckpt))
             assert plain_get(plain, name, shape) is None
         placed[name] = (info, at)
+        assert plain_get(plain, name, shape) is None
+        placed[name] = (info, at, serial)
+        times = vb._shared.usage._slots[3 * serial]
+        assert plain_get(plain, name, shape).shape == shape
+        assert vb._shared.usage._slots[3 * serial] == times + 1 and times in (1, 2)  # (C: the first was general)
         del placed[name]
         assert plain_get(plain, name, shape) is None
         if way == "c":
-            with pytest.raises(TypeError, match="plain a tuple of 11"):
-                plain_get(plain[:10], name, shape)
+            with pytest.raises(TypeError, match="plain a tuple of 9"):
+                plain_get(plain[:8], name, shape)
 
 
-def test_the_last_resolutions_kept_are_the_renames_only():
-    """`Usage.last` holds a name only while its last request resolved to another stored name: a fold
-    of plain hits and requests resolved to themselves leaves it empty (nothing to reconcile)."""
-    usage = Usage({"a": None, "b": None, "d": None})
-    usage.hit("a", "a", 4)
-    usage.plain_hit("b")
+def test_the_record_of_a_request_is_its_stamp_and_the_report_merges_both_kinds_by_stamp():
+    """A plain hit counts times, first and last stamp at the name's serial; any other request is
+    queued with its stamp and folded into `counts`, `first` and `last` (by stamp, whatever order the
+    queue holds them in); the report takes a name's first request for its order and its last for
+    what it resolved to."""
+    usage = Usage({"a": (Info(4), 0, 0), "b": (Info(8), 0, 1), "d": (Info(12), 0, 2)}, 3)
+    usage.hit("a", "a", 4)  # stamp 1
+    usage.plain_hit(1)  # "b", stamp 2
+    usage.plain_hit(1)  # stamp 3
+    assert np.frombuffer(bytes(usage.plain), np.int64).tolist() == [0, 0, 0, 2, 2, 3, 0, 0, 0]
+    assert usage.queued == [("a", "a", 4, 1)]
+    usage.queued.append(("c", "d", 12, 5))  # (a stamp taken later than the next, queued first)
+    usage.queued.append(("c", "b", 8, 4))
     usage.fold()
-    assert usage.last == {}
-    usage.hit("c", "d", 4)
-    usage.hit("e", "b", 4)
+    assert (usage.first, usage.last) == ({"a": 1, "c": 4}, {"a": (1, "a"), "c": (5, "d")})
+    assert usage.counts == {("a", "a", 4): 1, ("c", "d", 12): 1, ("c", "b", 8): 1}
+    assert next(usage.stamps) == 4  # (the two appended by hand took none)
+    usage.hit("b", "d", 12)  # stamp 5: "b" asked, resolved elsewhere after its plain hits
     usage.fold()
-    assert usage.last == {"c": "d", "e": "b"}
-    usage.plain_hit("e")  # (asked as a stored name now)
-    usage.fold()
-    assert usage.last == {"c": "d"}
-    usage.hit("c", "c", 8)
-    usage.plain_hit("b")
-    usage.fold()
-    assert usage.last == {}
+    assert usage.hits() == {"a": ("a", 4), "b": ("d", 2 * 8 + 12), "c": ("d", 20)}
+    usage.plain_hit(1)  # "b" as itself again
+    usage.plain_hit(0)  # "a", first plain hit after its other request
+    assert list(usage.hits().items()) == [("a", ("a", 8)), ("b", ("b", 3 * 8 + 12)), ("c", ("d", 20))]
+    assert usage.used() == {"a", "b", "d"}
+
+
+class Info:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
 
 
 def test_the_record_folds_to_what_a_replay_of_the_requests_gives():
@@ -243,23 +261,19 @@ def test_the_record_folds_to_what_a_replay_of_the_requests_gives():
     bytes) and the same stored names used."""
     import random
 
-    class Info:
-        def __init__(self, nbytes):
-            self.nbytes = nbytes
-
-    sizes = {name: Info(4 * (i + 1)) for i, name in enumerate("abcdef")}
+    placed = {name: (Info(4 * (i + 1)), 0, i) for i, name in enumerate("abcdef")}
     rng = random.Random(7)
     for _ in range(300):
-        usage, requests = Usage(sizes), []
+        usage, requests = Usage(placed, len(placed)), []
         for _ in range(rng.randrange(1, 30)):
             asked = rng.choice("abcdef")
             if rng.random() < 0.5:
-                usage.plain_hit(asked)
-                requests.append((asked, asked, sizes[asked].nbytes))
+                usage.plain_hit(placed[asked][2])
+                requests.append((asked, asked, placed[asked][0].nbytes))
             else:
                 stored = rng.choice("abcdef")
-                usage.hit(asked, stored, sizes[stored].nbytes)
-                requests.append((asked, stored, sizes[stored].nbytes))
+                usage.hit(asked, stored, placed[stored][0].nbytes)
+                requests.append((asked, stored, placed[stored][0].nbytes))
             if rng.random() < 0.2:
                 usage.fold_queued()
         expected: dict[str, tuple[str, int]] = {}

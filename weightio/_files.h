@@ -155,13 +155,12 @@ static PyObject *open_head(PyObject *module, PyObject *const *args, Py_ssize_t n
     return out;
 }
 
-static PyObject *FAST, *CLOSED, *FILE_, *FOLD; /* names, interned at import */
+static PyObject *FAST, *CLOSED, *FILE_; /* names, interned at import */
 
 static int files_init(void) {
     return (FAST = PyUnicode_InternFromString("_fast")) == NULL ||
                    (CLOSED = PyUnicode_InternFromString("_closed")) == NULL ||
-                   (FILE_ = PyUnicode_InternFromString("file")) == NULL ||
-                   (FOLD = PyUnicode_InternFromString("fold_queued")) == NULL
+                   (FILE_ = PyUnicode_InternFromString("file")) == NULL
                ? -1
                : 0;
 }
@@ -210,13 +209,6 @@ static long long count_of(PyObject *number) {
     int overflow;
     long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
     return overflow || value < 0 ? -1 : value; /* (no error is set for an exact int) */
-}
-
-/* usage.fold_queued(): 0, or -1 with an error set */
-static int fold(PyObject *usage) {
-    PyObject *folded = PyObject_CallMethodNoArgs(usage, FOLD);
-    Py_XDECREF(folded);
-    return folded == NULL ? -1 : 0;
 }
 
 /* Elements [first, end) of `file`'s cached element view for `dtype` (a one-dimensional, contiguous,
@@ -300,39 +292,61 @@ PyDoc_STRVAR(plain_get_doc,
 "VarBuilder.get's shortest path, as view.plain_get_py does it: the stored tensor head + name as a\n"
 "zero-copy numpy view, when its stored shape is `shape` (a tuple of ints), it is viewed as stored\n"
 "elements of a local mapped file whose element view is cached, and the changed-file check passes;\n"
-"the request recorded. None for anything else (the caller's general path serves or refuses it).\n"
-"`plain` is a cursor's (infos, placed, only, usage.queued, usage, FOLD_AT, element_sizes,\n"
-"plain_readers, MappedFile, readers, head).");
+"the request counted at the name's serial. None for anything else (the caller's general path serves\n"
+"or refuses it). `plain` is a cursor's (placed, readers, usage.stamps, usage.plain, element_sizes,\n"
+"plain_readers, MappedFile, usage, head).");
+
+/* The request's record, as Usage.plain_hit makes it, at `serial` of `record` (a bytearray of three
+   int64 a name: times, first stamp, last stamp) with the next stamp of `stamps`: 1, 0 where a stamp
+   is not a count (never, for an itertools.count), -1 with an error set. With the GIL held throughout,
+   no other thread sees the three half updated. */
+static int plain_record(PyObject *record, long long serial, PyObject *stamps) {
+    PyObject *next = Py_TYPE(stamps)->tp_iternext(stamps);
+    if (next == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    long long stamp = count_of(next), slots[3];
+    Py_DECREF(next);
+    if (stamp <= 0)
+        return 0;
+    char *at = PyByteArray_AS_STRING(record) + serial * (long long)sizeof(slots);
+    memcpy(slots, at, sizeof(slots)); /* (a bytearray's storage need not be aligned for int64) */
+    if (slots[0] == 0)
+        slots[1] = stamp;
+    slots[0] += 1;
+    slots[2] = stamp;
+    memcpy(at, slots, sizeof(slots));
+    return 1;
+}
 
 static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 11 ||
-        !PyUnicode_CheckExact(PyTuple_GET_ITEM(args[0], 10))) {
-        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 11, its last a str");
+    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 9 ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(args[0], 8))) {
+        PyErr_SetString(PyExc_TypeError, "plain_get(plain, name, shape): plain a tuple of 9, its last a str");
         return NULL;
     }
     PyObject *const *fast = &PyTuple_GET_ITEM(args[0], 0);
-    PyObject *head = fast[10], *name = args[1], *shape = args[2];
-    PyObject *infos = fast[0], *placed = fast[1], *only = fast[2], *queued = fast[3], *usage = fast[4];
-    PyObject *sizes = fast[6], *plain_readers = fast[7], *mapped = fast[8], *readers = fast[9];
+    PyObject *head = fast[8], *name = args[1], *shape = args[2];
+    PyObject *placed = fast[0], *readers = fast[1], *stamps = fast[2], *record = fast[3];
+    PyObject *sizes = fast[4], *plain_readers = fast[5], *mapped = fast[6];
     if (!PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0 || !PyTuple_CheckExact(shape) ||
-        !PyDict_CheckExact(infos) || !PyDict_CheckExact(placed) || !PyList_CheckExact(queued) ||
-        !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers) || !PyList_CheckExact(readers))
+        !PyDict_CheckExact(placed) || !PyList_CheckExact(readers) || Py_TYPE(stamps)->tp_iternext == NULL ||
+        !PyByteArray_CheckExact(record) || !PyDict_CheckExact(sizes) || !PyDict_CheckExact(plain_readers))
         Py_RETURN_NONE;
     PyObject *full = PyUnicode_GET_LENGTH(head) ? PyUnicode_Concat(head, name) : Py_NewRef(name);
     if (full == NULL)
         return NULL;
-    PyObject *out = NULL, *info, *reader = only;
-    if (only != Py_None) {
-        info = PyDict_GetItemWithError(infos, full); /* borrowed: `infos` never changes */
-    } else { /* several files: (info, index of its reader) in one lookup (`placed`: filled by a first
-                request the general way; the info is the index's own too) */
-        PyObject *found = PyDict_GetItemWithError(placed, full);
-        long long at = -1;
-        if (found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2 &&
-            PyLong_CheckExact(PyTuple_GET_ITEM(found, 1)))
-            at = count_of(PyTuple_GET_ITEM(found, 1)); /* (-1, no error, for one that does not fit) */
-        info = at >= 0 && at < (long long)PyList_GET_SIZE(readers) ? PyTuple_GET_ITEM(found, 0) : NULL;
-        reader = info != NULL ? PyList_GET_ITEM(readers, (Py_ssize_t)at) : NULL;
+    /* (info, index of its reader, serial) in one lookup (`placed`: filled by a first request the
+       general way; the info is the index's own too) */
+    PyObject *out = NULL, *found = PyDict_GetItemWithError(placed, full), *info = NULL, *reader = NULL;
+    long long at = -1, serial = -1;
+    if (found != NULL && PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 3) {
+        at = count_of(PyTuple_GET_ITEM(found, 1)); /* (-1, no error, for one that is not an int that fits) */
+        serial = count_of(PyTuple_GET_ITEM(found, 2));
+    }
+    if (at >= 0 && at < (long long)PyList_GET_SIZE(readers) && serial >= 0 &&
+        serial < (long long)(PyByteArray_GET_SIZE(record) / 24)) {
+        info = PyTuple_GET_ITEM(found, 0);
+        reader = PyList_GET_ITEM(readers, (Py_ssize_t)at);
     }
     if (info == NULL)
         goto check;
@@ -344,10 +358,10 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (!PyTuple_CheckExact(stored_shape) || PyTuple_GET_SIZE(stored_shape) != rank)
         goto none;
     for (Py_ssize_t i = 0; i < rank; i++) {
-        PyObject *asked = PyTuple_GET_ITEM(shape, i), *found = PyTuple_GET_ITEM(stored_shape, i);
-        if (!PyLong_CheckExact(asked) || !PyLong_CheckExact(found))
+        PyObject *asked = PyTuple_GET_ITEM(shape, i), *stored = PyTuple_GET_ITEM(stored_shape, i);
+        if (!PyLong_CheckExact(asked) || !PyLong_CheckExact(stored))
             goto none;
-        int equal = PyObject_RichCompareBool(asked, found, Py_EQ);
+        int equal = PyObject_RichCompareBool(asked, stored, Py_EQ);
         if (equal <= 0) {
             if (equal < 0)
                 goto done;
@@ -379,10 +393,12 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_DECREF(info);
     if (out == NULL || out == Py_None)
         goto done;
-    /* the request's record, as Usage.plain_hit makes it: the name queued, folded once FOLD_AT wait */
-    long long fold_at = count_of(fast[5]); /* (not a count: folded at once) */
-    if (PyList_Append(queued, full) < 0 || (PyList_GET_SIZE(queued) >= fold_at && fold(usage) < 0))
-        Py_CLEAR(out);
+    /* (the record's size was checked above; `plain` keeps it from being resized, by a memoryview) */
+    int recorded = serial < (long long)(PyByteArray_GET_SIZE(record) / 24) ? plain_record(record, serial, stamps) : 0;
+    if (recorded <= 0) {
+        Py_DECREF(out);
+        out = recorded < 0 ? NULL : Py_NewRef(Py_None);
+    }
     goto done;
 check:
     if (PyErr_Occurred())

@@ -399,32 +399,41 @@ static PyObject *index_json(PyObject *module, PyObject *args) {
 
 PyDoc_STRVAR(place_doc,
 "place(placed, readers, info_type)\n--\n\n"
-"Fill the empty dict `placed` with name -> (info, i) for every name and info of readers[i].tensors\n"
-"(a list of readers, each `tensors` a dict of str -> `info_type`), in one step no thread sees half\n"
-"done: the pairs are made in a dict of this call's own with the cyclic garbage collector off (so no\n"
-"finalizer, and no other thread, runs meanwhile), then moved into `placed` by one update. Each pair\n"
-"is untracked by the collector, and so `placed` is too: an info holds data only (a dtype, tuples of\n"
-"ints, ints, None, a str, as every reader makes it) and no pair is part of any cycle, so a 90k-name\n"
-"map adds nothing to a collection. True when filled (or already filled), False where it declined\n"
-"(a `tensors` not a dict, a name not a str, an info of another type): the caller fills it.");
+"Fill the empty dict `placed` with name -> (info, i, serial) for every name and info of\n"
+"readers[i].tensors (a list of readers, each `tensors` a dict of str -> `info_type`; serial counts\n"
+"the names from 0, readers in order, each in its own order: the name's place in `placed`), in one\n"
+"step no thread sees half done: the triples are made in a dict of this call's own with the cyclic\n"
+"garbage collector off (so no finalizer, and no other thread, runs meanwhile), then moved into\n"
+"`placed` by one update. Each triple is untracked by the collector, and so `placed` is too: an info\n"
+"holds data only (a dtype, tuples of ints, ints, None, a str, as every reader makes it) and no\n"
+"triple is part of any cycle, so a 90k-name map adds nothing to a collection. True when filled (or\n"
+"already filled), False where it declined (a `tensors` not a dict, a name not a str, an info of\n"
+"another type): the caller fills it.");
 
-/* place's pairs for `tables` (each reader's `tensors`, exact dicts) in a new dict, or NULL: an error
+/* place's triples for `tables` (each reader's `tensors`, exact dicts) in a new dict, or NULL: an error
    set, or none (declined). The caller has the collector off: nothing here runs Python code. */
-static PyObject *placed_pairs(PyObject *tables, PyObject *info_type) {
-    PyObject *built = PyDict_New();
+static PyObject *placed_triples(PyObject *tables, PyObject *info_type) {
+    Py_ssize_t serial = 0, names = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tables); i++)
+        names += PyDict_GET_SIZE(PyList_GET_ITEM(tables, i));
+    PyObject *built = _PyDict_NewPresized(names); /* (sized once: no resize while it fills) */
     for (Py_ssize_t i = 0; built != NULL && i < PyList_GET_SIZE(tables); i++) {
-        PyObject *index = PyLong_FromSsize_t(i), *name, *info, *pair = NULL;
+        PyObject *index = PyLong_FromSsize_t(i), *name, *info, *triple = NULL, *number = NULL;
         Py_ssize_t at = 0;
         int ok = index != NULL;
         while (ok && PyDict_Next(PyList_GET_ITEM(tables, i), &at, &name, &info)) {
             /* (a str subclass's __eq__ or __hash__ would run code; another info type may hold anything) */
             ok = PyUnicode_CheckExact(name) && Py_TYPE(info) == (PyTypeObject *)info_type &&
-                 (pair = PyTuple_Pack(2, info, index)) != NULL;
-            if (pair != NULL)
-                PyObject_GC_UnTrack(pair); /* (before it is stored: a tracked value would make `built` tracked) */
-            ok = ok && PyDict_SetItem(built, name, pair) == 0;
-            Py_XDECREF(pair);
-            pair = NULL;
+                 (number = PyLong_FromSsize_t(serial++)) != NULL;
+            if (ok) {
+                triple = PyTuple_Pack(3, info, index, number);
+                Py_DECREF(number);
+            }
+            if (triple != NULL)
+                PyObject_GC_UnTrack(triple); /* (before it is stored: a tracked value would make `built` tracked) */
+            ok = ok && triple != NULL && PyDict_SetItem(built, name, triple) == 0;
+            Py_XDECREF(triple);
+            triple = NULL;
         }
         Py_XDECREF(index);
         if (!ok)
@@ -453,7 +462,7 @@ static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     if (filled > 0 && PyDict_GET_SIZE(placed) == 0) { /* (not filled by another thread meanwhile) */
         int collecting = PyGC_Disable();
-        PyObject *built = placed_pairs(tables, args[2]);
+        PyObject *built = placed_triples(tables, args[2]);
         if (collecting)
             PyGC_Enable();
         if (built == NULL)
@@ -505,7 +514,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 9) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 10) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,12 +44,15 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .errors import CorruptFileError
 
@@ -124,44 +127,54 @@ def listing(names: Sequence[str]) -> str:
 class Usage:
     """Every request made through any cursor of one builder (shared, thread-safe).
 
-    A hit is queued without a lock (a ``list.append``: a ``get`` is a few microseconds and the
-    lock was a tenth of it) and counted into `counts` and `last` under `lock`, by `fold`, before
-    any reader looks, and whenever `FOLD_AT` hits are queued (bounded memory however many times a
-    process calls ``get``; the C path reads `FOLD_AT` as it was when the builder was made). One
-    queue, in request order: a request `get`'s shortest path served is its name (asked = stored,
-    the bytes the tensor's own, from `sizes`: no tuple made), any other ``(asked, stored, bytes)``.
-    A fold takes the queue's first hits while appends go on at its end, and counts them in C
-    (``Counter.update``); a fold that read each hit in Python cost more than the rest of a
-    ``get``, and only a fold that holds other requests does (for `last`, which needs their order
-    and holds only the names a request resolved to another stored name: a rename, a wrapper rule, a
-    legacy name or the base-model prefix; a fold of plain hits has nothing to do there unless some did).
+    Each request takes a stamp, its place in the order of all requests (`stamps`, an
+    ``itertools.count``: ``next`` is atomic under the GIL). A request `get`'s shortest path served
+    (asked = stored, a name of the checkpoint's `placed` map) is counted in `plain`, an array of
+    three int64 per name, at the name's serial (`Checkpoint._placed_triple`): times, first stamp,
+    last stamp. No table is looked up for it: counting it in a 90k-name ``Counter`` (a miss in a
+    table of that size, and an insert the first time) was a fifth of a ``get``. The C path
+    (`_speedups.plain_get`) updates the three numbers with the GIL held, so no other thread sees
+    them half done; `plain_hit`, the Python path's, holds `lock`. Any other request is queued
+    without a lock as ``(asked, stored, bytes, stamp)`` (a ``list.append``) and counted into
+    `counts`, `first` and `last` under `lock`, by `fold`, before any reader looks, and whenever
+    `FOLD_AT` of them are queued (bounded memory however many times a process calls ``get``). A
+    report merges both by stamp: a name's first request orders it, its last says what it resolved
+    to (a rename, a wrapper rule, a legacy name or the base-model prefix: another stored name).
     """
 
     FOLD_AT = 4096
 
-    def __init__(self, sizes: Mapping[str, Any] | None = None) -> None:
-        # (asked, stored, bytes handed out) -> times, or a plain hit's name -> times, in first-request
-        # order; asked -> the stored name of its last request, where that was another name (else: asked)
-        self.counts: Counter[tuple[str, str, int] | str] = Counter()
-        self.last: dict[str, str] = {}
+    def __init__(self, placed: Mapping[str, tuple[Any, int, int]] | None = None, count: int = 0) -> None:
+        # `placed`: a checkpoint's name -> (info, reader, serial) map, filled before the first plain
+        # hit (its keys in serial order); `count`: how many names it holds then
+        self.placed = placed if placed is not None else {}
+        self.plain = bytearray(24 * count)  # serial -> (times, first stamp, last stamp), int64s; 0: never
+        self._slots = memoryview(self.plain).cast("q")  # (which also keeps `plain` from being resized)
+        self.stamps = itertools.count(1)
+        self.counts: Counter[tuple[str, str, int]] = Counter()  # (asked, stored, bytes handed out) -> times
+        self.first: dict[str, int] = {}  # asked -> stamp of its first other request
+        self.last: dict[str, tuple[int, str]] = {}  # asked -> (stamp, stored) of its last other request
         self.missing: dict[str, None] = {}
         self.mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lock = threading.Lock()
-        self.queued: list[tuple[str, str, int] | str] = []
-        self.sizes = sizes  # stored name -> its `TensorInfo`, for the bytes of plain hits
+        self.queued: list[tuple[str, str, int, int]] = []
 
     def hit(self, asked: str, stored: str, nbytes: int) -> None:
         queued = self.queued
-        queued.append((asked, stored, nbytes))
+        queued.append((asked, stored, nbytes, next(self.stamps)))
         if len(queued) >= self.FOLD_AT:
             self.fold_queued()
 
-    def plain_hit(self, name: str) -> None:
-        """`hit(name, name, the tensor's bytes)`, as `get`'s shortest path records it (the C one too)."""
-        queued = self.queued
-        queued.append(name)
-        if len(queued) >= self.FOLD_AT:
-            self.fold_queued()
+    def plain_hit(self, serial: int) -> None:
+        """`hit(name, name, the tensor's bytes)` of the name at `serial` of `placed`, as `get`'s
+        shortest path records it (the C one does the same with the GIL held)."""
+        slots, at = self._slots, 3 * serial
+        with self.lock:
+            stamp = next(self.stamps)
+            if not slots[at]:
+                slots[at + 1] = stamp
+            slots[at] += 1
+            slots[at + 2] = stamp
 
     def fold_queued(self) -> None:
         """`fold` under `lock`."""
@@ -169,45 +182,71 @@ class Usage:
             self.fold()
 
     def fold(self) -> None:
-        """Count the queued hits into `counts` and `last`; the caller holds `lock` (so one thread
-        folds at a time, and only the folder takes from the queue: appends may go on meanwhile)."""
+        """Count the queued requests into `counts`, `first` and `last`; the caller holds `lock` (so
+        one thread folds at a time, and only the folder takes from the queue: appends may go on
+        meanwhile, and a stamp taken before another may be queued after it)."""
         queued = self.queued
         hits = queued[:]
-        del queued[: len(hits)]  # (hits appended meanwhile stay queued)
+        del queued[: len(hits)]  # (requests appended meanwhile stay queued)
         if not hits:
             return
-        self.counts.update(hits)
-        last = self.last
-        if tuple in set(map(type, hits)):
-            for one in hits:  # in order: `last` holds a name while its last request resolved to another
-                if type(one) is str:
-                    if last:
-                        last.pop(one, None)
-                elif one[0] != one[1]:
-                    last[one[0]] = one[1]
-                elif last:
-                    last.pop(one[0], None)
-        elif last:  # only plain hits: a name resolved to another stored name before now resolves to itself
-            for name in last.keys() & hits:
-                del last[name]
+        self.counts.update([hit[:3] for hit in hits])
+        first, last = self.first, self.last
+        for asked, stored, _, stamp in hits:
+            if stamp < first.get(asked, stamp + 1):
+                first[asked] = stamp
+            if stamp > last.get(asked, (0,))[0]:
+                last[asked] = (stamp, stored)
+
+    def _served(self) -> tuple[list[str], list[int], np.ndarray]:
+        """The names the shortest path served, in first-request order, their bytes handed out and
+        their rows of `plain` (times, first stamp, last stamp), from a copy of it (the C path
+        records meanwhile)."""
+        rows = np.frombuffer(bytes(self.plain), np.int64).reshape(-1, 3)
+        served = np.flatnonzero(rows[:, 0])
+        served = served[np.argsort(rows[served, 1], kind="stable")]
+        if not len(served):
+            return [], [], rows[:0]
+        names, values, serials = list(self.placed), list(self.placed.values()), served.tolist()
+        rows = rows[served]
+        handed = [values[i][0].nbytes * times for i, times in zip(serials, rows[:, 0].tolist(), strict=True)]
+        return [names[i] for i in serials], handed, rows
 
     def hits(self) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order
         (the caller holds `lock`, after a `fold`)."""
-        handed: dict[str, int] = {}
-        sizes = self.sizes
-        for key, times in self.counts.items():
-            if type(key) is str:
-                asked, nbytes = key, sizes[key].nbytes
+        names, handed, rows = self._served()
+        if not self.first:
+            return dict(zip(names, zip(names, handed, strict=True), strict=True))
+        other: dict[str, int] = {}  # asked -> bytes handed out by the other requests
+        for (asked, _, nbytes), times in self.counts.items():
+            other[asked] = other.get(asked, 0) + nbytes * times
+        asked_names, stored = list(names), list(names)
+        firsts, lasts = rows[:, 1].tolist(), rows[:, 2].tolist()
+        where = {name: i for i, name in enumerate(names)}
+        for asked, first in self.first.items():
+            stamp, resolved = self.last[asked]
+            i = where.get(asked)
+            if i is None:
+                asked_names.append(asked)
+                stored.append(resolved)
+                firsts.append(first)
+                lasts.append(stamp)
+                handed.append(0)
+                i = len(handed) - 1
             else:
-                asked, _, nbytes = key
-            handed[asked] = handed.get(asked, 0) + nbytes * times
-        last = self.last
-        return {asked: (last.get(asked, asked), nbytes) for asked, nbytes in handed.items()}
+                firsts[i] = min(firsts[i], first)
+                if stamp > lasts[i]:
+                    lasts[i], stored[i] = stamp, resolved
+            handed[i] += other[asked]
+        order = np.argsort(np.array(firsts, np.int64), kind="stable").tolist()
+        return {asked_names[i]: (stored[i], handed[i]) for i in order}
 
     def used(self) -> set[str]:
         """Every stored name handed out (the caller holds `lock`, after a `fold`)."""
-        return {key if type(key) is str else key[1] for key in self.counts}
+        served = np.flatnonzero(np.frombuffer(bytes(self.plain), np.int64)[0::3]).tolist()
+        names = list(self.placed) if served else []
+        return {names[i] for i in served} | {key[1] for key in self.counts}
 
     def miss(self, asked: str) -> None:
         with self.lock:

@@ -61,11 +61,14 @@ class _Shared:
         # sources, or not a Checkpoint)
         only = store.sources[0] if len(store.sources) == 1 else None
         if type(only) is not Checkpoint:
-            self.usage, self.fast = Usage(), None
+            self.usage, self.fast, self.fill = Usage(), None, None
             return
-        self.usage = usage = Usage(only._infos)
-        self.fast = (only._infos, only._placed, only._only, usage.queued, usage, usage.FOLD_AT, ELEMENT_SIZES,
-                     PLAIN_READERS, MappedFile, only._readers)
+        self.usage = usage = Usage(only._placed, len(only))
+        self.fast = (only._placed, only._readers, usage.stamps, usage.plain, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
+                     usage)
+        # (fills the checkpoint's name -> (info, reader, serial) map the short path reads: a
+        # sharded checkpoint's first lookup by name does it too)
+        self.fill = only._fill_placed
 
 
 class VarBuilder:
@@ -277,6 +280,8 @@ class VarBuilder:
             out = plain_get(plain, name, shape)
             if out is not None:
                 return out
+            if not plain[0]:  # (the map it reads is made by the first request: this one goes the general way)
+                self._shared.fill()
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)
@@ -383,7 +388,9 @@ class VarBuilder:
         usage, store = self._shared.usage, self._shared.store
         with usage.lock:
             usage.fold()
-            hits = {a: h for a, h in usage.hits().items() if self._covers(a)}
+            hits = usage.hits()
+            if self._path:  # (at the root every request is covered)
+                hits = {a: h for a, h in hits.items() if self._covers(a)}
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))
             used_all = usage.used()

@@ -328,31 +328,32 @@ def plain_get_py(plain: tuple, name: Any, shape: Any) -> np.ndarray | None:
     """`VarBuilder.get` of ``head + name`` stored under that name, on numpy as stored, when its
     stored shape is `shape` (a tuple of ints): `stored_array`'s view, the request recorded. None for
     any other request, which the caller serves the general way (or refuses). `plain` is a cursor's
-    ``(infos, placed, only, usage.queued, usage, FOLD_AT, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
-    readers, head)`` (the builder's, made once, and the cursor's prefix): with several readers a
-    name's info and reader index come from `placed` (`Checkpoint._placed`, empty until the first
-    request by name, which the general way serves). The C `plain_get` does the same, taking the
-    cached element views `stored_array` made and leaving the rest to this way."""
+    ``(placed, readers, usage.stamps, usage.plain, ELEMENT_SIZES, PLAIN_READERS, MappedFile, usage,
+    head)`` (the builder's, made once, and the cursor's prefix): a name's info, reader index and
+    serial come from `placed` (`Checkpoint._placed`, empty until the first request, which the
+    general way serves), and the request is counted at its serial (`Usage.plain_hit`). The C
+    `plain_get` does the same, taking the cached element views `stored_array` made and leaving the
+    rest to this way."""
     if type(name) is not str or not name or type(shape) is not tuple:
         return None
-    infos, placed, only, _, usage, _, _, _, _, readers, head = plain
+    placed, readers, _, _, _, _, _, usage, head = plain
     full = head + name
-    if only is not None:
-        info, reader = infos.get(full), only
-    else:
-        found = placed.get(full)
-        at = found[1] if type(found) is tuple and len(found) == 2 else None
-        if type(at) is not int or not 0 <= at < len(readers):  # (the map's own pairs always are: as C checks)
-            return None
-        info, reader = found[0], readers[at]
-    if info is None or info.shape != shape:
+    found = placed.get(full)
+    if type(found) is not tuple or len(found) != 3:
+        return None
+    info, at, serial = found
+    # (the map's own triples always hold a reader's index and a serial within the record: as C checks)
+    if (type(at) is not int or not 0 <= at < len(readers) or type(serial) is not int
+            or not 0 <= serial < len(usage.plain) // 24):
+        return None
+    if info.shape != shape:
         return None
     for d in shape:  # (equal to the stored ints; a bool, float or numpy int goes the general way)
         if type(d) is not int:
             return None
-    out = stored_array(reader, full, info)
+    out = stored_array(readers[at], full, info)
     if out is not None:
-        usage.plain_hit(full)
+        usage.plain_hit(serial)
     return out
 
 
