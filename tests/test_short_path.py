@@ -307,3 +307,79 @@ def test_mapped_slice_declines_an_empty_shape_numpy_cannot_index():
         assert speedups.mapped_slice(file, np.dtype("<f4"), 1, 1, (0, 2**20, 2**20)).shape == (0, 2**20, 2**20)
     finally:
         os.close(path_fd)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
+def test_a_request_served_while_a_report_reads_the_record_is_in_its_used_or_unused(monkeypatch):
+    """The C path records without the report's lock (the Python path waits for it): a report reads
+    one copy of the record for both its hits and its used names, so a name first served between
+    the two is in `unused` (as of the copy), never in neither list."""
+    with wio.VarBuilder.from_path(FIXTURES / "tiny-bert") as vb:
+        names = vb.stored_names()
+        shapes = {n: tuple(vb._shared.store.value(n).shape) for n in names}
+        for name in names[:2]:
+            vb.get(shapes[name], name)
+            vb.get(shapes[name], name)  # (the first fills the map, the second goes the short way)
+        before = _plain_hits(vb)
+        used = Usage.used
+
+        def racing(usage, plain=None):  # what another thread's `get` may do in the middle of a report
+            vb.get(shapes[names[5]], names[5])
+            return used(usage, plain)
+
+        monkeypatch.setattr(Usage, "used", racing)
+        report = vb.report()
+        assert _plain_hits(vb) == before + 1  # (served by the short path, during the report)
+        assert report.used == tuple(names[:2]) and report.unused == tuple(names[2:])
+        monkeypatch.setattr(Usage, "used", used)
+        assert vb.report().used == (*names[:2], names[5])
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C module is not built")
+def test_the_record_is_bounds_checked_after_the_stamp_is_taken():
+    """A `stamps` that runs Python code (never the builder's `itertools.count`, but a hand-made
+    `plain` can hold one) may shrink the record meanwhile: the serial is checked against its size
+    after the stamp, and nothing is written past it."""
+    with wio.VarBuilder.from_path(FIXTURES / "tiny-bert-sharded") as vb:
+        name = vb.stored_names()[30]
+        shape = tuple(vb._shared.store.value(name).shape)
+        vb.get(shape, name)
+        vb.get(shape, name)
+        record = bytearray(len(vb._shared.usage.plain))  # (no memoryview on it: it can shrink)
+
+        class Shrinking:
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                del record[24:]
+                return 7
+
+        plain = list(vb._plain)
+        plain[2], plain[3] = Shrinking(), record
+        assert NATIVE(tuple(plain), name, shape) is None and record == bytes(24)
+        plain[2] = iter([7, 8])
+        record[:] = bytes(len(vb._shared.usage.plain))
+        serial = vb._shared.store.sources[0]._placed[name][2]
+        assert NATIVE(tuple(plain), name, shape).shape == shape
+        assert np.frombuffer(bytes(record), np.int64)[3 * serial : 3 * serial + 3].tolist() == [1, 7, 7]
+        assert NATIVE(tuple(plain), name, shape).shape == shape
+        assert np.frombuffer(bytes(record), np.int64)[3 * serial : 3 * serial + 3].tolist() == [2, 7, 8]
+        assert NATIVE(tuple(plain), name, shape) is None  # (the stamps ran out: not recorded, not served)
+
+
+def test_a_checkpoint_the_short_path_cannot_serve_gets_no_map_and_no_record(way):
+    """In C the short path serves safetensors files on a local mapping only: a builder over a
+    PyTorch file does not take it, and makes neither the name map nor the record (the Python way
+    serves every reader)."""
+    path = FIXTURES / "pytorch" / "resnet18_like.pth"
+    with wio.VarBuilder.from_path(path) as vb:
+        ckpt = vb._shared.store.sources[0]
+        for name in vb.stored_names():
+            shape = tuple(ckpt[name].shape)
+            vb.get(shape, name)
+            vb.get(shape, name)
+        assert (ckpt._placed != {}) is (way == "python") and (vb._plain is None) is (way == "c")
+        assert len(vb._shared.usage.plain) == (24 * len(ckpt) if way == "python" else 0)
+        assert _plain_hits(vb) == (2 * len(ckpt) - 1 if way == "python" else 0)  # (the first: the general way)
+        assert vb.report().unused == ()

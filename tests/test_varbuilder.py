@@ -113,7 +113,7 @@ def test_a_tensor_asked_every_way_is_the_same_and_reported_once_each():
 def test_gets_of_stored_names_take_the_short_path_and_report_in_request_order(monkeypatch):
     """Names stored as asked, on numpy as stored (`get`'s short path), interleaved with the general
     path (a rename, a cast, an int shape): the same bytes as the writer's, one report in request
-    order, whether the queued hits are folded every 3 gets or only when the report is asked for."""
+    order, whether the general path's queued hits are folded every 3 gets or only when the report is asked for."""
     from weightio.names import Usage
 
     ref = _reference(BERT)

@@ -305,8 +305,8 @@ static int plain_record(PyObject *record, long long serial, PyObject *stamps) {
     if (next == NULL)
         return PyErr_Occurred() ? -1 : 0;
     long long stamp = count_of(next), slots[3];
-    Py_DECREF(next);
-    if (stamp <= 0)
+    Py_DECREF(next); /* (the record's size checked after: another `stamps` than a count could run code) */
+    if (stamp <= 0 || serial < 0 || serial >= (long long)(PyByteArray_GET_SIZE(record) / 24))
         return 0;
     char *at = PyByteArray_AS_STRING(record) + serial * (long long)sizeof(slots);
     memcpy(slots, at, sizeof(slots)); /* (a bytearray's storage need not be aligned for int64) */
@@ -393,8 +393,7 @@ static PyObject *plain_get(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_DECREF(info);
     if (out == NULL || out == Py_None)
         goto done;
-    /* (the record's size was checked above; `plain` keeps it from being resized, by a memoryview) */
-    int recorded = serial < (long long)(PyByteArray_GET_SIZE(record) / 24) ? plain_record(record, serial, stamps) : 0;
+    int recorded = plain_record(record, serial, stamps); /* (`record` is held by the tuple `plain`) */
     if (recorded <= 0) {
         Py_DECREF(out);
         out = recorded < 0 ? NULL : Py_NewRef(Py_None);

@@ -198,11 +198,15 @@ class Usage:
             if stamp > last.get(asked, (0,))[0]:
                 last[asked] = (stamp, stored)
 
-    def _served(self) -> tuple[list[str], list[int], np.ndarray]:
+    def snapshot(self) -> bytes:
+        """A copy of `plain`, for `hits` and `used` (the C path records without the lock: a report
+        reads one copy, so a name first served between two reads is in both or neither)."""
+        return bytes(self.plain)
+
+    def _served(self, plain: bytes) -> tuple[list[str], list[int], np.ndarray]:
         """The names the shortest path served, in first-request order, their bytes handed out and
-        their rows of `plain` (times, first stamp, last stamp), from a copy of it (the C path
-        records meanwhile)."""
-        rows = np.frombuffer(bytes(self.plain), np.int64).reshape(-1, 3)
+        their rows of `plain` (times, first stamp, last stamp)."""
+        rows = np.frombuffer(plain, np.int64).reshape(-1, 3)
         served = np.flatnonzero(rows[:, 0])
         served = served[np.argsort(rows[served, 1], kind="stable")]
         if not len(served):
@@ -212,10 +216,10 @@ class Usage:
         handed = [values[i][0].nbytes * times for i, times in zip(serials, rows[:, 0].tolist(), strict=True)]
         return [names[i] for i in serials], handed, rows
 
-    def hits(self) -> dict[str, tuple[str, int]]:
+    def hits(self, plain: bytes | None = None) -> dict[str, tuple[str, int]]:
         """asked -> (the stored name of its last request, bytes handed out), in first-request order
-        (the caller holds `lock`, after a `fold`)."""
-        names, handed, rows = self._served()
+        (the caller holds `lock`, after a `fold`; `plain`: a `snapshot`, by default one taken now)."""
+        names, handed, rows = self._served(self.snapshot() if plain is None else plain)
         if not self.first:
             return dict(zip(names, zip(names, handed, strict=True), strict=True))
         other: dict[str, int] = {}  # asked -> bytes handed out by the other requests
@@ -242,9 +246,10 @@ class Usage:
         order = np.argsort(np.array(firsts, np.int64), kind="stable").tolist()
         return {asked_names[i]: (stored[i], handed[i]) for i in order}
 
-    def used(self) -> set[str]:
-        """Every stored name handed out (the caller holds `lock`, after a `fold`)."""
-        served = np.flatnonzero(np.frombuffer(bytes(self.plain), np.int64)[0::3]).tolist()
+    def used(self, plain: bytes | None = None) -> set[str]:
+        """Every stored name handed out (the caller holds `lock`, after a `fold`; `plain` as in `hits`)."""
+        plain = self.snapshot() if plain is None else plain
+        served = np.flatnonzero(np.frombuffer(plain, np.int64)[0::3]).tolist()
         names = list(self.placed) if served else []
         return {names[i] for i in served} | {key[1] for key in self.counts}
 

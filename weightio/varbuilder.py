@@ -44,7 +44,7 @@ from .dtypes import parse_dtype
 from .errors import ShapeMismatchError, TensorNotFoundError, WeightioError, close_matches
 from .names import LoadReport, Renamed, RenameSpec, Resolver, Sources, Usage, renamer
 from .names import listing as _listing  # (weightio.torch imports it from here)
-from .view import ELEMENT_SIZES, PLAIN_READERS, TensorView, plain_get
+from .view import ELEMENT_SIZES, PLAIN_READERS, TensorView, _plain_buffer, plain_get, plain_get_py
 
 __all__ = ["VarBuilder", "LoadReport", "RenameSpec"]
 
@@ -58,17 +58,17 @@ class _Shared:
     def __init__(self, store: Sources, resolver: Resolver, owned: Sequence[Checkpoint]) -> None:
         self.store, self.resolver, self.owned = store, resolver, list(owned)
         # `get`'s shortest path (`view.plain_get`) over the one checkpoint served (None: several
-        # sources, or not a Checkpoint)
+        # sources, not a Checkpoint, or none of its readers the C path serves: one whose `buffer`
+        # is its own, a remote file)
         only = store.sources[0] if len(store.sources) == 1 else None
-        if type(only) is not Checkpoint:
+        if type(only) is not Checkpoint or not (plain_get is plain_get_py or any(
+                _plain_buffer(type(r)) and type(getattr(r, "file", None)) is MappedFile for r in only._readers)):
             self.usage, self.fast, self.fill = Usage(), None, None
             return
         self.usage = usage = Usage(only._placed, len(only))
         self.fast = (only._placed, only._readers, usage.stamps, usage.plain, ELEMENT_SIZES, PLAIN_READERS, MappedFile,
                      usage)
-        # (fills the checkpoint's name -> (info, reader, serial) map the short path reads: a
-        # sharded checkpoint's first lookup by name does it too)
-        self.fill = only._fill_placed
+        self.fill = only._fill_placed  # (the name -> (info, reader, serial) map the short path reads)
 
 
 class VarBuilder:
@@ -388,12 +388,13 @@ class VarBuilder:
         usage, store = self._shared.usage, self._shared.store
         with usage.lock:
             usage.fold()
-            hits = usage.hits()
+            plain = usage.snapshot()  # (one copy for both: the C path records meanwhile)
+            hits = usage.hits(plain)
             if self._path:  # (at the root every request is covered)
                 hits = {a: h for a, h in hits.items() if self._covers(a)}
             missing = tuple(a for a in usage.missing if self._covers(a))
             mismatched = tuple((a, e, f) for a, (e, f) in usage.mismatched.items() if self._covers(a))
-            used_all = usage.used()
+            used_all = usage.used(plain)
         used = tuple(dict.fromkeys(s for s, _ in hits.values()))
         scopes = self._scopes(hits)
         unused = tuple(n for n in store.names if n not in used_all and _under(n, scopes))
