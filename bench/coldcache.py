@@ -4,6 +4,9 @@
   ``posix_fadvise(POSIX_FADV_DONTNEED)``: clean pages that no process maps are dropped);
   `resident(path)` says what fraction is still cached (``mincore`` on a read-only mapping, which
   itself reads nothing), so every cold run can prove it started cold.
+- `free_page_reporting()`: whether this machine is a VM that hands its free memory back to its
+  host (virtio-balloon free page reporting); there, memory given out again is backed anew, at the
+  host's cost, and a cold run depends on what the run before it freed.
 - `pss_kib(pid)`: a process's proportional set size (``Pss:`` of ``/proc/PID/smaps_rollup``):
   each page it maps counted divided by the number of processes mapping it, so the PSS of a group
   of processes sums to the memory they take together, shared page-cache pages counted once.
@@ -17,7 +20,10 @@ import os
 
 import numpy as np
 
-__all__ = ["evict", "pss_kib", "resident"]
+__all__ = ["evict", "free_page_reporting", "pss_kib", "resident"]
+
+_BALLOON = "/sys/bus/virtio/drivers/virtio_balloon"
+_REPORTING = 5  # VIRTIO_BALLOON_F_REPORTING: the guest reports free memory, which the host takes back
 
 
 def evict(path: str | os.PathLike[str]) -> None:
@@ -55,3 +61,22 @@ def pss_kib(pid: int) -> int:
             if line.startswith("Pss:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no Pss line in /proc/{pid}/smaps_rollup")
+
+
+def free_page_reporting(root: str = _BALLOON) -> bool | None:
+    """Whether a virtio balloon device here reports free memory to the host (its feature bit
+    ``VIRTIO_BALLOON_F_REPORTING``, in ``features``: one character per bit, bit 0 first); None
+    where there is no such device."""
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return None
+    found = None
+    for name in devices:
+        try:
+            with open(os.path.join(root, name, "features")) as f:
+                bits = f.read().strip()
+        except OSError:
+            continue
+        found = bool(found) or bits[_REPORTING:_REPORTING + 1] == "1"
+    return found

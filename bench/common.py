@@ -10,6 +10,7 @@ read warm (the page cache is filled before timing).
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -48,6 +49,18 @@ def warm(*paths: Path) -> None:
         with open(path, "rb") as f:
             while f.read(64 << 20):
                 pass
+
+
+def settle() -> None:
+    """Run the full garbage collection a worker's imports are owed, before its clock starts.
+
+    ``import torch`` leaves ~170k objects that Python's cyclic collector has not yet traversed in
+    a full collection; it runs one (150-220 ms here) once enough new containers have been
+    allocated, during whatever code allocates them. Timed, it fell on the peer that made the most
+    objects: a 50 MiB `load_all(copy=True)` took 265-317 ms with it and 65-98 ms without, and
+    switching the collector off during the load only moved it to the caller's next allocations.
+    It belongs to the imports, so every peer's worker settles it first."""
+    gc.collect()
 
 
 def timed(fn: Callable[[], object]) -> dict:
@@ -93,18 +106,21 @@ def median(values: list[float]) -> float:
 def run_order(n: int, rep: int) -> list[int]:
     """The order in which `n` peers run in repetition `rep` (indices into the peers' list).
 
-    A run can be slowed by the run before it, even with the file's pages evicted in between: on
-    the 2-CPU VM, a cold 4 GiB read of weightio's torch views took 6.79-8.39 s (median 8.05) right
-    after a run of safetensors' `load_file` and 5.05-6.41 s (median 5.42) right after another
-    weightio run (same code, 5 alternations), while `load_file` took 6.3 s whichever ran before it.
-    Rotating one order keeps every peer behind the same neighbour in every repetition, so such an
-    effect lands on one peer each time. These orders are the rows of a Williams design (the
-    balanced Latin square used for carry-over effects in crossover trials; for odd `n` each row
-    is followed by its mirror): over `n` repetitions (``2n`` for odd `n`), every peer runs first
-    equally often and follows every other peer equally often within a repetition, and in the
-    first repetitions each peer already follows different ones. Across repetitions, a mirror
-    starts with the peer that ended the order before it (which then follows itself): once per
-    peer in a cycle. Fewer repetitions than a cycle balance only in part.
+    A run can be slowed by the run before it, even with the file's pages evicted in between: on the
+    2-CPU VM, a cold 4 GiB read of weightio's torch views took 6.79-8.39 s (median 8.05) right after
+    a run of safetensors' `load_file` and 5.05-6.41 s (median 5.42) right after another weightio run
+    (same code, 5 alternations), while `load_file` took 6.3 s whichever ran before it. Rotating one
+    order keeps every peer behind the same neighbour in every repetition, so such an effect lands on
+    one peer each time. (The cause, found later: weightio's sequential reads get large page-cache
+    folios, made of whole free 2 MiB blocks, and after a `load_file` run, whose memory went back in
+    4 KiB pages, the blocks it gets are ones this VM's host has taken back and must back again;
+    docs/benchmarks.md, "Why a cold run depends on the run before it".) These orders are the rows of
+    a Williams design (the balanced Latin square used for carry-over effects in crossover trials;
+    for odd `n` each row is followed by its mirror): over `n` repetitions (``2n`` for odd `n`),
+    every peer runs first equally often and follows every other peer equally often within a
+    repetition, and in the first repetitions each peer already follows different ones. Across
+    repetitions, a mirror starts with the peer that ended the order before it (which then follows
+    itself): once per peer in a cycle. Fewer repetitions than a cycle balance only in part.
     """
     first, low, high = [0], 1, n - 1
     while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
@@ -120,30 +136,43 @@ def run_order(n: int, rep: int) -> list[int]:
 
 
 def measure(script: Path, cases: list[Case], reps: int) -> dict[str, dict[str, dict]]:
-    """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n}}}.
+    """{case: {peer: {"seconds": median, "rss_mib": median, "runs": n, "after": {peer before: [seconds]}}}}.
 
     Peers are interleaved within each repetition, in the orders of `run_order`: no peer always
     runs first, nor always right after the same other peer (which may have warmed, dirtied or
-    fragmented what the next run uses).
+    fragmented what the next run uses). "after" keeps each run's time under the peer that ran just
+    before it (in any case of this call; the first run has none), for a suite to show that effect.
     """
     # weightio's bytecode written once, before any timing (what `pip install` does for a wheel)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "weightio"), str(ROOT / "cli")],
                    env=worker_env(), stdout=subprocess.DEVNULL, check=False)
     samples: dict[str, dict[str, list[dict]]] = {c.name: {p: [] for p in c.peers} for c in cases}
+    previous = None
     for rep in range(reps):
         for case in cases:
             peers = list(case.peers.items())
             for index in run_order(len(peers), rep):
                 peer, args = peers[index]
-                samples[case.name][peer].append(run_worker(script, args))
+                samples[case.name][peer].append({**run_worker(script, args), "after": previous})
+                previous = peer
         print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
     return {
         case: {peer: {"seconds": median([r["seconds"] for r in runs]),
                       "rss_mib": median([r["rss_mib"] for r in runs]),
-                      "extra": median_extra([r.get("extra") for r in runs]), "runs": len(runs)}
+                      "extra": median_extra([r.get("extra") for r in runs]), "runs": len(runs),
+                      "after": after(runs)}
                for peer, runs in peers.items()}
         for case, peers in samples.items()
     }
+
+
+def after(runs: list[dict]) -> dict[str, list[float]]:
+    """Each run's seconds under the peer that ran just before it (runs that followed none are left out)."""
+    found: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("after") is not None:
+            found.setdefault(r["after"], []).append(r["seconds"])
+    return found
 
 
 def median_extra(extras: list) -> Any:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -37,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from coldcache import evict, pss_kib, resident  # noqa: E402
-from common import CACHE, Case, arguments, environment, measure, publish, rows, run_worker, worker_env  # noqa: E402
+from coldcache import evict, free_page_reporting, pss_kib, resident  # noqa: E402
+from common import CACHE, Case, arguments, environment, measure, publish, rows, run_worker, settle, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 _RUN_WORKER = run_worker
@@ -243,6 +244,7 @@ def _worker(case: str, peer: str, path: str, tpath: str) -> dict:
     if peer.startswith("weightio"):
         import weightio.devices.filling  # noqa: F401
     cached = resident(tpath if peer == "tensorizer" else path)
+    settle()
     before = _rss()
     start = time.perf_counter()
     out = _loaders(path, tpath)[peer]()
@@ -387,6 +389,12 @@ def _time(r: dict) -> str:
 _GPU_ROWS = 'measured by bench/gpu.py: see "GPU" below'
 
 
+_REPORTING_NOTE = {True: "This machine is a VM that gives its free memory back to its host (virtio-balloon free "
+                         "page reporting): memory handed out again is backed anew, at a cost that depends on the run "
+                         "before it.",
+                   False: "This machine is a VM whose free memory stays its own (no free page reporting)."}
+
+
 def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float, gpu: str | None) -> str:
     size = p["safetensors"].stat().st_size
     lines = [
@@ -398,7 +406,8 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
         f"after its imports; medians of {reps} runs; peers interleaved in balanced orders (`bench/common.py` "
         "`run_order`). Cold runs start after `fsync` + "
         "`posix_fadvise(DONTNEED)` of the files, checked with `mincore` (resident fraction before the run in the "
-        "last column). Ratio = peer time / weightio time (> 1: weightio is faster).",
+        "last column). Ratio = peer time / weightio time (> 1: weightio is faster). "
+        + _REPORTING_NOTE.get(free_page_reporting(), ""),
         "",
         "| case | peer | median time | RSS growth | ratio | cached at start |",
         "|---|---|---:|---:|---:|---:|",
@@ -415,6 +424,19 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
             shown = "–" if cached is None else f"{cached:.1%}"
             rss = "–" if peer == "limit" else f"{r['rss_mib']:.0f} MiB"
             lines.append(f"| {NOTES[case]} | {label} | {_time(r)} | {rss} | {ratio} | {shown} |")
+    lines += ["", "Cold runs by the run before: each peer's median after a run of weightio and after a run of "
+              "another peer (runs in brackets; a case's first run is left out). weightio reads a file in order into "
+              "large page-cache folios, made of whole free 2 MiB blocks; on a VM whose host takes back free memory, "
+              "those blocks cost more after a run that gave its memory back in 4 KiB pages (see \"Why a cold run "
+              "depends on the run before it\").", "",
+              "| case | peer | after weightio | after another peer |", "|---|---|---:|---:|"]
+    for case, peers in results.items():
+        if case == "warm":
+            continue
+        for peer, r in peers.items():
+            if "failed" not in r:
+                ours, theirs = by_before(r.get("after") or {})
+                lines.append(f"| {NOTES[case]} | {LIMITS[case] if peer == 'limit' else peer} | {ours} | {theirs} |")
     lines += ["", "Four processes each load the model to torch CPU and touch every page: the sum of their PSS "
               "growth (`/proc/PID/smaps_rollup`), against the file size.", "",
               "| mode | PSS growth, 4 processes | × file size |", "|---|---:|---:|"]
@@ -427,6 +449,16 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
     for row in ("load_all vs pinned host-to-device copy", "load_all vs safe_open(device='cuda')", "load_into"):
         lines.append(f"| {row} | {gpu or _GPU_ROWS} |")
     return "\n".join(lines)
+
+
+def by_before(after: dict[str, list[float]]) -> tuple[str, str]:
+    """A peer's runs (`common.measure`'s "after": seconds by the peer run just before) as two cells:
+    the median after a weightio peer, and after any other ("–" where there was none)."""
+    groups: tuple[list[float], list[float]] = ([], [])
+    for before, seconds in after.items():
+        groups[0 if before.startswith("weightio") else 1].extend(seconds)
+    ours, theirs = (f"{statistics.median(g):.2f} s ({len(g)})" if g else "–" for g in groups)
+    return ours, theirs
 
 
 def _t(results: dict, case: str, peer: str) -> float | None:

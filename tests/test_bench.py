@@ -176,6 +176,60 @@ def test_run_orders_vary_the_predecessor_from_the_first_repetitions():
     assert run_order(0, 0) == [] and run_order(1, 5) == [0] and run_order(2, 1) == [1, 0]
 
 
+def test_settle_runs_the_full_collection_before_the_clock():
+    """A worker settles what its imports left for the cyclic collector (`common.settle`): garbage in a
+    reference cycle, in the oldest generation, is gone after it, and the young counts start over."""
+    import gc
+    import weakref
+
+    settle = _bench_module("common").settle
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    gc.collect(1)  # (moved to the oldest generation, where only a full collection looks)
+    del a, b
+    gc.collect(1)
+    assert gone() is not None
+    settle()
+    assert gone() is None and gc.get_count()[0] < 50
+
+
+def test_measure_keeps_each_runs_time_under_the_peer_run_before_it(monkeypatch):
+    """A cold run can be slowed by the run before it (docs/benchmarks.md, "Why a cold run depends on
+    the run before it"): `measure` files every run's seconds under its predecessor, and the memory
+    suite shows them as medians after a weightio run and after another peer's."""
+    common = _bench_module("common")
+    memory = _bench_module("memory")
+    seconds = {"weightio views": 2.0, "safetensors load_file": 4.0, "weightio numpy views": 3.0}
+    ran: list[str] = []
+
+    def worker(script, args):  # a run's time: its own, +10 after load_file's (the VM's effect, made exact)
+        slow = 10.0 if ran and ran[-1] == "safetensors load_file" else 0.0
+        ran.append(args[0])
+        return {"seconds": seconds[args[0]] + slow, "rss_mib": 1.0}
+
+    monkeypatch.setattr(common, "run_worker", worker)
+    monkeypatch.setattr(common.subprocess, "run", lambda *a, **k: None)  # (no bytecode to compile here)
+    case = common.Case("views", {peer: [peer] for peer in seconds}, "views")
+    result = common.measure(Path("unused"), [case], 3)["views"]
+    assert ran == ["weightio views", "safetensors load_file", "weightio numpy views",   # run_order(3, 0..2)
+                   "weightio numpy views", "safetensors load_file", "weightio views",
+                   "safetensors load_file", "weightio numpy views", "weightio views"]
+    assert result["weightio views"]["after"] == {"safetensors load_file": [12.0], "weightio numpy views": [2.0]}
+    assert result["weightio numpy views"]["after"] == {"safetensors load_file": [13.0, 13.0],
+                                                       "weightio numpy views": [3.0]}  # (a mirror: after itself)
+    assert result["safetensors load_file"]["after"] == {"weightio views": [4.0, 4.0], "weightio numpy views": [4.0]}
+    assert result["weightio views"]["seconds"] == 2.0 and result["weightio views"]["runs"] == 3
+    assert memory.by_before(result["weightio numpy views"]["after"]) == ("3.00 s (1)", "13.00 s (2)")
+    assert memory.by_before(result["safetensors load_file"]["after"]) == ("4.00 s (3)", "–")
+    assert memory.by_before({}) == ("–", "–")
+    assert common.after([{"seconds": 1.0, "after": None}, {"seconds": 2.0, "after": "a"}]) == {"a": [2.0]}
+
+
 @pytest.mark.bench
 def test_plot_redraws_a_png_from_recorded_results(tmp_path, monkeypatch):
     """bench/plot.py draws docs/img/<suite>.png from bench/results/<suite>.json alone (no benchmark runs)."""
@@ -212,6 +266,26 @@ def test_each_suite_has_recorded_results_and_a_chart_in_the_docs(suite):
 
 
 # ----------------------------------------------------------------------------- bench/coldcache.py
+
+
+def test_free_page_reporting_reads_the_balloon_devices_feature_bits(tmp_path):
+    """Bit 5 (VIRTIO_BALLOON_F_REPORTING) of any balloon device's ``features``, one character a bit;
+    None without a balloon driver or device."""
+    coldcache = _bench_module("coldcache")
+    assert coldcache.free_page_reporting(str(tmp_path / "absent")) is None
+    root = tmp_path / "virtio_balloon"
+    root.mkdir()
+    assert coldcache.free_page_reporting(str(root)) is None
+    (root / "virtio0").mkdir()
+    (root / "virtio0" / "features").write_text("0110010100000000\n")  # (this VM's: bits 1, 2, 5 and 7)
+    assert coldcache.free_page_reporting(str(root)) is True
+    (root / "virtio0" / "features").write_text("0110000100000000\n")
+    assert coldcache.free_page_reporting(str(root)) is False
+    (root / "virtio1").mkdir()
+    (root / "virtio1" / "features").write_text("000001\n")
+    assert coldcache.free_page_reporting(str(root)) is True
+    (root / "virtio1" / "features").write_text("00000\n")  # (too short to have the bit)
+    assert coldcache.free_page_reporting(str(root)) is False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, mincore and /proc are Linux's")
