@@ -519,3 +519,46 @@ def test_a_forked_child_fills_with_pools_of_its_own(tmp_path, monkeypatch):
         os.waitpid(pid, 0)
         pytest.fail("the forked child's fill never finished (the parent's pool threads do not exist in it)")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_fill_smaller_than_a_piece_a_cpu_is_cut_smaller(monkeypatch):
+    """One tensor's ``to(copy=True)`` (8 MiB: one `PIECE`) used to be one read on the caller's
+    thread; a fill is now cut so that every CPU gets a piece, no smaller than `MIN_PIECE` (1 MiB)
+    nor larger than `PIECE`, in whole pages. Measured: a 1 GiB model's tensors copied one
+    ``to(copy=True)`` at a time, 0.92 -> 0.60 s (medians of 8 alternating runs, 2 CPUs)."""
+    monkeypatch.setattr(filling.os, "cpu_count", lambda: 2)
+    assert filling._piece_for(8 << 20) == 4 << 20
+    assert filling._piece_for((8 << 20) + 1) == (4 << 20) + 4096
+    assert filling._piece_for(1 << 30) == filling.PIECE == 8 << 20
+    assert filling._piece_for(3 << 20) == 1536 << 10
+    assert filling._piece_for(1 << 20) == filling.MIN_PIECE == 1 << 20
+    assert filling._piece_for(0) == 1 << 20
+    monkeypatch.setattr(filling.os, "cpu_count", lambda: None)  # (unknown: one CPU)
+    assert filling._piece_for(3 << 20) == 3 << 20
+    monkeypatch.setattr(filling.os, "cpu_count", lambda: 64)
+    assert filling._piece_for(8 << 20) == 1 << 20
+    monkeypatch.setattr(filling, "PIECE", 4096)  # (the tests' tiny pieces stay tiny)
+    assert filling._piece_for(8 << 20) == 4096
+
+
+def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
+    """An 8 MiB tensor, 2 CPUs: two reads of 4 MiB, on the pool's threads, in two stretches; the
+    bytes exact."""
+    import threading
+
+    monkeypatch.setattr(filling.os, "cpu_count", lambda: 2)
+    data = np.random.default_rng(5).integers(0, 256, 8 << 20, dtype=np.uint8)
+    path = tmp_path / "m.safetensors"
+    wio.save({"w": data}, path)
+    reads, real = [], filling._read
+
+    def read(fd, file, dst, offset):
+        reads.append((dst.nbytes, threading.current_thread() is threading.main_thread()))
+        real(fd, file, dst, offset)
+
+    monkeypatch.setattr(filling, "_read", read)
+    with wio.open(path) as ckpt:
+        copy = ckpt["w"].to("numpy", copy=True)
+        assert not np.shares_memory(copy, ckpt["w"].numpy())
+    assert np.array_equal(copy, data) and copy.flags.writeable
+    assert sorted(reads) == [(4 << 20, False), (4 << 20, False)]
