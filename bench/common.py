@@ -57,7 +57,7 @@ def settle() -> None:
     ``import torch`` leaves ~170k objects that Python's cyclic collector has not yet traversed in
     a full collection; it runs one (150-220 ms here) once enough new containers have been
     allocated, during whatever code allocates them. Timed, it fell on the peer that made the most
-    objects: a 50 MiB `load_all(copy=True)` took 265-317 ms with it and 65-98 ms without, and
+    objects: a 50 MiB `load_all(copy=True)` took 265-317 ms with it and 65-106 ms without, and
     switching the collector off during the load only moved it to the caller's next allocations.
     It belongs to the imports, so every peer's worker settles it first."""
     gc.collect()

@@ -403,8 +403,9 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
         f"`python bench/memory.py --reps {reps} --gib {gib:g}` on {environment()}.",
         f"File: {size / (1 << 30):.2f} GiB `model.safetensors` ({len(_layout(size / (1 << 30)))} tensors, bf16 "
         "matrices and f32 norms), and the same tensors in tensorizer's format. Each run is a fresh process, timed "
-        f"after its imports; medians of {reps} runs; peers interleaved in balanced orders (`bench/common.py` "
-        "`run_order`). Cold runs start after `fsync` + "
+        f"after its imports and the full garbage collection they are owed (`bench/common.py` `settle`); medians "
+        f"of {reps} runs; peers interleaved in balanced orders (`bench/common.py` `run_order`). Cold runs start "
+        "after `fsync` + "
         "`posix_fadvise(DONTNEED)` of the files, checked with `mincore` (resident fraction before the run in the "
         "last column). Ratio = peer time / weightio time (> 1: weightio is faster). "
         + _REPORTING_NOTE.get(free_page_reporting(), ""),
@@ -424,12 +425,12 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
             shown = "–" if cached is None else f"{cached:.1%}"
             rss = "–" if peer == "limit" else f"{r['rss_mib']:.0f} MiB"
             lines.append(f"| {NOTES[case]} | {label} | {_time(r)} | {rss} | {ratio} | {shown} |")
-    lines += ["", "Cold runs by the run before: each peer's median after a run of weightio and after a run of "
-              "another peer (runs in brackets; a case's first run is left out). weightio reads a file in order into "
-              "large page-cache folios, made of whole free 2 MiB blocks; on a VM whose host takes back free memory, "
-              "those blocks cost more after a run that gave its memory back in 4 KiB pages (see \"Why a cold run "
-              "depends on the run before it\").", "",
-              "| case | peer | after weightio | after another peer |", "|---|---|---:|---:|"]
+    lines += ["", "Cold runs by the run before: each peer's median after a run of any weightio peer and after a "
+              "run of any other (a peer after itself included; runs in brackets; a case's first run is left out). "
+              "weightio reads a file in order into large page-cache folios, made of whole free 2 MiB blocks; on a "
+              "VM whose host takes back free memory, those blocks cost more after a run that gave its memory back "
+              "in 4 KiB pages (see \"Why a cold run depends on the run before it\").", "",
+              "| case | peer | after a weightio run | after any other run |", "|---|---|---:|---:|"]
     for case, peers in results.items():
         if case == "warm":
             continue

@@ -346,17 +346,18 @@ def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
 
 
 class _PoolFailingAt:
-    """The fill pool, except that its `fail_at`-th `submit` raises (as one does at interpreter shutdown),
-    once `ready` is set."""
+    """The fill pool, except that its `fail_at`-th `submit` raises `error` once `ready` is set (an
+    interrupt; a RuntimeError as at interpreter shutdown), and every later one too."""
 
-    def __init__(self, pool, fail_at: int, ready):
+    def __init__(self, pool, fail_at: int, ready, error: BaseException | None = None):
         self.pool, self.fail_at, self.ready, self.submitted = pool, fail_at, ready, 0
+        self.error = error or KeyboardInterrupt("interrupted while queuing")
 
     def submit(self, fn, *args):
         self.submitted += 1
-        if self.submitted == self.fail_at:
+        if self.submitted >= self.fail_at:
             self.ready.wait(10)
-            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            raise self.error
         return self.pool.submit(fn, *args)
 
 
@@ -394,7 +395,7 @@ def test_a_start_cut_short_leaves_no_read_running_once_the_filler_is_closed(tmp_
         src = ckpt["a"].numpy()
         base = filling.mapped_source(src)[1]  # the file offset of the first piece
         dst = np.zeros(src.nbytes, np.uint8)
-        with pytest.raises(RuntimeError, match="interpreter shutdown"), filling.Filler() as filler:
+        with pytest.raises(KeyboardInterrupt, match="while queuing"), filling.Filler() as filler:
             filler.start([(dst, src)])  # ten pieces: the third cannot be queued (one of the two may be cancelled)
         closed = time.monotonic()
     assert len(ended) == len(starts) >= 1 and max(ended) <= closed  # what had begun ended before the close
@@ -523,22 +524,87 @@ def test_a_forked_child_fills_with_pools_of_its_own(tmp_path, monkeypatch):
 
 def test_a_fill_smaller_than_a_piece_a_cpu_is_cut_smaller(monkeypatch):
     """One tensor's ``to(copy=True)`` (8 MiB: one `PIECE`) used to be one read on the caller's
-    thread; a fill is now cut so that every CPU gets a piece, no smaller than `MIN_PIECE` (1 MiB)
-    nor larger than `PIECE`, in whole pages. Measured: a 1 GiB model's tensors copied one
-    ``to(copy=True)`` at a time, 0.92 -> 0.60 s (medians of 8 alternating runs, 2 CPUs)."""
-    monkeypatch.setattr(filling.os, "cpu_count", lambda: 2)
-    assert filling._piece_for(8 << 20) == 4 << 20
-    assert filling._piece_for((8 << 20) + 1) == (4 << 20) + 4096
+    thread; a fill is now cut into one piece a CPU, no more than one a `MIN_PIECE` (1 MiB) and
+    none larger than `PIECE`, each whole pages, the last shorter by less than a page a piece (no
+    crumb). Measured: a 1 GiB model's tensors copied one ``to(copy=True)`` at a time, 0.92 ->
+    0.60 s (medians of 8 alternating runs, 2 CPUs)."""
+    def cut(total: int) -> list[int]:
+        piece = filling._piece_for(total)
+        return [b - a for a, b in filling._pieces(total, piece)]
+
+    monkeypatch.setattr(filling, "_cpus", lambda: 2)
+    assert cut(8 << 20) == [4 << 20] * 2
+    assert cut((8 << 20) + 1) == [(4 << 20) + 4096, (4 << 20) - 4095]
+    assert cut(3 << 20) == [1536 << 10] * 2
+    assert cut((1 << 20) + 4096) == [(1 << 20) + 4096]  # (under two MIN_PIECEs: one piece, done inline)
+    assert cut((2 << 20) - 1) == [(2 << 20) - 1]
+    assert cut(1 << 20) == [1 << 20] and cut(5) == [5] and filling._piece_for(0) == 4096
     assert filling._piece_for(1 << 30) == filling.PIECE == 8 << 20
-    assert filling._piece_for(3 << 20) == 1536 << 10
-    assert filling._piece_for(1 << 20) == filling.MIN_PIECE == 1 << 20
-    assert filling._piece_for(0) == 1 << 20
-    monkeypatch.setattr(filling.os, "cpu_count", lambda: None)  # (unknown: one CPU)
-    assert filling._piece_for(3 << 20) == 3 << 20
-    monkeypatch.setattr(filling.os, "cpu_count", lambda: 64)
-    assert filling._piece_for(8 << 20) == 1 << 20
+    monkeypatch.setattr(filling, "_cpus", lambda: 16)
+    assert cut((8 << 20) + 4096) == [(1 << 20) + 4096] * 7 + [(1 << 20) - 6 * 4096]
+    assert cut(64 << 20) == [4 << 20] * 16 and cut(1 << 30) == [8 << 20] * 128
     monkeypatch.setattr(filling, "PIECE", 4096)  # (the tests' tiny pieces stay tiny)
     assert filling._piece_for(8 << 20) == 4096
+
+
+def test_the_cpus_a_fill_counts_are_the_processs_own_and_at_most_its_threads(monkeypatch):
+    monkeypatch.setattr(filling.os, "sched_getaffinity", lambda pid: {0, 5, 9}, raising=False)
+    assert filling._cpus() == 3
+    monkeypatch.setattr(filling.os, "sched_getaffinity", lambda pid: set(range(200)), raising=False)
+    assert filling._cpus() == filling._THREADS == 16
+    monkeypatch.delattr(filling.os, "sched_getaffinity", raising=False)  # (macOS, Windows: the CPU count)
+    monkeypatch.setattr(filling.os, "cpu_count", lambda: None)
+    assert filling._cpus() == 1
+
+
+def test_pieces_the_pool_refuses_are_read_on_the_callers_thread(tmp_path, monkeypatch):
+    """A pool that stops taking work part-way (a RuntimeError from `submit`: interpreter shutdown,
+    no thread to be had): the pieces queued before run on it, the rest here, in order; every byte."""
+    import threading
+
+    from weightio._threads import shared_pool
+
+    begun = threading.Event()
+    begun.set()
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    refusing = _PoolFailingAt(shared_pool("fill", 16), 3, begun, RuntimeError("cannot schedule new futures"))
+    monkeypatch.setattr(filling, "shared_pool", lambda kind, n: refusing)
+    threads, real = [], filling._read
+
+    def read(fd, file, dst, offset):
+        threads.append(threading.current_thread() is threading.main_thread())
+        real(fd, file, dst, offset)
+
+    monkeypatch.setattr(filling, "_read", read)
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(40_000, dtype=np.uint8)}, path)
+    with wio.open(path) as ckpt:
+        copy = wio.devices.load_all(ckpt, "numpy", copy=True)["a"]
+    assert np.array_equal(copy, np.arange(40_000, dtype=np.uint8))
+    assert refusing.submitted == 3 and sorted(threads) == [False] * 2 + [True] * 8  # 10 pieces of 4 KiB
+
+
+def test_a_copy_made_while_the_interpreter_shuts_down_is_done_on_the_callers_thread(tmp_path):
+    """In an ``atexit`` handler no thread pool can be made or fed: a copy of several pieces is read
+    on the caller's thread instead (it raised "can't register atexit after shutdown")."""
+    import subprocess
+    import sys
+
+    data = np.arange(6 << 20, dtype=np.uint8)
+    path = tmp_path / "m.safetensors"
+    wio.save({"w": data, "s": data[:1000]}, path)
+    script = f"""
+import atexit, numpy as np, weightio as wio
+def late():
+    with wio.open({str(path)!r}) as ckpt:
+        for name in ("w", "s"):
+            copy = ckpt[name].to("numpy", copy=True)
+            print(name, copy.nbytes, int(copy[-1]), np.array_equal(copy, ckpt[name].numpy()))
+atexit.register(late)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split("\n") == [f"w {6 << 20} {((6 << 20) - 1) % 256} True", f"s 1000 {999 % 256} True", ""]
 
 
 def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
@@ -546,7 +612,7 @@ def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
     bytes exact."""
     import threading
 
-    monkeypatch.setattr(filling.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(filling, "_cpus", lambda: 2)
     data = np.random.default_rng(5).integers(0, 256, 8 << 20, dtype=np.uint8)
     path = tmp_path / "m.safetensors"
     wio.save({"w": data}, path)

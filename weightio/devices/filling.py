@@ -17,9 +17,11 @@ times the copy. `fill` does the same work another way:
    (inflated members, converted arrays, closed checkpoints) are copied with ``np.copyto``.
 3. **Pieces** of at most `PIECE` bytes run on a pool of threads (both calls release the GIL):
    destination faults, copies and, from a cold cache, disk reads overlap. A fill too small to give
-   every CPU a `PIECE` (one tensor's ``to(copy=True)``) is cut into one piece a CPU, of at least
-   `MIN_PIECE` (`_piece_for`): a 1 GiB model copied one ``to(copy=True)`` at a time took 0.92 s
-   in 8 MiB pieces (each read whole on the caller's thread) and 0.60 s in 4 MiB pieces on 2 CPUs. A whole load (`fill`)
+   every CPU a `PIECE` (one tensor's ``to(copy=True)``) is cut into one piece a CPU, no more than
+   one a `MIN_PIECE` (`_piece_for`): a 1 GiB model copied one ``to(copy=True)`` at a time took
+   0.92 s in 8 MiB pieces (each read whole on the caller's thread) and 0.60 s in 4 MiB pieces on 2
+   CPUs. Where the pool takes no more work (interpreter shutdown), pieces are read on the
+   caller's thread. A whole load (`fill`)
    gives each thread one stretch of each file, read in order through an open file description
    of its own (`_read_stripe`): the kernel reads ahead for each as for one sequential reader.
    Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["PIECE", "fill", "populate"]
 
 PIECE = 8 << 20  # bytes per task: small enough to spread a few large tensors over every thread
-MIN_PIECE = 1 << 20  # a smaller fill is one piece: a hand-off to the pool would cost more than it saves
+MIN_PIECE = 1 << 20  # a fill is cut into no more pieces than it has MiB: a hand-off would cost more than it saves
 _PAGE = 4096
 # Threads: as many as keep the disk busy from a cold cache (the disk, not the CPU, is then the
 # limit: 16 reads in flight, as the Run:ai streamer's default), whatever the cores; warm, the extra
@@ -191,12 +193,19 @@ class Filler:
             for fn, *args in tasks:
                 fn(*args)
             return []
-        pool = shared_pool("fill", _THREADS)
+        pool = _pool()
         self._queued = [future for future in self._queued if not future.done()]
         futures: list[Future] = []
         for fn, *args in tasks:  # (each tracked as it is queued: `__exit__` waits for it even if a later one fails)
-            futures.append(pool.submit(self._task, fn, *args))
-            self._queued.append(futures[-1])
+            if pool is not None:
+                try:
+                    futures.append(pool.submit(self._task, fn, *args))
+                except RuntimeError:  # the interpreter is shutting down: the pool takes no more work
+                    pool = None
+                else:
+                    self._queued.append(futures[-1])
+                    continue
+            self._task(fn, *args)  # (so the rest is done here, in order, on this thread)
         return futures
 
     def wait(self, futures: list[Future]) -> None:
@@ -306,11 +315,34 @@ def _reopen(fd: int, identity: tuple[int, int]) -> int | None:
     return own
 
 
+def _pool() -> Any:
+    """The fill pool, or None once the interpreter is shutting down (an ``atexit`` handler copying
+    a tensor: no new pool can be made then, and the work is done on the caller's thread)."""
+    try:
+        return shared_pool("fill", _THREADS)
+    except RuntimeError:
+        return None
+
+
 def _piece_for(total: int) -> int:
     """Bytes per piece for a fill of `total` bytes: `PIECE`, or less for a fill too small to give
-    every CPU a piece of that size (one tensor's ``to(copy=True)``), down to `MIN_PIECE`."""
-    share = -(-total // ((os.cpu_count() or 1) * _PAGE)) * _PAGE  # (rounded up to a page: no crumb left over)
-    return max(min(MIN_PIECE, PIECE), min(PIECE, share))
+    every CPU a piece of that size (one tensor's ``to(copy=True)``): as many pieces as CPUs, no
+    more than one per `MIN_PIECE`, each a whole number of pages (the last is the only shorter one,
+    by less than a page a piece)."""
+    if PIECE <= MIN_PIECE:  # (the tests' tiny pieces)
+        return PIECE
+    count = max(1, min(_cpus(), total // MIN_PIECE))
+    return max(_PAGE, min(PIECE, -(-total // (count * _PAGE)) * _PAGE))
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the system has one), at most
+    the pool's threads."""
+    try:
+        found = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        found = os.cpu_count() or 1
+    return max(1, min(found, _THREADS))
 
 
 def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:
