@@ -21,9 +21,9 @@ times the copy. `fill` does the same work another way:
    one a `MIN_PIECE` (`_piece_for`): a 1 GiB model copied one ``to(copy=True)`` at a time took
    0.92 s in 8 MiB pieces (each read whole on the caller's thread) and 0.60 s in 4 MiB pieces on 2
    CPUs. Where the pool takes no more work (interpreter shutdown), pieces are read on the
-   caller's thread. A whole load (`fill`)
-   gives each thread one stretch of each file, read in order through an open file description
-   of its own (`_read_stripe`): the kernel reads ahead for each as for one sequential reader.
+   caller's thread. A whole load (`fill`) gives each thread one stretch of each file, read in
+   order through an open file description of its own (`_read_stripe`): the kernel reads ahead for
+   each as for one sequential reader.
    Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
    5.3-6.2 s that way, 3.9-5.4 s in stretches (the Run:ai streamer: 2.3-6.1 s), and warm
    2.7-2.9 s -> 2.3-2.5 s, on a 2-CPU VM. The GPU ring (`Filler` without stripes) reads its
