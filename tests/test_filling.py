@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import weightio as wio
+from weightio import _threads
 from weightio.devices import filling
 from weightio.errors import CorruptFileError
 
@@ -548,12 +549,14 @@ def test_a_fill_smaller_than_a_piece_a_cpu_is_cut_smaller(monkeypatch):
 
 
 def test_the_cpus_a_fill_counts_are_the_processs_own_and_at_most_its_threads(monkeypatch):
-    monkeypatch.setattr(filling.os, "sched_getaffinity", lambda pid: {0, 5, 9}, raising=False)
-    assert filling._cpus() == 3
-    monkeypatch.setattr(filling.os, "sched_getaffinity", lambda pid: set(range(200)), raising=False)
-    assert filling._cpus() == filling._THREADS == 16
-    monkeypatch.delattr(filling.os, "sched_getaffinity", raising=False)  # (macOS, Windows: the CPU count)
-    monkeypatch.setattr(filling.os, "cpu_count", lambda: None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 9}, raising=False)
+    assert filling._cpus() == _threads.cpus() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(200)), raising=False)
+    assert filling._cpus() == filling._THREADS == 16 and _threads.cpus() == 200
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows: the CPU count)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert filling._cpus() == _threads.cpus() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert filling._cpus() == 1
 
 

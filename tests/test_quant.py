@@ -8,6 +8,7 @@ valid blocks for every type it handles.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import warnings
@@ -211,6 +212,17 @@ def test_threaded_chunks_equal_one_pass(type_name, monkeypatch):
     whole = dequantize(raw, type_name, threads=1)
     assert np.array_equal(one.view(np.uint32), many.view(np.uint32))
     assert np.array_equal(one.view(np.uint32), whole.view(np.uint32))
+
+
+def test_dequantizing_uses_the_cpus_of_the_affinity_mask_by_default(monkeypatch):
+    monkeypatch.setattr(decoding, "_threads", None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 7}, raising=False)  # (taskset -c 2,3,7)
+    many = 100 * 2 * quant.THREADED_CHUNK_ELEMENTS
+    assert decoding._worker_count(None, many) == 3
+    assert decoding._worker_count(5, many) == 5  # (an explicit count is kept)
+    decoding.set_threads(2)
+    assert decoding._worker_count(None, many) == 2
 
 
 def test_shape_and_argument_errors():

@@ -13,10 +13,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["shared_pool"]
+__all__ = ["cpus", "shared_pool"]
 
 _pools: dict[str, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
+
+
+def cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the system has one (a container's
+    or ``taskset``'s share of the machine), else the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def shared_pool(kind: str, workers: int) -> ThreadPoolExecutor:

@@ -48,7 +48,7 @@ import numpy as np
 
 from .._io import mapped_source
 from .._memory import populate
-from .._threads import shared_pool
+from .._threads import cpus, shared_pool
 from ..errors import CorruptFileError, InputError
 
 if TYPE_CHECKING:
@@ -336,13 +336,8 @@ def _piece_for(total: int) -> int:
 
 
 def _cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, where the system has one), at most
-    the pool's threads."""
-    try:
-        found = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        found = os.cpu_count() or 1
-    return max(1, min(found, _THREADS))
+    """The CPUs this process may run on (`weightio._threads.cpus`), at most the pool's threads."""
+    return min(cpus(), _THREADS)
 
 
 def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._threads import cpus
 from ..errors import UnsupportedDTypeError
 from ..records import TensorInfo
 from .types import GGMLType, by_name
@@ -62,7 +63,7 @@ def dequantize(data: np.ndarray, ggml_type: str, shape: tuple[int, ...] | None =
         ggml_type: a name from `weightio.quant.types` (``"Q4_K"``; case-insensitive).
         shape: the numpy shape of the result (default: 1-D). Its last dimension runs along the
             blocks, as in GGUF.
-        threads: threads to use (default: `set_threads`' setting, else every CPU).
+        threads: threads to use (default: `set_threads`' setting, else every CPU this process may run on).
 
     Returns:
         A new, writable float32 array.
@@ -128,7 +129,7 @@ def _decode(raw: np.ndarray, t: GGMLType, threads: int | None) -> np.ndarray:
 
 def _worker_count(threads: int | None, elements: int) -> int:
     """Threads for a tensor of `elements`: each gets at least two threaded chunks, or none is used."""
-    wanted = threads if threads is not None else (_threads or os.cpu_count() or 1)
+    wanted = threads if threads is not None else (_threads or cpus())
     return max(1, min(wanted, elements // (2 * THREADED_CHUNK_ELEMENTS)))
 
 
