@@ -16,6 +16,8 @@ from weightio._io import MappedFile
 from weightio._outputs import atomic_write, write_all
 from weightio.errors import CorruptFileError, WriteError
 
+from .conftest import FIXTURES
+
 
 def _leftovers(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".weightio-tmp"))
@@ -196,3 +198,101 @@ def test_file_stamp_of_a_directory_and_a_closed_descriptor(tmp_path):
             way(2**40)
         with pytest.raises(TypeError):
             way("3")
+
+
+# fstat of a regular file is not interrupted in practice: a preloaded shim makes it so, for one
+# descriptor, a given number of times (raising a signal before each where asked)
+_EINTR_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static int armed_fd = -1, left = 0, with_signal = 0, calls = 0;
+void shim_arm(int fd, int times, int sig) { armed_fd = fd; left = times; with_signal = sig; calls = 0; }
+int shim_calls(void) { return calls; }
+int fstat64(int fd, struct stat64 *st) {
+    static int (*real)(int, struct stat64 *);
+    if (real == NULL)
+        real = (int (*)(int, struct stat64 *))dlsym(RTLD_NEXT, "fstat64");
+    if (fd == armed_fd) {
+        calls++;
+        if (left > 0) {
+            left--;
+            if (with_signal)
+                kill(getpid(), with_signal);
+            errno = EINTR;
+            return -1;
+        }
+    }
+    return real(fd, st);
+}
+"""
+
+_EINTR_SCRIPT = r"""
+import ctypes, os, signal, sys
+import weightio as wio
+from weightio._native import speedups
+assert speedups is not None
+shim, path = ctypes.CDLL(None), sys.argv[1]
+fd = os.open(path, os.O_RDONLY)
+found = os.fstat(fd)
+shim.shim_arm(fd, 3, 0)
+print("stamp", speedups.file_stamp(fd) == (found.st_mode, found.st_size, found.st_mtime_ns), shim.shim_calls())
+handled = []
+signal.signal(signal.SIGUSR1, lambda *_: handled.append(1))
+shim.shim_arm(fd, 2, signal.SIGUSR1)
+print("handled", speedups.file_stamp(fd)[1] == found.st_size, shim.shim_calls(), len(handled))
+def interrupt(*_):
+    raise KeyboardInterrupt("from the handler")
+signal.signal(signal.SIGUSR1, interrupt)
+shim.shim_arm(fd, 5, signal.SIGUSR1)
+try:
+    speedups.file_stamp(fd)
+except KeyboardInterrupt as e:
+    print("raised", e, shim.shim_calls())
+ckpt = wio.open(path)
+name = sorted(ckpt)[0]
+expected = ckpt[name].numpy().copy()
+mine = [int(n) for n in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)]
+for n in mine:  # (the checkpoint's own descriptor: the view's changed-file check is its fstat)
+    shim.shim_arm(n, 2, 0)
+    ckpt[name].numpy()
+    if shim.shim_calls():
+        break
+print("view retried", shim.shim_calls(), bool((ckpt[name].numpy() == expected).all()))
+shim.shim_arm(n, 1, signal.SIGUSR1)
+try:
+    ckpt[name].numpy()
+except KeyboardInterrupt as e:
+    print("view raised", e, shim.shim_calls())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an LD_PRELOAD shim of glibc's fstat64")
+def test_an_interrupted_fstat_is_made_again_unless_a_signal_handler_raises(tmp_path):
+    # the C module's fstat calls (file_stamp, and the changed-file check of a view) retry EINTR as
+    # os.fstat does, and let a signal handler's exception through
+    import shutil
+
+    from weightio._native import speedups
+
+    if speedups is None or shutil.which("cc") is None:
+        pytest.skip("needs the C module and a C compiler (for the shim)")
+    (tmp_path / "shim.c").write_text(_EINTR_SHIM)
+    command = ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.c"), "-ldl"]
+    built = subprocess.run(command, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    env = {**os.environ, "LD_PRELOAD": str(tmp_path / "shim.so")}
+    fixture = FIXTURES / "numpy.safetensors"
+    ran = subprocess.run([sys.executable, "-c", _EINTR_SCRIPT, str(fixture)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "stamp True 4",  # three interruptions, then the call (and the test's own fstat is not counted: it ran before)
+        "handled True 3 2",  # a handler that returns: the call is made again
+        "raised from the handler 1",  # a handler that raises: its exception, no more calls
+        "view retried 3 True",
+        "view raised from the handler 1",
+    ]
