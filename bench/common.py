@@ -51,6 +51,10 @@ def warm(*paths: Path) -> None:
                 pass
 
 
+SETTLED = ("timed after the worker's imports and the full garbage collection they are owed "
+           "(`bench/common.py` `settle`)")
+
+
 def settle() -> None:
     """Run the full garbage collection a worker's imports are owed, before its clock starts.
 
@@ -64,7 +68,9 @@ def settle() -> None:
 
 
 def timed(fn: Callable[[], object]) -> dict:
-    """Run `fn` once in this (worker) process: wall seconds and RSS growth, keeping its result alive."""
+    """Run `fn` once in this (worker) process, after `settle`: wall seconds and RSS growth, keeping
+    its result alive."""
+    settle()
     before = rss_mib()
     start = time.perf_counter()
     result = fn()

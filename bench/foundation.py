@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
+from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS, NPZ_ARRAYS = 500, 200
@@ -171,7 +171,8 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
         f"`python bench/foundation.py --reps {reps}` on {environment()}.",
         f"Files: {sizes['st']:.2f} GiB safetensors ({N_TENSORS} float32 tensors, written by `safetensors`), "
         f"{sizes['npy']:.2f} GiB `.npy`, {sizes['npz']:.2f} GiB `.npz` ({NPZ_ARRAYS} STORED members, written by "
-        "`numpy.savez`, so members are not aligned). Each run is a fresh process, page cache warm; "
+        "`numpy.savez`, so members are not aligned). Each run is a fresh process, page cache warm, "
+        f"{SETTLED}; "
         f"medians of {reps} runs. Ratio = peer time / weightio time (> 1: weightio is faster).",
         "",
         "| case | peer | median time | RSS growth | ratio |",

@@ -30,7 +30,7 @@ from pathlib import Path
 _HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, _HERE)
 
-from common import CACHE, Case, arguments, environment, measure, publish, timed, warm  # noqa: E402
+from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, settle, timed, warm  # noqa: E402
 
 # This file is itself named gguf.py: drop its folder from the path so `import gguf` finds the package.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
@@ -160,6 +160,7 @@ def _dequant_worker(type_name: str, peer: str, n_elements: int) -> dict:
             return quant.dequantize(raw, type_name, threads=threads)
 
     times, cpu = [], []
+    settle()
     for _ in range(1 + CALLS):  # the first call faults in fresh memory for its output: not counted
         start, start_cpu = time.perf_counter(), time.process_time()
         out = run()
@@ -196,7 +197,7 @@ def report(results: dict, path: Path, n_elements: int, reps: int) -> str:
         f"`python bench/gguf.py --reps {reps}` on {environment()}.",
         f"File: {path.stat().st_size / (1 << 30):.2f} GiB GGUF written by `gguf.GGUFWriter`, {extra.get('tensors')} "
         f"tensors (Q4_K, Q6_K, Q8_0, F32), a {extra.get('vocab'):,}-entry tokenizer (tokens, scores, token types). "
-        f"Each run is a fresh process, page cache warm; medians of {reps} runs.",
+        f"Each run is a fresh process, page cache warm, {SETTLED}; medians of {reps} runs.",
         "",
         "| open + metadata + tensor index | median time | RSS growth | gguf.GGUFReader / this |",
         "|---|---:|---:|---:|",

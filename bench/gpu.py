@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import arguments, environment, publish, run_order, warm, worker_env  # noqa: E402
+from common import arguments, environment, publish, run_order, settle, warm, worker_env  # noqa: E402
 from memory import generate  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
@@ -158,6 +158,7 @@ def _worker(peer: str, path: str) -> dict:
     fn = _loaders(torch, path)[peer]
     if peer in _PREPARED:
         fn = fn()
+    settle()
     start = time.perf_counter()
     out = fn()
     torch.cuda.synchronize()
@@ -357,7 +358,8 @@ def report(results: dict, explored: list[dict], reps: int, command: str, size: i
              f"`python bench/gpu.py {command}` on {environment()}; "
              f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}.",
              f"File: {size / (1 << 30):.2f} GiB `model.safetensors` (bench/memory.py's), warm page cache. Each run "
-             "is a fresh process, timed after its imports and the CUDA context, until `torch.cuda.synchronize()`; "
+             "is a fresh process, timed after its imports, the CUDA context and the full garbage collection the "
+             "imports are owed (`bench/common.py` `settle`), until `torch.cuda.synchronize()`; "
              f"medians of {reps} runs, peers interleaved. Ratio = peer time / weightio `load_all` time "
              "(> 1: weightio is faster). Bytes: what each loaded, checked the same (sha256 of three tensors).",
              "", "| peer | median | fastest | GB/s | ratio | same bytes |", "|---|---:|---:|---:|---:|---|"]

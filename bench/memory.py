@@ -15,7 +15,9 @@ peers are interleaved in balanced orders (``common.run_order``); medians of --re
    bytes by parallel ``pread`` into memory already faulted in (only the reads timed).
 2. **owned, cold**: the same, each run after the files' pages were evicted (``fsync`` +
    ``posix_fadvise(DONTNEED)``, checked with ``mincore``: bench/coldcache.py). The disk's limit:
-   parallel ``O_DIRECT`` reads of the file (8 threads, 16 MiB each).
+   parallel ``O_DIRECT`` reads of the file (8 threads, 16 MiB each); and the disk through the page
+   cache with no destination to fill (16 threads each reading its stretch of the file into one
+   reused 8 MiB buffer, as weightio's stripes read: the part of a cold load no owned copy avoids).
 3. **views, cold**: zero-copy torch CPU views (weightio ``load_all()``, numpy views too) vs
    safetensors ``load_file`` (mmap-backed), one byte of every 4 KiB page touched.
 4. **four processes, one copy**: 4 workers each load the model to torch CPU and touch every
@@ -160,6 +162,38 @@ def _odirect(path: str) -> dict:
     return {"seconds": seconds, "rss_mib": 0.0}
 
 
+def _buffered(path: str) -> dict:
+    """The disk through the page cache, no destination: 16 threads, each reading its stretch of the
+    file in order (a descriptor of its own, the sequential hint) into one reused 8 MiB buffer."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    size, threads, chunk = os.path.getsize(path), 16, 8 << 20
+    stretch = -(-size // threads)
+    buffers = [mmap.mmap(-1, chunk) for _ in range(threads)]
+    for buf in buffers:  # (faulted in before the clock: only the reads are timed)
+        buf.write(b"\1" * chunk)
+
+    def read(k: int) -> int:
+        fd, view, got = os.open(path, os.O_RDONLY), memoryview(buffers[k]), 0
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            end = min(size, (k + 1) * stretch)
+            for start in range(k * stretch, end, chunk):
+                got += os.preadv(fd, [view[:min(chunk, end - start)]], start)
+        finally:
+            os.close(fd)
+        return got
+
+    cached = resident(path)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        got = sum(pool.map(read, range(threads)))
+    seconds = time.perf_counter() - start
+    assert got == size, (got, size)
+    return {"seconds": seconds, "rss_mib": 0.0, "extra": {"resident_before": round(cached, 4)}}
+
+
 def _loaders(path: str, tpath: str) -> dict:
     """peer -> a function loading every tensor of the model (in the worker, after its imports)."""
 
@@ -239,6 +273,8 @@ def _worker(case: str, peer: str, path: str, tpath: str) -> dict:
 
     if peer == "limit":
         return _limit(path) if case == "warm" else _odirect(path)
+    if peer == PAGE_CACHE:
+        return _buffered(path)
     module = next(m for prefix, m in _IMPORTS.items() if peer.startswith(prefix))
     importlib.import_module(module)
     if peer.startswith("weightio"):
@@ -316,10 +352,11 @@ def pss_growth(mode: str, path: str, workers: int = WORKERS) -> dict:
 
 # ----------------------------------------------------------------------------- driver
 
+PAGE_CACHE = "the disk through the page cache: parallel buffered reads, no destination"
 WARM_PEERS = ["weightio load_all(copy=True)", "weightio to(copy=True)", "weightio load_all()+clone (before)",
               "tensorizer", "Run:ai streamer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit"]
 COLD_PEERS = ["weightio load_all(copy=True)", "weightio load_all()+clone (before)", "Run:ai streamer",
-              "tensorizer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit"]
+              "tensorizer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit", PAGE_CACHE]
 VIEW_PEERS = ["weightio views", "weightio numpy views", "safetensors load_file"]
 NOTES = {"warm": "owned torch CPU tensors, warm cache", "cold": "owned torch CPU tensors, cold cache",
          "views": "zero-copy views, cold cache, every page touched"}
@@ -423,7 +460,7 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
             ratio = f"{r['seconds'] / base:.2f}×"
             cached = (r.get("extra") or {}).get("resident_before")
             shown = "–" if cached is None else f"{cached:.1%}"
-            rss = "–" if peer == "limit" else f"{r['rss_mib']:.0f} MiB"
+            rss = "–" if peer in ("limit", PAGE_CACHE) else f"{r['rss_mib']:.0f} MiB"
             lines.append(f"| {NOTES[case]} | {label} | {_time(r)} | {rss} | {ratio} | {shown} |")
     lines += ["", "Cold runs by the run before: each peer's median after a run of any weightio peer and after a "
               "run of any other (a peer after itself included; runs in brackets; a case's first run is left out). "
@@ -491,6 +528,8 @@ def chart_rows(results: dict, measured: list[Case], serve: dict) -> list[dict]:
     for row in out:
         if row["peer"] == "limit":
             row["peer"] = "limit (machine)"
+        elif row["peer"] == PAGE_CACHE:
+            row["peer"] = "page cache only"
     out += [{"case": "4 processes: sum of PSS growth", "peer": mode, "seconds": None, "rss_mib": r["rss_mib"]}
             for mode, r in serve.items() if "failed" not in r]
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm, worker_env  # noqa: E402
+from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, settle, timed, warm, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS = 500
@@ -132,6 +132,7 @@ def _timed_phases(path: str, limits: Any) -> dict:
     from weightio.formats.pytorch import containers, lexer, reader, unpickler
     from weightio.formats.pytorch.flatten import flatten
 
+    settle()
     marks = [("start", time.perf_counter())]
     file = MappedFile(path)
     members = _zip.read_members(file, limits)
@@ -211,7 +212,8 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
         "",
         f"`python bench/pytorch.py --reps {reps}` on {environment()}.",
         f"File: {size:.2f} GiB `pytorch_model.bin` ({N_TENSORS} float32 tensors, written by `torch.save`, zip "
-        "format; and the same state dict in the legacy format). Each run is a fresh process, page cache warm; "
+        "format; and the same state dict in the legacy format). Each run is a fresh process, page cache warm, "
+        f"{SETTLED} (the whole-process rows: from outside); "
         f"The scale cases: {_count(p['many']):,} tensors of 4 x 8 float32 written by `torch.save`, and an "
         f"`np.savez` archive of as many members (`np.load` reads each member to give its shape). "
         f"Medians of {reps} runs. torch runs `torch.load(path, mmap=True, weights_only=True)`. "

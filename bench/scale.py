@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, worker_env  # noqa: E402
+from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, settle, timed, worker_env  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SIZES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
@@ -254,6 +254,7 @@ def _resolve(path: str) -> dict:
     c = wio.open(path)
     shapes = [(k, v.shape) for k, v in c.items()]
     floor = {k: s for k, s in shapes}
+    settle()
     start = time.perf_counter()
     kept = [floor[k] == s for k, s in shapes]
     middle = time.perf_counter()
@@ -334,7 +335,8 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
         "",
         f"`python bench/scale.py {argv}` on {environment()}, load average at the end of the run "
         f"{os.getloadavg()[0]:.2f}.",
-        "Each run is a fresh process, page cache warm (headers); medians of "
+        f"Each run is a fresh process, page cache warm (headers), {SETTLED} (the whole-process rows: from "
+        "outside); medians of "
         f"{reps} runs. weightio runs `weightio.open` and `.items()` (name, `shape`, `dtype` of each view); "
         "safetensors runs `safe_open` and `get_slice(name).get_shape()/get_dtype()` per tensor "
         "(for a directory: `json.load` of the index, then every shard). The 405B and DeepSeek-V3 shards are "

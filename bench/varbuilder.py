@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
+from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, timed, warm  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 LOAD = os.getloadavg()  # recorded with the results: a shared machine's noise shows here
@@ -312,7 +312,7 @@ def report(results: dict, p: dict[str, Path], gib: float, reps: int) -> str:
         f"`python bench/varbuilder.py --reps {reps}` on {environment()}; {_load_note()}.",
         f"Checkpoint: {size:.2f} GiB, {n} float32 tensors (llama-like, {layers_for(gib)} layers), written by "
         "`safetensors.torch.save_file` (and the same state dict by `torch.save` for the torch.load peer). "
-        f"Each run is a fresh process, page cache warm; medians of {reps} runs. "
+        f"Each run is a fresh process, page cache warm, {SETTLED}; medians of {reps} runs. "
         "Ratio = peer time / weightio time (> 1: weightio is faster).",
         "",
         "| case | peer | median time | throughput | RSS growth | ratio |",

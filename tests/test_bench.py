@@ -198,6 +198,28 @@ def test_settle_runs_the_full_collection_before_the_clock():
     assert gone() is None and gc.get_count()[0] < 50
 
 
+def test_timed_settles_before_its_clock():
+    """Every suite's in-process rows (`common.timed`) start their clock after `settle`: the cyclic
+    garbage of the oldest generation is collected before the timed function runs, not during it."""
+    import gc
+    import weakref
+
+    timed = _bench_module("common").timed
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    gc.collect(1)
+    del a, b
+    gc.collect(1)
+    seen = []
+    result = timed(lambda: seen.append(gone()))
+    assert seen == [None] and set(result) == {"seconds", "rss_mib"} and result["seconds"] >= 0
+
+
 def test_measure_keeps_each_runs_time_under_the_peer_run_before_it(monkeypatch):
     """A cold run can be slowed by the run before it (docs/benchmarks.md, "Why a cold run depends on
     the run before it"): `measure` files every run's seconds under its predecessor, and the memory
@@ -300,6 +322,18 @@ def test_evict_empties_the_page_cache_of_a_file_as_mincore_sees_it(tmp_path):
     with open(path, "rb") as f:
         f.read(1 << 20)  # a quarter of the file back (readahead may bring a little more)
     assert 0.25 <= coldcache.resident(path) <= 1.0
+
+
+def test_the_page_cache_row_reads_the_whole_file_cold_into_the_cache(tmp_path):
+    """The cold case's "page cache" row (`memory._buffered`) reads every byte of the file, in 16
+    stretches, from a cache the suite emptied: it says how much was cached before, and leaves it all cached."""
+    coldcache, memory = _bench_module("coldcache"), _bench_module("memory")
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom((24 << 20) + 4099))  # (16 stretches of 1.5 MiB + 257 bytes: none a whole chunk)
+    coldcache.evict(path)
+    result = memory._buffered(str(path))
+    assert result["extra"]["resident_before"] < 0.05 and result["seconds"] > 0 and result["rss_mib"] == 0.0
+    assert coldcache.resident(path) == 1.0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/smaps_rollup is Linux's")
