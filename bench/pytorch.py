@@ -213,7 +213,7 @@ def report(results: dict, p: dict[str, Path], reps: int) -> str:
         f"`python bench/pytorch.py --reps {reps}` on {environment()}.",
         f"File: {size:.2f} GiB `pytorch_model.bin` ({N_TENSORS} float32 tensors, written by `torch.save`, zip "
         "format; and the same state dict in the legacy format). Each run is a fresh process, page cache warm, "
-        f"{SETTLED} (the whole-process rows: from outside); "
+        f"{SETTLED} (the whole-process rows: from outside). "
         f"The scale cases: {_count(p['many']):,} tensors of 4 x 8 float32 written by `torch.save`, and an "
         f"`np.savez` archive of as many members (`np.load` reads each member to give its shape). "
         f"Medians of {reps} runs. torch runs `torch.load(path, mmap=True, weights_only=True)`. "
