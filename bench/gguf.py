@@ -154,7 +154,7 @@ def _dequant_worker(type_name: str, peer: str, n_elements: int) -> dict:
     else:
         from weightio import quant
 
-        threads = 1 if peer == "weightio-1" else os.cpu_count()
+        threads = 1 if peer == "weightio-1" else None  # (None: the library's default, every CPU it may run on)
 
         def run():
             return quant.dequantize(raw, type_name, threads=threads)

@@ -41,7 +41,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from coldcache import evict, free_page_reporting, pss_kib, resident  # noqa: E402
-from common import CACHE, Case, arguments, environment, measure, publish, rows, run_worker, settle, worker_env  # noqa: E402
+from common import (  # noqa: E402
+    CACHE,
+    Case,
+    arguments,
+    environment,
+    measure,
+    publish,
+    rows,
+    run_worker,
+    settle,
+    worker_env,
+)
 
 SCRIPT = Path(__file__).resolve()
 _RUN_WORKER = run_worker
@@ -271,10 +282,9 @@ def _worker(case: str, peer: str, path: str, tpath: str) -> dict:
 
     import torch  # noqa: F401 - every peer pays it before the clock starts
 
-    if peer == "limit":
-        return _limit(path) if case == "warm" else _odirect(path)
-    if peer == PAGE_CACHE:
-        return _buffered(path)
+    if peer in ("limit", PAGE_CACHE):
+        settle()
+        return _buffered(path) if peer == PAGE_CACHE else _limit(path) if case == "warm" else _odirect(path)
     module = next(m for prefix, m in _IMPORTS.items() if peer.startswith(prefix))
     importlib.import_module(module)
     if peer.startswith("weightio"):

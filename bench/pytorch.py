@@ -32,7 +32,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, settle, timed, warm, worker_env  # noqa: E402
+from common import (  # noqa: E402
+    CACHE,
+    SETTLED,
+    Case,
+    arguments,
+    environment,
+    measure,
+    publish,
+    rows,
+    settle,
+    timed,
+    warm,
+    worker_env,
+)
 
 SCRIPT = Path(__file__).resolve()
 N_TENSORS = 500

@@ -41,7 +41,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CACHE, SETTLED, Case, arguments, environment, measure, publish, rows, settle, timed, worker_env  # noqa: E402
+from common import (  # noqa: E402
+    CACHE,
+    SETTLED,
+    Case,
+    arguments,
+    environment,
+    measure,
+    publish,
+    rows,
+    settle,
+    timed,
+    worker_env,
+)
 
 SCRIPT = Path(__file__).resolve()
 SIZES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}

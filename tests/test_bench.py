@@ -324,6 +324,7 @@ def test_evict_empties_the_page_cache_of_a_file_as_mincore_sees_it(tmp_path):
     assert 0.25 <= coldcache.resident(path) <= 1.0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, preadv and mincore")
 def test_the_page_cache_row_reads_the_whole_file_cold_into_the_cache(tmp_path):
     """The cold case's "page cache" row (`memory._buffered`) reads every byte of the file, in 16
     stretches, from a cache the suite emptied: it says how much was cached before, and leaves it all cached."""

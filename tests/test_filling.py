@@ -438,9 +438,19 @@ def test_an_interrupt_while_settling_is_raised_only_once_every_task_has_ended():
 
     from weightio._threads import shared_pool
 
-    ended = []
-    future = shared_pool("fill", filling._THREADS).submit(lambda: time.sleep(0.4) or ended.append(time.monotonic()))
-    timer = threading.Timer(0.1, _thread.interrupt_main)  # a second Ctrl-C, while the clean-up waits
+    ended, sent = [], threading.Event()
+
+    def task():  # (ends only after the interrupt was sent, however late a loaded machine runs the timer)
+        sent.wait(10)
+        time.sleep(0.2)
+        ended.append(time.monotonic())
+
+    def interrupt():
+        _thread.interrupt_main()
+        sent.set()
+
+    future = shared_pool("fill", filling._THREADS).submit(task)
+    timer = threading.Timer(0.1, interrupt)  # a second Ctrl-C, while the clean-up waits
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):

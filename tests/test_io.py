@@ -201,43 +201,61 @@ def test_file_stamp_of_a_directory_and_a_closed_descriptor(tmp_path):
 
 
 # fstat of a regular file is not interrupted in practice: a preloaded shim makes it so, for one
-# descriptor, a given number of times (raising a signal before each where asked)
+# descriptor, a given number of times (raising a signal before each where asked). It replaces both
+# names a C library may give the call (fstat64: glibc 2.33+ with 64-bit offsets; fstat), taking the
+# stat buffer as untyped memory, so it needs no C library's stat headers.
 _EINTR_SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
-#include <sys/stat.h>
+#include <stddef.h>
 #include <unistd.h>
 static int armed_fd = -1, left = 0, with_signal = 0, calls = 0;
 void shim_arm(int fd, int times, int sig) { armed_fd = fd; left = times; with_signal = sig; calls = 0; }
 int shim_calls(void) { return calls; }
-int fstat64(int fd, struct stat64 *st) {
-    static int (*real)(int, struct stat64 *);
-    if (real == NULL)
-        real = (int (*)(int, struct stat64 *))dlsym(RTLD_NEXT, "fstat64");
-    if (fd == armed_fd) {
-        calls++;
-        if (left > 0) {
-            left--;
-            if (with_signal)
-                kill(getpid(), with_signal);
-            errno = EINTR;
-            return -1;
-        }
-    }
-    return real(fd, st);
+static int interrupted(int fd) {
+    if (fd != armed_fd)
+        return 0;
+    calls++;
+    if (left <= 0)
+        return 0;
+    left--;
+    if (with_signal)
+        kill(getpid(), with_signal);
+    errno = EINTR;
+    return 1;
+}
+typedef int (*fstat_fn)(int, void *);
+static int call(const char *name, fstat_fn *real, int fd, void *st) {
+    if (*real == NULL)
+        *real = (fstat_fn)dlsym(RTLD_NEXT, name);
+    return *real == NULL ? (errno = ENOSYS, -1) : (*real)(fd, st);
+}
+int fstat64(int fd, void *st) {
+    static fstat_fn real;
+    return interrupted(fd) ? -1 : call("fstat64", &real, fd, st);
+}
+int fstat(int fd, void *st) {
+    static fstat_fn real;
+    return interrupted(fd) ? -1 : call("fstat", &real, fd, st);
 }
 """
 
 _EINTR_SCRIPT = r"""
 import ctypes, os, signal, sys
 import weightio as wio
+from weightio import _io
 from weightio._native import speedups
 assert speedups is not None
 shim, path = ctypes.CDLL(None), sys.argv[1]
 fd = os.open(path, os.O_RDONLY)
 found = os.fstat(fd)
+shim.shim_arm(fd, 0, 0)
+speedups.file_stamp(fd)
+if shim.shim_calls() != 1:  # (a C library whose fstat goes by another name: __fxstat64, say)
+    print("not shimmed")
+    sys.exit(0)
 shim.shim_arm(fd, 3, 0)
 print("stamp", speedups.file_stamp(fd) == (found.st_mode, found.st_size, found.st_mtime_ns), shim.shim_calls())
 handled = []
@@ -255,6 +273,9 @@ except KeyboardInterrupt as e:
 ckpt = wio.open(path)
 name = sorted(ckpt)[0]
 expected = ckpt[name].numpy().copy()
+def no_fallback(fd):  # the view's check must be the C one: its Python way would retry through os.fstat
+    raise AssertionError("the changed-file check fell back to Python")
+_io.file_stamp = no_fallback
 mine = [int(n) for n in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)]
 for n in mine:  # (the checkpoint's own descriptor: the view's changed-file check is its fstat)
     shim.shim_arm(n, 2, 0)
@@ -270,7 +291,7 @@ except KeyboardInterrupt as e:
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an LD_PRELOAD shim of glibc's fstat64")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an LD_PRELOAD shim of the C library's fstat")
 def test_an_interrupted_fstat_is_made_again_unless_a_signal_handler_raises(tmp_path):
     # the C module's fstat calls (file_stamp, and the changed-file check of a view) retry EINTR as
     # os.fstat does, and let a signal handler's exception through
@@ -283,12 +304,15 @@ def test_an_interrupted_fstat_is_made_again_unless_a_signal_handler_raises(tmp_p
     (tmp_path / "shim.c").write_text(_EINTR_SHIM)
     command = ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "shim.so"), str(tmp_path / "shim.c"), "-ldl"]
     built = subprocess.run(command, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    if built.returncode != 0:
+        pytest.skip(f"the fstat shim does not build here: {built.stderr[-300:]}")
     env = {**os.environ, "LD_PRELOAD": str(tmp_path / "shim.so")}
     fixture = FIXTURES / "numpy.safetensors"
     ran = subprocess.run([sys.executable, "-c", _EINTR_SCRIPT, str(fixture)], capture_output=True, text=True, env=env,
                          timeout=120)
     assert ran.returncode == 0, ran.stderr
+    if ran.stdout == "not shimmed\n":
+        pytest.skip("this C library's fstat is not called fstat64 or fstat: the shim cannot interrupt it")
     assert ran.stdout.splitlines() == [
         "stamp True 4",  # three interruptions, then the call (and the test's own fstat is not counted: it ran before)
         "handled True 3 2",  # a handler that returns: the call is made again

@@ -1,4 +1,5 @@
-"""The process's thread pools, one per kind of work, each created on first use.
+"""The process's thread pools, one per kind of work, each created on first use, and the count of
+the CPUs it may run on (`cpus`), which sizes them.
 
 ``concurrent.futures`` (which imports logging) is imported only when a pool is first asked for,
 so that ``import weightio`` stays cheap.

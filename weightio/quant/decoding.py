@@ -38,7 +38,8 @@ _pool_lock = threading.Lock()
 
 
 def set_threads(n: int | None) -> None:
-    """How many threads dequantize large tensors: None (default) uses every CPU, 1 disables threading."""
+    """How many threads dequantize large tensors: None (default) uses every CPU this process may run on
+    (`weightio._threads.cpus`), 1 disables threading."""
     global _threads
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"threads must be a positive int or None, got {n!r}")
