@@ -189,6 +189,8 @@ def _shown(seconds: float) -> str:
 
 
 def report(results: dict, path: Path, n_elements: int, reps: int) -> str:
+    from weightio._threads import cpus  # (the CPUs the all-cores peer gets: the library's default)
+
     opened = results["open"]
     extra = opened["weightio"]["extra"] or {}
     lines = [
@@ -209,7 +211,7 @@ def report(results: dict, path: Path, n_elements: int, reps: int) -> str:
         "",
         f"Dequantization of {n_elements:,} elements ({n_elements * 4 / 1e6:.0f} MB of float32) from random valid "
         f"blocks (gguf-py gets them as rows of 4096 elements): median of {CALLS} calls per process after one "
-        f"warm-up call, median over processes; {os.cpu_count()} cores. Ratios are against "
+        f"warm-up call, median over processes; {cpus()} cores. Ratios are against "
         "`gguf.quants.dequantize` (single-threaded numpy). *Cores obtained* is the CPU time of the "
         "all-cores run per second of wall time (last process): below the core count, other processes "
         "were using the machine.",

@@ -282,9 +282,11 @@ def _worker(case: str, peer: str, path: str, tpath: str) -> dict:
 
     import torch  # noqa: F401 - every peer pays it before the clock starts
 
-    if peer in ("limit", PAGE_CACHE):
+    if peer in MACHINE_ROWS:  # (no loader: the machine's own reads)
         settle()
-        return _buffered(path) if peer == PAGE_CACHE else _limit(path) if case == "warm" else _odirect(path)
+        if peer == PAGE_CACHE:
+            return _buffered(path)
+        return _limit(path) if case == "warm" else _odirect(path)
     module = next(m for prefix, m in _IMPORTS.items() if peer.startswith(prefix))
     importlib.import_module(module)
     if peer.startswith("weightio"):
@@ -363,6 +365,7 @@ def pss_growth(mode: str, path: str, workers: int = WORKERS) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 PAGE_CACHE = "the disk through the page cache: parallel buffered reads, no destination"
+MACHINE_ROWS = ("limit", PAGE_CACHE)  # rows of the machine's reads, not of a loader: no RSS of their own
 WARM_PEERS = ["weightio load_all(copy=True)", "weightio to(copy=True)", "weightio load_all()+clone (before)",
               "tensorizer", "Run:ai streamer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit"]
 COLD_PEERS = ["weightio load_all(copy=True)", "weightio load_all()+clone (before)", "Run:ai streamer",
@@ -470,7 +473,7 @@ def report(results: dict, serve: dict, p: dict[str, Path], reps: int, gib: float
             ratio = f"{r['seconds'] / base:.2f}×"
             cached = (r.get("extra") or {}).get("resident_before")
             shown = "–" if cached is None else f"{cached:.1%}"
-            rss = "–" if peer in ("limit", PAGE_CACHE) else f"{r['rss_mib']:.0f} MiB"
+            rss = "–" if peer in MACHINE_ROWS else f"{r['rss_mib']:.0f} MiB"
             lines.append(f"| {NOTES[case]} | {label} | {_time(r)} | {rss} | {ratio} | {shown} |")
     lines += ["", "Cold runs by the run before: each peer's median after a run of any weightio peer and after a "
               "run of any other (a peer after itself included; runs in brackets; a case's first run is left out). "

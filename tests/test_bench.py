@@ -176,13 +176,11 @@ def test_run_orders_vary_the_predecessor_from_the_first_repetitions():
     assert run_order(0, 0) == [] and run_order(1, 5) == [0] and run_order(2, 1) == [1, 0]
 
 
-def test_settle_runs_the_full_collection_before_the_clock():
-    """A worker settles what its imports left for the cyclic collector (`common.settle`): garbage in a
-    reference cycle, in the oldest generation, is gone after it, and the young counts start over."""
+def _cycle_in_the_oldest_generation():
+    """A weak reference to garbage that only a full collection frees: a reference cycle moved to
+    the oldest generation."""
     import gc
     import weakref
-
-    settle = _bench_module("common").settle
 
     class Node:
         pass
@@ -193,6 +191,16 @@ def test_settle_runs_the_full_collection_before_the_clock():
     gc.collect(1)  # (moved to the oldest generation, where only a full collection looks)
     del a, b
     gc.collect(1)
+    return gone
+
+
+def test_settle_runs_the_full_collection_before_the_clock():
+    """A worker settles what its imports left for the cyclic collector (`common.settle`): garbage in a
+    reference cycle, in the oldest generation, is gone after it, and the young counts start over."""
+    import gc
+
+    settle = _bench_module("common").settle
+    gone = _cycle_in_the_oldest_generation()
     assert gone() is not None
     settle()
     assert gone() is None and gc.get_count()[0] < 50
@@ -201,20 +209,8 @@ def test_settle_runs_the_full_collection_before_the_clock():
 def test_timed_settles_before_its_clock():
     """Every suite's in-process rows (`common.timed`) start their clock after `settle`: the cyclic
     garbage of the oldest generation is collected before the timed function runs, not during it."""
-    import gc
-    import weakref
-
     timed = _bench_module("common").timed
-
-    class Node:
-        pass
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    gone = weakref.ref(a)
-    gc.collect(1)
-    del a, b
-    gc.collect(1)
+    gone = _cycle_in_the_oldest_generation()
     seen = []
     result = timed(lambda: seen.append(gone()))
     assert seen == [None] and set(result) == {"seconds", "rss_mib"} and result["seconds"] >= 0
