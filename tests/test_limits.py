@@ -4,6 +4,7 @@ actually present (never by counts a file claims); decompression bounded by the d
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import tracemalloc
@@ -140,6 +141,19 @@ def test_environment_variables_set_limits(monkeypatch):
     monkeypatch.setenv("WEIGHTIO_MAX_NAME_BYTES", "lots")
     with pytest.raises(WeightioError, match="environment variable WEIGHTIO_MAX_NAME_BYTES: 'lots' is not a whole"):
         limits.current()
+
+
+def test_the_environment_is_asked_only_for_the_variables_it_holds(monkeypatch):
+    for variable in limits.ENVIRONMENT.values():
+        monkeypatch.delenv(variable, raising=False)
+    expected = [] if os.name == "posix" else list(limits.ENVIRONMENT.items())  # (elsewhere: every one, as before)
+    assert list(limits._maybe_set(os.environ)) == expected and limits.current() is limits.DEFAULTS
+    monkeypatch.setenv("WEIGHTIO_MAX_PICKLE_STACK", "7")
+    assert ("pickle_stack", "WEIGHTIO_MAX_PICKLE_STACK") in limits._maybe_set(os.environ)
+    assert limits.current() == Limits(pickle_stack=7)
+    monkeypatch.delenv("WEIGHTIO_MAX_PICKLE_STACK")
+    assert limits.current() is limits.DEFAULTS
+    assert limits.from_environment({"WEIGHTIO_MAX_TENSORS": "3"}) == Limits(tensors=3)  # any mapping, read whole
 
 
 def test_a_call_beats_a_block_which_beats_the_environment(monkeypatch, tmp_path):
