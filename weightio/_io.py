@@ -443,7 +443,9 @@ def mapped_source(arr: np.ndarray) -> tuple[MappedFile, int] | None:
     """The open file whose read-only mapping holds `arr`'s memory, and the file offset of its
     element 0; None for any other array, or a view of a file whose checkpoint was closed."""
     mapping = _mapping_of(arr)
-    file = None if mapping is None else mapping.owner()
+    if mapping is None:
+        return None
+    file = mapping.owner()
     return None if file is None or file.closed else (file, arr.__array_interface__["data"][0] - mapping.address)
 
 

@@ -107,8 +107,9 @@ def fast_json(text: str) -> Any:
         try:
             import msgspec
         except ImportError:
-            msgspec = False
-        _msgspec = msgspec
+            _msgspec = False
+        else:
+            _msgspec = msgspec
     return _msgspec or None
 
 

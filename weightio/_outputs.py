@@ -97,7 +97,7 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
         # buffered: its write() writes everything or raises, where a raw file's may write part (a
         # full disk) and return the count, which every writer would have to check
         with os.fdopen(fd, "wb") as raw:
-            yield raw  # type: ignore[misc]
+            yield raw
             raw.flush()
             os.fsync(raw.fileno())
             if not overwrite and os.path.lexists(path):  # someone created it while we wrote
@@ -214,7 +214,8 @@ def write_all(out: IO[bytes], data: np.ndarray | bytes | memoryview, chunk: int 
     Arrays are written in C order; any dtype works, ml_dtypes ones included.
     """
     if isinstance(data, np.ndarray):
-        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        # its buffer as a memoryview: numpy's stubs declare ndarray a Buffer only for Python >= 3.12
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     view = memoryview(data).cast("B")
     total = len(view)
     pos = 0

@@ -41,7 +41,8 @@ def reading_ahead(views: Iterable[Any], budget: int | None = None) -> Iterator[A
 def _ask_ahead(views: list[Any], k: int, ahead: int, budget: int, asked: deque[int]) -> int:
     """Ask for views[ahead:] until `budget` bytes are on their way (views[k] at least), one
     `read_ahead_many` per file; their byte counts appended to `asked`. Returns the next to ask."""
-    total, batch = sum(asked), []
+    total = sum(asked)
+    batch: list[Any] = []  # each a stored_remote(): (file, start, length), or None for a local view
     while ahead < len(views) and (ahead == k or total < budget):
         stored = getattr(views[ahead], "stored_remote", None)
         where = stored() if stored is not None else None

@@ -57,7 +57,7 @@ class DType:
         return self.bits % 8 != 0
 
 
-def _row(code: str, torch: str | None, numpy: object, bits: int) -> DType:
+def _row(code: str, torch: str | None, numpy: type[np.generic], bits: int) -> DType:
     return DType(code, torch, np.dtype(numpy), bits)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -159,8 +160,9 @@ class Stats:
             self._n, self.mean, self._m2 = n, mean, m2
         else:
             total = self._n + n
-            delta = mean - self.mean
-            self.mean += delta * n / total
+            old = cast(float, self.mean)  # set by the first slice, with _n
+            delta = mean - old
+            self.mean = old + delta * n / total
             self._m2 += m2 + delta * delta * self._n * n / total
             self._n = total
         self.std = math.sqrt(self._m2 / self._n)
@@ -268,11 +270,13 @@ def compare(a: TensorView, b: TensorView, *, atol: float = 0.0, rtol: float = 0.
         diff.max_abs, diff.max_rel = None, None
         diff.mismatched = _elements_differing(a, b) if a.dtype == b.dtype else diff.count
         return diff
+    max_abs = max_rel = 0.0  # diff's own starting values, kept as floats while folding in the slices
     with np.errstate(all="ignore"):
         for x, y in zip(chunks(a), chunks(b), strict=True):
-            max_abs, max_rel, bad = _chunk_diff(x, y, atol, rtol)
-            diff.max_abs, diff.max_rel = max(diff.max_abs, max_abs), max(diff.max_rel, max_rel)
+            chunk_abs, chunk_rel, bad = _chunk_diff(x, y, atol, rtol)
+            max_abs, max_rel = max(max_abs, chunk_abs), max(max_rel, chunk_rel)
             diff.mismatched += bad
+    diff.max_abs, diff.max_rel = max_abs, max_rel
     return diff
 
 

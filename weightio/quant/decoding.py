@@ -100,7 +100,7 @@ def _decodable(ggml_type: str) -> GGMLType:
 
 def _decode(raw: np.ndarray, t: GGMLType, threads: int | None) -> np.ndarray:
     """float32 (n_blocks, block_size) of `raw` whole blocks."""
-    if not t.quantized:
+    if t.dtype is not None:  # a plain type (not t.quantized)
         return raw.view(t.dtype).astype(np.float32).reshape(-1, 1)
     from .kernels import KERNELS
 
@@ -199,7 +199,7 @@ def _check_byte_order(info: TensorInfo, t: GGMLType) -> None:
 
 def _values(raw: np.ndarray, t: GGMLType) -> np.ndarray:
     """The elements of `raw` (whole blocks), 1-D: float32, or native BF16 for a plain BF16 tensor."""
-    if t.quantized:
+    if t.dtype is None:  # t.quantized
         return _decode(raw, t, None).reshape(-1)
     # A plain type reaches here only as BF16 from a big-endian GGUF file: numpy has no
     # big-endian bfloat16 dtype to view it as, so the bytes are swapped into a native copy.
@@ -223,7 +223,8 @@ def _select(raw: np.ndarray, t: GGMLType, shape: tuple[int, ...], key: Any) -> A
             part = raw[start * stride:max(start, stop) * stride]
         else:  # copy just the picked rows' bytes (stop of a negative-step slice.indices is not a slice bound)
             part = raw.reshape(shape[0], stride)[np.asarray(picked, dtype=np.intp)].reshape(-1)
-        return _values(part, t).reshape((len(picked), *shape[1:]))[(slice(None), *rest)]
+        index = (slice(None), *rest)  # not inline: mypy takes x[(a, *b)] for x[a, *b], which needs Python 3.11
+        return _values(part, t).reshape((len(picked), *shape[1:]))[index]
     i = _index(int(first), shape[0])
     row = _values(raw[i * stride:(i + 1) * stride], t).reshape(shape[1:])
     return row[rest] if rest else row
@@ -235,7 +236,7 @@ def _index(i: int, size: int) -> int:
     return i % size
 
 
-def _select_elements(raw: np.ndarray, t: GGMLType, n: int, first: int | slice) -> Any:
+def _select_elements(raw: np.ndarray, t: GGMLType, n: int, first: int | np.integer | slice) -> Any:
     """Elements of a 1-D quantized tensor: decode only the blocks that cover them."""
     if isinstance(first, slice):
         start, stop, step = first.indices(n)

@@ -325,7 +325,7 @@ def q6_k(b: np.ndarray, out: np.ndarray) -> None:
     high nibbles 64..127), high 2 bits from the 2-bit fields of qh[32h:32h+32];
     y = (d * scale[e // 16]) * (q - 32)."""
     n = b.shape[0]
-    q = np.empty((n, 2, 2, 64), np.uint8)
+    q: np.ndarray = np.empty((n, 2, 2, 64), np.uint8)  # re-viewed as int8 below
     ql = b[:, 0:128].reshape(n, 2, 64)
     np.bitwise_and(ql, 15, out=q[:, :, 0])
     np.right_shift(ql, 4, out=q[:, :, 1])
@@ -507,7 +507,7 @@ def iq1_m(b: np.ndarray, out: np.ndarray) -> None:
     d = (top[:, 0] | top[:, 1] << 4 | top[:, 2] << 8 | top[:, 3] << 12).astype(np.uint16).view(_F16)
     scale = (sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & 7
     dl = d.astype(np.float32).reshape(n, 1) * (2 * scale.reshape(n, 16) + 1)
-    nib = np.empty((n, 16, 2), np.uint8)
+    nib: np.ndarray = np.empty((n, 16, 2), np.uint8)  # reshaped to (n, 32) below
     np.bitwise_and(b[:, 32:48], 15, out=nib[:, :, 0])
     np.right_shift(b[:, 32:48], 4, out=nib[:, :, 1])
     nib = nib.reshape(n, 32)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..errors import UnsupportedDTypeError
 from .decoding import dequantize
-from .types import by_name
+from .types import GGMLType, by_name
 
 __all__ = ["QuantizedTensor", "quantize", "QUANTIZERS", "quantize_rows"]
 
@@ -150,4 +150,5 @@ def quantize(x: Any, ggml_type: str) -> QuantizedTensor:
         raise UnsupportedDTypeError(f"cannot quantize a {arr.dtype} array")
     shape = tuple(arr.shape)
     blocks = quantize_rows(arr, ggml_type)
-    return QuantizedTensor(by_name(ggml_type).name, shape, blocks if math.prod(shape) else blocks[:0])
+    name = cast(GGMLType, by_name(ggml_type)).name  # a known type: quantize_rows refuses any other
+    return QuantizedTensor(name, shape, blocks if math.prod(shape) else blocks[:0])

@@ -73,7 +73,7 @@ class GGMLType:
         return n // self.block_size * self.type_size
 
 
-def _plain(id: int, name: str, dtype: object) -> GGMLType:
+def _plain(id: int, name: str, dtype: type[np.generic]) -> GGMLType:
     dt = np.dtype(dtype)
     return GGMLType(id, name, 1, dt.itemsize, dt.newbyteorder("<") if dt.itemsize > 1 else dt)
 
