@@ -53,6 +53,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
 
 from .errors import Advice, CorruptFileError, UsageError, WeightioError
 
@@ -92,7 +93,8 @@ class Limits:
 
     def replace(self, **changes: int | None) -> Limits:
         """A copy with some fields changed (unknown field names raise `TypeError`)."""
-        return dataclasses.replace(self, **changes)
+        # mypy checks each field's type against int | None (most are int); __post_init__ checks the values
+        return dataclasses.replace(self, **cast("dict[str, Any]", changes))
 
     @property
     def npy_header(self) -> int:

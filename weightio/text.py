@@ -97,7 +97,7 @@ def _describe(value: object, depth: int) -> str:
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         if depth == 0 and value:
             return f"<{type(value).__name__} of {len(value):,}>"
-        items = list(islice(value.items() if isinstance(value, dict) else value, 4))  # type: ignore[union-attr]
+        items = list(islice(value.items() if isinstance(value, dict) else value, 4))
         if isinstance(value, dict):
             body = ", ".join(f"{_describe(k, depth - 1)}: {_describe(v, depth - 1)}" for k, v in items)
         else:

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -281,7 +281,7 @@ class VarBuilder:
             if out is not None:
                 return out
             if not plain[0]:  # (the map it reads is made by the first request: this one goes the general way)
-                self._shared.fill()
+                cast("Callable[[], object]", self._shared.fill)()  # (set with `fast`, which `plain` is made from)
         full, stored, value = self._find(name)
         self._check_shape(full, stored, value, _shape_arg(shape))
         return self._place(full, stored, value, dtype)

@@ -357,7 +357,8 @@ def _read(fd: int, file: MappedFile, dst: np.ndarray, offset: int) -> None:
         raise CorruptFileError(f"bytes {offset}..{offset + n} lie past the end of the file ({file.size} bytes)",
                                path=file.path)
     populate(dst)
-    view, done = memoryview(dst), 0
+    # numpy's stubs give ndarray its buffer protocol (__buffer__) for Python >= 3.12 only; mypy checks 3.10
+    view, done = memoryview(dst), 0  # type: ignore[arg-type]
     while done < n:
         got = os.preadv(fd, [view[done:]], offset + done)
         if got == 0:

@@ -285,7 +285,9 @@ def _with_ties(plan: dict[str, str], keys: ModuleKeys) -> dict[str, str]:
         if covering is None or plan[covering] == device_of(plan, canonical):
             continue
         if all(n in keys.tied for n in keys.targets if not covering or n == covering or n.startswith(covering + ".")):
-            plan[covering] = device_of(plan, canonical)
+            # None when the plan left `canonical` unplaced (a tie's source reached only through a child module's
+            # second registration, which named_children skips): kept as it was, the part then shows no device
+            plan[covering] = device_of(plan, canonical)  # type: ignore[assignment]
     return plan
 
 

@@ -135,8 +135,9 @@ def declared_ties(module: torch.nn.Module) -> dict[str, str]:
     config = getattr(module, "config", None)
     if not getattr(config, "tie_word_embeddings", False):
         return {}
+    model: Any = module  # a transformers model: torch types attributes it does not declare as Tensor | Module
     try:  # transformers 4: the output embeddings are tied to the input embeddings
-        output, inputs = module.get_output_embeddings(), module.get_input_embeddings()
+        output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return {}
     names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}

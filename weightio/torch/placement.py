@@ -52,7 +52,7 @@ def empty_weights() -> Iterator[None]:
     """
     original = torch.nn.Module.register_parameter
 
-    def register(module: torch.nn.Module, name: str, param: Any) -> None:
+    def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
         if param is not None and not param.is_meta:
             extra = dict(param.__dict__)
             param = type(param)(param.data.to("meta"), requires_grad=param.requires_grad)
@@ -60,7 +60,8 @@ def empty_weights() -> Iterator[None]:
         original(module, name, param)
 
     saved = {name: getattr(torch.Tensor, name) for name in _RANDOM_FILLS}
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    # patching a method (method-assign); mypy also compares `register` with it as if bound, `self` twice (assignment)
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign, assignment]
     for name, fill in saved.items():
         setattr(torch.Tensor, name, _skipping_meta(fill))
     try:
@@ -175,7 +176,7 @@ def plan_device_map(module: torch.nn.Module, max_memory: Mapping[Any, Any] | Non
     index = 0
     while queue:
         prefix, part, size = queue.pop(0)
-        while index < len(devices) and room[devices[index]] is not None and size > room[devices[index]]:
+        while index < len(devices) and (budget := room[devices[index]]) is not None and size > budget:
             if part is not None and type(part).__name__ not in no_split and list(part.children()):
                 break
             index += 1
@@ -185,12 +186,13 @@ def plan_device_map(module: torch.nn.Module, max_memory: Mapping[Any, Any] | Non
                              f"{', '.join(f'{d}: {b:,}' for d, b in room.items() if b is not None)}: "
                              f"{prefix or '(root)'} ({size:,} bytes) has no room; add \"disk\" or raise a budget")
         device = devices[index]
-        if room[device] is not None and size > room[device]:
+        budget = room[device]
+        if budget is not None and size > budget:
             queue[:0] = _parts(part, prefix, sizes)
             continue
         plan[prefix] = device
-        if room[device] is not None:
-            room[device] -= size
+        if budget is not None:
+            room[device] = budget - size
     return _merged(plan)
 
 

@@ -9,7 +9,7 @@ the device map used. ``str(result)`` is the table transformers prints after ``fr
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..text import printable
 
@@ -56,7 +56,18 @@ class LoadResult(IncompatibleKeys):
         [('classifier.weight', (3, 32), (5, 32)), ('classifier.bias', (3,), (5,))]
     """
 
-    def __new__(cls, missing_keys: list[str], unexpected_keys: list[str], **fields: object) -> LoadResult:
+    # Set in __new__ (a NamedTuple subclass keeps its tuple fields; these live in the instance's __dict__).
+    mismatched_keys: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    tied_keys: dict[str, str]
+    ignored_keys: dict[str, str]
+    sub_mapping: str
+    wrapper_prefix: str
+    base_model_prefix: str | None
+    device_map: dict[str, str] | None
+    source: str
+    module: str
+
+    def __new__(cls, missing_keys: list[str], unexpected_keys: list[str], **fields: Any) -> LoadResult:
         self = super().__new__(cls, missing_keys, unexpected_keys)
         self.mismatched_keys = list(fields.get("mismatched_keys", ()))
         self.tied_keys = dict(fields.get("tied_keys", {}))
