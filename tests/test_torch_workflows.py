@@ -336,6 +336,30 @@ def test_device_map_with_cpu_and_disk_budgets(tmp_path):
         wio.torch.load_into(model, path, device_map={"transformer.h": "cpu", "transformer.w": "cpu", "lm_head": "cpu"})
 
 
+def test_a_tie_whose_source_the_plan_names_by_another_path_follows_that_path(tmp_path):
+    # `b` is `c` registered twice (the plan names only `c`, as named_children does) and `a.weight` is tied to
+    # `b.weight`: `a` holds only the tie, so it goes where `c` went (it was given no device at all before)
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Linear(4, 4)
+            self.big = torch.nn.Linear(64, 64)
+            self.b = self.c
+            self.a = torch.nn.Linear(4, 4, bias=False)
+
+        def get_expanded_tied_weights_keys(self, all_submodels=True):
+            return {"a.weight": "b.weight"}
+
+    stored = {"b.weight": torch.arange(16.0).reshape(4, 4), "c.bias": torch.arange(4.0),
+              "big.weight": torch.ones(64, 64), "big.bias": torch.zeros(64)}
+    safetensors_torch.save_file(stored, tmp_path / "m.safetensors")
+    model = Twice()
+    result = wio.torch.load_into(model, tmp_path / "m.safetensors", device_map="auto",
+                                 max_memory={"cpu": 1000, "disk": None})
+    assert result.device_map == {"c": "cpu", "big": "disk", "a": "cpu"}
+    assert model.a.weight is model.c.weight and torch.equal(model.a.weight, stored["b.weight"])
+
+
 def test_device_map_planning_with_gpu_budgets_on_the_cpu():
     # the plan alone (no GPU here): layers kept whole (_no_split_modules), devices filled in order
     with wio.torch.empty_weights():

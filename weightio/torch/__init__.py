@@ -280,15 +280,25 @@ class _Load:
 
 def _with_ties(plan: dict[str, str], keys: ModuleKeys) -> dict[str, str]:
     """`plan` with parts that hold only tied names (``lm_head``) on their tensor's device."""
+    groups = {group[0]: group for group in keys.groups}
     for name, canonical in keys.tied.items():
         covering = max((p for p in plan if not p or name == p or name.startswith(p + ".")), key=len, default=None)
-        if covering is None or plan[covering] == device_of(plan, canonical):
+        if covering is None:
             continue
-        if all(n in keys.tied for n in keys.targets if not covering or n == covering or n.startswith(covering + ".")):
-            # None when the plan left `canonical` unplaced (a tie's source reached only through a child module's
-            # second registration, which named_children skips): kept as it was, the part then shows no device
-            plan[covering] = device_of(plan, canonical)  # type: ignore[assignment]
+        # the tensor's device: its canonical name's, or (a child module registered twice: the plan names only its
+        # first path) the first other name of it the plan places, outside this part
+        device = next((d for n in groups.get(canonical, [canonical]) if not _within(n, covering)
+                       for d in [device_of(plan, n)] if d is not None), None)
+        if device is None or plan[covering] == device:
+            continue
+        if all(n in keys.tied for n in keys.targets if _within(n, covering)):
+            plan[covering] = device
     return plan
+
+
+def _within(name: str, part: str) -> bool:
+    """Whether `name` lies in the module `part` of a device map ("": the whole model)."""
+    return not part or name == part or name.startswith(part + ".")
 
 
 def _torch_dtype(dtype: Any) -> Any:
