@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import layout
 from ._failures import is_url
@@ -233,7 +233,7 @@ class CheckpointValues(ValuesView[TensorView]):
 
 # ----------------------------------------------------------------------------- opening
 
-def open_checkpoint(path: str | os.PathLike[str], limits: Limits | None = None, *,
+def open_checkpoint(path: str | bytes | os.PathLike[str] | BinaryIO, limits: Limits | None = None, *,
                     unknown_globals: str | None = None, storage_options: Mapping[str, Any] | None = None,
                     download: bool = False) -> Checkpoint:
     """Open a checkpoint file or model directory; see `weightio.open`.
