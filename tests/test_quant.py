@@ -200,6 +200,26 @@ def test_every_block_type_in_the_table_has_a_kernel():
 # ----------------------------------------------------------------------------- the driver
 
 
+def test_the_dequantizing_pool_grows_to_the_threads_asked_for_and_no_further(monkeypatch):
+    from weightio import _threads
+
+    monkeypatch.setattr(_threads, "_pools", {})  # (a pool of this test's own)
+    n_blocks = 8 * quant.THREADED_CHUNK_ELEMENTS // by_name("Q8_0").block_size  # enough for 4 threads
+    raw = random_blocks(np.random.default_rng(5), "Q8_0", n_blocks)
+    expected = dequantize(raw, "Q8_0", threads=1)
+    assert "dequant" not in _threads._pools  # (one thread: no pool)
+    assert np.array_equal(dequantize(raw, "Q8_0", threads=2), expected)
+    two, size = _threads._pools["dequant"]
+    assert size == 2 and two._max_workers == 2
+    assert np.array_equal(dequantize(raw, "Q8_0", threads=4), expected)
+    four, size = _threads._pools["dequant"]
+    assert four is not two and size == 4 and four._max_workers == 4 and two._shutdown
+    assert np.array_equal(dequantize(raw, "Q8_0", threads=3), expected)
+    assert _threads._pools["dequant"] == (four, 4)  # fewer threads asked for: the larger pool serves
+    assert _threads.shared_pool("dequant", 8) is four  # (without grow: the pool as made)
+    four.shutdown()
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K", "IQ2_XS", "Q8_0"])
 def test_threaded_chunks_equal_one_pass(type_name, monkeypatch):
     rng = np.random.default_rng(3)

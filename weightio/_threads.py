@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["cpus", "shared_pool"]
 
-_pools: dict[str, ThreadPoolExecutor] = {}
+_pools: dict[str, tuple[ThreadPoolExecutor, int]] = {}  # kind -> (pool, its threads)
 _lock = threading.Lock()
 
 
@@ -29,15 +29,20 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
-def shared_pool(kind: str, workers: int) -> ThreadPoolExecutor:
+def shared_pool(kind: str, workers: int, *, grow: bool = False) -> ThreadPoolExecutor:
     """The pool for `kind` of work (its threads are named ``weightio-<kind>``), with `workers` threads
-    when this call creates it."""
+    when this call creates it. With `grow`, a pool of fewer threads is replaced by one of `workers`
+    (the old one finishes what it was given, then its threads end): for work whose callers choose
+    their thread count (``dequantize(threads=...)``)."""
     with _lock:
-        pool = _pools.get(kind)
-        if pool is None:
+        pool, size = _pools.get(kind, (None, 0))
+        if pool is None or (grow and size < workers):
             from concurrent.futures import ThreadPoolExecutor
 
-            pool = _pools[kind] = ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
+            old, pool = pool, ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
+            _pools[kind] = pool, workers
+            if old is not None:
+                old.shutdown(wait=False)
         return pool
 
 

@@ -13,28 +13,20 @@ dequantizes only the blocks of those rows.
 from __future__ import annotations
 
 import math
-import os
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .._threads import cpus
+from .._threads import cpus, shared_pool
 from ..errors import UnsupportedDTypeError
 from ..records import TensorInfo
 from .types import GGMLType, by_name
-
-if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["dequantize", "dequantize_stored", "supported", "set_threads", "CHUNK_ELEMENTS", "THREADED_CHUNK_ELEMENTS"]
 
 CHUNK_ELEMENTS = 1 << 18  # per kernel call: 1 MiB of float32 out, so temporaries stay in the L2 cache
 THREADED_CHUNK_ELEMENTS = 1 << 20  # per kernel call when several threads share a tensor (see _decode)
 _threads: int | None = None
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
 
 
 def set_threads(n: int | None) -> None:
@@ -124,7 +116,8 @@ def _decode(raw: np.ndarray, t: GGMLType, threads: int | None) -> np.ndarray:
         run_all(starts)
     else:  # one contiguous run of chunks per worker: threads never share (and race to fault in) a page
         bounds = [len(starts) * i // workers for i in range(workers + 1)]
-        list(_executor(workers).map(run_all, [starts[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]))
+        parts = [starts[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        list(shared_pool("dequant", workers, grow=True).map(run_all, parts))
     return out
 
 
@@ -132,29 +125,6 @@ def _worker_count(threads: int | None, elements: int) -> int:
     """Threads for a tensor of `elements`: each gets at least two threaded chunks, or none is used."""
     wanted = threads if threads is not None else (_threads or cpus())
     return max(1, min(wanted, elements // (2 * THREADED_CHUNK_ELEMENTS)))
-
-
-def _forget_pool() -> None:
-    """In a forked child the pool's threads do not exist: start afresh (else tasks would wait forever)."""
-    global _pool, _pool_size, _pool_lock
-    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _executor(workers: int) -> ThreadPoolExecutor:
-    """A shared pool, grown when more workers are asked for (threads start once, not per call)."""
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size < workers:
-            from concurrent.futures import ThreadPoolExecutor
-
-            old, _pool, _pool_size = _pool, ThreadPoolExecutor(workers, thread_name_prefix="weightio-dequant"), workers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
 
 
 # ----------------------------------------------------------------------------- selections
