@@ -38,7 +38,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -95,6 +95,14 @@ class RemoteImage(np.ndarray):
         self.file = None  # type: ignore[assignment]  # slices are plain views once filled
 
 
+class Into(Protocol):
+    """What ``fetch_into`` writes a range into: a writable ``memoryview``, or a `_Scatter` over several arrays."""
+
+    def __len__(self) -> int: ...
+
+    def __setitem__(self, where: slice, chunk: bytes, /) -> None: ...
+
+
 class RemoteFile:
     """One remote file, read by byte ranges (see the module docstring).
 
@@ -104,7 +112,7 @@ class RemoteFile:
         etag: the server's ETag at open, when it sent one.
         traffic: requests made and bytes received so far (`Traffic`).
 
-    ``fetch_into(start, stop, memoryview)``, where the transport has one, receives a range straight
+    ``fetch_into(start, stop, into)``, where the transport has one, receives a range straight
     into the caller's memory and returns the bytes it wrote (tensors are fetched with it: one copy
     from the socket, not two). ``first``, where given, is the file's first ``first_asked`` bytes (all
     of it when smaller), brought by the request that found the file and its size (an HTTP ranged
@@ -113,12 +121,12 @@ class RemoteFile:
     fetches both for a file found without them.
     """
 
-    remote = True
+    remote: Literal[True] = True  # (`MappedFile.remote` is False: a check of it tells the two apart)
 
     def __init__(self, url: str, fetcher: Callable[[int, int], bytes], size: int, *, etag: str | None = None,
                  close: Callable[[], None] | None = None, cache_bytes: int = CACHE_BYTES,
                  first: bytes | None = None, first_asked: int = BLOCK, last: bytes | None = None,
-                 fetch_into: Callable[[int, int, memoryview], int] | None = None,
+                 fetch_into: Callable[[int, int, Into], int] | None = None,
                  fetch_many: Callable[[list[tuple[int, int]]], list[bytes | None]] | None = None) -> None:
         self.path = redact(url)
         problem = ("empty file (0 bytes)" if size <= 0 else
@@ -394,12 +402,13 @@ class RemoteFile:
 
     def _part(self, out: np.ndarray, part: tuple[int, int, int]) -> None:
         offset, length, at = part
-        if self._fetch_into is None:
+        fetch_into = self._fetch_into
+        if fetch_into is None:
             out[at: at + length] = np.frombuffer(self._get(offset, length), np.uint8)
             return
         self.check()
-        into = memoryview(out)[at: at + length]  # type: ignore[index]
-        got = retrying(lambda: self._fetch_into(offset, offset + length, into), self.path, offset, length)
+        into = memoryview(out)[at: at + length]  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
+        got = retrying(lambda: fetch_into(offset, offset + length, into), self.path, offset, length)
         self.traffic.add(got)
         self._check_length(offset, length, got)
 
@@ -414,14 +423,14 @@ class RemoteFile:
             self._part(out, (offset, length, at))
             return
         start, stop = pieces[0][0], pieces[-1][0] + pieces[-1][1]
-        if self._fetch_into is None:
+        fetch_into = self._fetch_into
+        if fetch_into is None:
             raw = np.frombuffer(self._get(start, stop - start), np.uint8)
             for offset, length, out, at in pieces:
                 out[at: at + length] = raw[offset - start: offset - start + length]
             return
         self.check()
-        got = retrying(lambda: self._fetch_into(start, stop, _Scatter(start, stop, pieces)), self.path, start,
-                       stop - start)
+        got = retrying(lambda: fetch_into(start, stop, _Scatter(start, stop, pieces)), self.path, start, stop - start)
         self.traffic.add(got)
         self._check_length(start, stop - start, got)
 
@@ -487,7 +496,7 @@ class _Scatter:
 
     def __init__(self, start: int, stop: int, pieces: list[tuple[int, int, np.ndarray, int]]) -> None:
         self._length = stop - start
-        self._pieces = [(offset - start, offset - start + length, memoryview(out)[at: at + length])  # type: ignore[index]
+        self._pieces = [(offset - start, offset - start + length, memoryview(out)[at: at + length])  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
                         for offset, length, out, at in pieces]
         self._next = 0
 

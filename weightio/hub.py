@@ -37,13 +37,16 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import layout, limits
 from ._failures import scrub
 from ._outputs import check_parent
 from .errors import FormatError, InputError, WeightioError
 from .hubpath import SCHEME, HubPath, check_revision, is_hub_path, parse
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import DatasetInfo, ModelInfo, SpaceInfo
 
 __all__ = ["HubFile", "HubPath", "SCHEME", "is_hub_path", "named_file", "parse", "remote_sources", "resolve",
            "download", "model_files", "pick_weights", "CONFIG_PATTERNS"]
@@ -167,9 +170,11 @@ class _Repo:
         api = HfApi(endpoint=self.endpoint)
         info = api.repo_info(self.hub.repo_id, repo_type=self.hub.repo_type, revision=self.hub.revision,
                              files_metadata=self._with_sizes)
+        # a model's, dataset's or space's (what hubpath parses), never a kernel's (whose info lists no files)
+        info = cast("ModelInfo | DatasetInfo | SpaceInfo", info)
         siblings = info.siblings or []
-        self.listed_sizes = {s.rfilename: s.size for s in siblings if isinstance(getattr(s, "size", None), int)}
-        return info.sha, [s.rfilename for s in siblings]
+        self.listed_sizes = {s.rfilename: size for s in siblings if isinstance(size := getattr(s, "size", None), int)}
+        return cast(str, info.sha), [s.rfilename for s in siblings]  # repo_info always has it (a listing's may not)
 
     def _storage(self) -> str:
         from huggingface_hub.file_download import repo_folder_name
@@ -477,7 +482,7 @@ def download(repo_or_uri: str, *, revision: str | None = None, local_dir: str | 
     local = {f: repo.fetch(f) for f in files}
     repo.remember_revision()
     if plan.named:
-        return local[plan.file]
+        return local[cast(str, plan.file)]  # a named file's plan answers with it (`_plan`)
     return _local_folder(local[files[0]], files[0], plan.folder)
 
 

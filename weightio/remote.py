@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextvars
 import posixpath
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import layout, remote_s3
 from ._failures import is_url, redact, retrying
@@ -33,6 +33,9 @@ from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
 from .formats import Reader, open_file
 from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
+
+if TYPE_CHECKING:
+    from ._remote import Into
 
 __all__ = ["Opened", "filesystem", "first_reads", "is_folder", "is_url", "open_url", "redact", "remote_file",
            "traffic"]
@@ -130,7 +133,7 @@ def _open_hub(url: str, options: dict[str, Any], download: bool) -> Opened:
         if len(remote) > _WAVE else {}  # a few files: each on a thread of its own, on the session the listing made
     if early is not None and len(remote) == 1 and index is None:
         found.update(_taken(early.result(), remote[0]))
-    files: list[Callable[[], Any]] = [
+    files = [  # (no annotation: mypy cannot infer these lambdas, with their defaults, against Callable[[], Any])
         (lambda s=s: s) if isinstance(s, str) else (lambda s=s: _hub_file(s, found.get(s.filename))) for s in sources]
     if index is None:
         return Opened(url, _open_all(files))
@@ -227,7 +230,7 @@ def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -
     # where the Hub redirected the file (its CDN): later ranges go straight there
     direct: list[str] = [found[1]] if found is not None and found[1] != url else []
 
-    def stream(start: int, stop: int, into: memoryview | None) -> bytes | int:
+    def stream(start: int, stop: int, into: Into | None) -> bytes | int:
         """Bytes `start`..`stop`: returned, or written into `into` (their count returned)."""
         target = direct[0] if direct else url
         ask = {"Range": f"bytes={start}-{stop - 1}"} | ({} if direct else headers)
@@ -262,8 +265,8 @@ def _hub_file(file: Any, found: tuple[bytes, str, bytes | None] | None = None) -
         return [None if r is None else r[0] for r in got]
 
     head, tail = first_reads(file.filename)
-    remote = RemoteFile(file.uri, lambda start, stop: stream(start, stop, None), file.size,  # type: ignore[arg-type,return-value]
-                        fetch_into=lambda start, stop, into: stream(start, stop, into),  # type: ignore[arg-type,return-value]
+    remote = RemoteFile(file.uri, lambda start, stop: cast(bytes, stream(start, stop, None)), file.size,
+                        fetch_into=lambda start, stop, into: cast(int, stream(start, stop, into)),
                         first=None if found is None else found[0], first_asked=head,
                         last=None if found is None else found[2], fetch_many=many if has_aiohttp() else None)
     if found is None and (tail or head < BLOCK):
@@ -347,10 +350,11 @@ def _fsspec_file(fs: Any, path: str, url: str, found: Found | None = None) -> Re
         raise InputError("the server does not say how large the file is (no Content-Length): weightio reads "
                          "remote files by range only", path=redact(url))
     etag = info.get("ETag") or info.get("etag")
-    given = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
+    given: dict[str, Any] = {"etag": etag, "first": found.first, "first_asked": found.asked, "last": found.last}
     if _is_http(fs):
         # size given: no HEAD; If-Match: a file replaced on the server answers 412, not new bytes
-        options = {"size": size, "headers": dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})}
+        options: dict[str, Any] = {
+            "size": size, "headers": dict(fs.kwargs.get("headers") or {}) | ({"If-Match": etag} if etag else {})}
         if set(fs.kwargs) <= {"headers"}:  # many ranges in one wave on fsspec's own session
             target, ask = fs.encode_url(path), options["headers"]
             given["fetch_many"] = lambda ranges: [None if r is None else r[0] for r in
@@ -372,6 +376,8 @@ class _OnFirstUse:
     """An fsspec HTTP file object made when a single range is first asked of it: making one asks
     fsspec's event loop for its session (a round trip between threads), which a shard whose header
     came with the request that found it never needs."""
+
+    _handle: Any  # the fsspec file object, once made (None before)
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._make, self._handle, self._lock = make, None, threading.Lock()
@@ -498,10 +504,11 @@ def _siblings(first: Reader, make: Callable[[str], RemoteFile]) -> list[Reader]:
     except BaseException:
         first.close()
         raise
-    return _open_all([(lambda n=n: make(n)) for n in names], close_on_error=[first])
+    makers = [(lambda n=n: make(n)) for n in names]  # (named: inline, mypy cannot infer them as Callable[[], Any])
+    return _open_all(makers, close_on_error=[first])
 
 
-def _open_all(makers: list[Callable[[], Any]], close_on_error: list[Reader] | None = None) -> list[Reader]:
+def _open_all(makers: Sequence[Callable[[], Any]], close_on_error: list[Reader] | None = None) -> list[Reader]:
     """Open every file (a path, or a maker of a remote file) concurrently, in order; on any error, close all."""
     if len(makers) <= 1:
         results = [_attempt(m) for m in makers]

@@ -55,13 +55,13 @@ from typing import NamedTuple
 import numpy as np
 
 from .._gc import collector_paused
-from .._io import MappedFile
 from ..errors import CorruptFileError, FormatError
 from ..limits import Limits, exceeded
 from ..limits import current as current_limits
 from . import _zip_central as _zc
 from . import _zip_local as _zl
 from . import _zip_remote as _zr
+from .base import AnyFile, is_remote
 
 __all__ = ["ZipMember", "read_members", "case_collisions", "crc_omitted", "inflate", "inflate_prefix",
            "METHOD_STORED", "METHOD_DEFLATED", "largest_inflated", "verify", "verify_range"]
@@ -107,7 +107,7 @@ class ZipMember(NamedTuple):
 _member = functools.partial(tuple.__new__, ZipMember)  # ZipMember(...) without its Python-level __new__
 
 
-def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMember]:
+def read_members(file: AnyFile, limits: Limits | None = None) -> list[ZipMember]:
     """Every member of the zip archive `file`, in central-directory order (`zipfile`'s ``namelist()``
     and miniz's index, whose first entry names torch's archive prefix), fully validated (module doc).
 
@@ -129,14 +129,14 @@ def read_members(file: MappedFile, limits: Limits | None = None) -> list[ZipMemb
     return located
 
 
-def _walk(file: MappedFile, limits: Limits) -> list[ZipMember]:
+def _walk(file: AnyFile, limits: Limits) -> list[ZipMember]:
     cd_offset, cd_size, count = _find_central_directory(file)
     if count > limits.tensors:
         raise exceeded("member count", count, "tensors", limits.tensors, path=file.path, unit="")
     if cd_size > limits.header_bytes:
         raise exceeded("central directory size", cd_size, "header_bytes", limits.header_bytes, path=file.path)
     members = _read_central_directory(file, cd_offset, cd_size, count)
-    if getattr(file, "remote", False):
+    if is_remote(file):  # (narrows: below, a MappedFile, which _zl reads)
         return _walk_remote(file, members, cd_offset)
     if (located := _zl.located(file, members, cd_offset, _member)) is not None:  # numpy, when regular
         return located
@@ -175,14 +175,14 @@ def largest_inflated(members: list[ZipMember]) -> int:
                 and m.size <= m.compressed_size * _MAX_DEFLATE_RATIO + 1024), default=0)
 
 
-_CACHE: weakref.WeakKeyDictionary[MappedFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[AnyFile, tuple[ZipMember, ...]] = weakref.WeakKeyDictionary()
 
 
-def _fail(file: MappedFile, message: str) -> CorruptFileError:
+def _fail(file: AnyFile, message: str) -> CorruptFileError:
     return CorruptFileError(f"zip archive: {message}", path=file.path)
 
 
-def _find_central_directory(file: MappedFile) -> tuple[int, int, int]:
+def _find_central_directory(file: AnyFile) -> tuple[int, int, int]:
     size = file.size
     if size < _EOCD.size:
         raise _fail(file, f"file is {size} bytes, shorter than an end-of-central-directory record")
@@ -235,17 +235,17 @@ def _find_eocd(tail: bytes) -> int:
     return pos
 
 
-def _unpack(file: MappedFile, fmt: struct.Struct, offset: int, what: str) -> tuple:
+def _unpack(file: AnyFile, fmt: struct.Struct, offset: int, what: str) -> tuple:
     if offset < 0 or offset + fmt.size > file.size:
         return file.unpack(fmt, offset, what)  # raises, naming what
     return fmt.unpack(_zr.read(file, offset, fmt.size, what))
 
 
-def _has_zip64_locator(file: MappedFile, eocd: int) -> bool:
+def _has_zip64_locator(file: AnyFile, eocd: int) -> bool:
     return eocd >= _LOCATOR.size and _zr.read(file, eocd - _LOCATOR.size, 4, "the ZIP64 locator") == b"PK\x06\x07"
 
 
-def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[int, int, int, int]:
+def _read_zip64_end(file: AnyFile, eocd: int, eocd_fields: tuple) -> tuple[int, int, int, int]:
     """The ZIP64 end record's count, central directory size and offset, and where it starts.
 
     Both miniz and `zipfile` use this record whenever its locator precedes the EOCD; miniz finds
@@ -278,7 +278,7 @@ def _read_zip64_end(file: MappedFile, eocd: int, eocd_fields: tuple) -> tuple[in
     return count, cd_size, cd_offset, record
 
 
-def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
+def _read_central_directory(file: AnyFile, cd_offset: int, cd_size: int,
                             count: int) -> list[tuple[ZipMember, bytes, int]]:
     """Parse the central directory from one read (its size is bounded by the file's).
 
@@ -319,7 +319,7 @@ def _read_central_directory(file: MappedFile, cd_offset: int, cd_size: int,
     return members
 
 
-def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:
+def _check_entry(file: AnyFile, name: str, flags: int, method: int) -> None:
     if flags & _FLAG_ENCRYPTED:
         raise FormatError(f"member {name!r} is encrypted", path=file.path)
     if method not in _METHODS:
@@ -327,7 +327,7 @@ def _check_entry(file: MappedFile, name: str, flags: int, method: int) -> None:
                           "deflate (8) are supported", path=file.path)
 
 
-def _apply_zip64(file: MappedFile, extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+def _apply_zip64(file: AnyFile, extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
     pos = 0
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
@@ -344,14 +344,14 @@ def _apply_zip64(file: MappedFile, extra: bytes, usize: int, csize: int, offset:
     raise _fail(file, "a 32-bit size or offset is 0xFFFFFFFF but there is no ZIP64 extra field")
 
 
-def _decode_name(file: MappedFile, raw: bytes, flags: int) -> str:
+def _decode_name(file: AnyFile, raw: bytes, flags: int) -> str:
     try:
         return raw.decode("utf-8" if flags & _FLAG_UTF8 else "cp437")
     except UnicodeDecodeError:
         raise _fail(file, f"member name {raw!r} is flagged UTF-8 but is not") from None
 
 
-def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int,
+def _locate(file: AnyFile, member: ZipMember, raw_name: bytes, flags: int, cd_offset: int,
             raw: bytes | None = None) -> ZipMember:
     """Find the member's data from its local header (`raw`: its header and name, else read now)."""
     at = member.header_offset
@@ -381,7 +381,7 @@ def _locate(file: MappedFile, member: ZipMember, raw_name: bytes, flags: int, cd
                     raw_name))
 
 
-def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: int) -> None:
+def _compare_local_name(file: AnyFile, member: ZipMember, flags: int, nlen: int) -> None:
     """The local header's name as bytes differs from the central entry's: it must still decode equal."""
     local = _zr.read(file, member.header_offset + _LOCAL.size, nlen, "a local member name")
     if _decode_name(file, local, flags) != member.name:
@@ -391,7 +391,7 @@ def _compare_local_name(file: MappedFile, member: ZipMember, flags: int, nlen: i
 # ----------------------------------------------------------------------------- remote archives (see _zip_remote)
 
 
-def _walk_remote(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> list[ZipMember]:
+def _walk_remote(file: AnyFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> list[ZipMember]:
     """A remote archive's members: data offsets predicted for torch's layout (checked when read), else
     every local header fetched now, in one batch, with the start of its data (`_zr.prefixes`)."""
     alignment = _torch_alignment(file, members, cd_offset)
@@ -422,12 +422,12 @@ def _walk_remote(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], 
     return [m for m, _ in predicted]
 
 
-def _local_bytes(file: MappedFile, at: int, raw_name: bytes) -> bytes:
+def _local_bytes(file: AnyFile, at: int, raw_name: bytes) -> bytes:
     return _zr.read(file, at, min(_LOCAL.size + len(raw_name), file.size - at), "a local header") \
         if at < file.size else b""
 
 
-def _torch_alignment(file: MappedFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> int | None:
+def _torch_alignment(file: AnyFile, members: list[tuple[ZipMember, bytes, int]], cd_offset: int) -> int | None:
     """The storage alignment when the archive has torch's layout (its first member's local header
     pads the data with an ``FB`` extra record to that alignment), else None."""
     first = next(((m, raw, flags) for m, raw, flags in members if m.header_offset == 0), None)
@@ -454,7 +454,7 @@ def _torch_alignment(file: MappedFile, members: list[tuple[ZipMember, bytes, int
     return alignment
 
 
-def verify(file: MappedFile, members: list[ZipMember], *, exact: bool = True) -> None:
+def verify(file: AnyFile, members: list[ZipMember], *, exact: bool = True) -> None:
     """Check the local headers of those of `members` whose data offsets were predicted (a remote
     torch archive, see `_zip_remote`) before their bytes are read: fetched exactly in one batch
     (`exact`) or through the file's block cache. A no-op for every other archive."""
@@ -474,7 +474,7 @@ def verify(file: MappedFile, members: list[ZipMember], *, exact: bool = True) ->
         pending.done(member)
 
 
-def verify_range(file: MappedFile, start: int, stop: int) -> None:
+def verify_range(file: AnyFile, start: int, stop: int) -> None:
     """`verify` the members holding bytes `start`..`stop` of a remote archive (before a tensor's read).
 
     A small read whose member's local header lies in the cache block it starts in reads the header
@@ -491,10 +491,10 @@ def verify_range(file: MappedFile, start: int, stop: int) -> None:
         verify(file, members + pending.after(stop, _zr.AHEAD))
 
 
-_PENDING: weakref.WeakKeyDictionary[MappedFile, _zr.Pending] = weakref.WeakKeyDictionary()
+_PENDING: weakref.WeakKeyDictionary[AnyFile, _zr.Pending] = weakref.WeakKeyDictionary()
 
 
-def _check_layout(file: MappedFile, ordered: list[ZipMember]) -> None:
+def _check_layout(file: AnyFile, ordered: list[ZipMember]) -> None:
     """`ordered` (by header offset) starts at offset 0 and no member overlaps the next."""
     if ordered and ordered[0].header_offset != 0:
         raise _fail(file, f"{ordered[0].header_offset} bytes precede the first member (a polyglot file?)")
@@ -506,7 +506,7 @@ def _check_layout(file: MappedFile, ordered: list[ZipMember]) -> None:
 # ----------------------------------------------------------------------------- deflate
 
 
-def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_crc: bool = True) -> np.ndarray:
+def inflate(file: AnyFile, member: ZipMember, *, chunk: int = 1 << 20, check_crc: bool = True) -> np.ndarray:
     """Decompress a deflated member into a new read-only array of exactly ``member.size`` bytes.
 
     The output size is checked against deflate's maximum ratio before anything is allocated,
@@ -523,7 +523,7 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_
             if d.unconsumed_tail:
                 piece = d.decompress(d.unconsumed_tail, min(chunk, member.size - filled))
             elif pos < len(src):
-                piece = d.decompress(src[pos : pos + chunk], min(chunk, member.size - filled))
+                piece = d.decompress(src[pos : pos + chunk], min(chunk, member.size - filled))  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
                 pos += chunk
             else:  # all input consumed: zlib may still hold output (the rest of a long match)
                 piece = d.decompress(b"", min(chunk, member.size - filled))
@@ -538,7 +538,7 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_
             if d.unconsumed_tail:
                 extra = d.decompress(d.unconsumed_tail, 1)
             elif pos < len(src):
-                extra = d.decompress(src[pos : pos + chunk], 1)
+                extra = d.decompress(src[pos : pos + chunk], 1)  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
                 pos += chunk
             else:
                 break
@@ -552,7 +552,7 @@ def inflate(file: MappedFile, member: ZipMember, *, chunk: int = 1 << 20, check_
     return out
 
 
-def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = "member",
+def read_member(file: AnyFile, member: ZipMember, limit: int, *, what: str = "member",
                 check_crc: bool = True) -> bytes:
     """A whole member's bytes, for members parsed in memory (pickles): at most `limit` of them,
     checked before anything is read or inflated; stored ones CRC-checked here, deflated ones by
@@ -568,7 +568,7 @@ def read_member(file: MappedFile, member: ZipMember, limit: int, *, what: str = 
     return data
 
 
-def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
+def inflate_prefix(file: AnyFile, member: ZipMember, length: int) -> bytes:
     """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
     verify(file, [member], exact=False)
     remote = getattr(file, "remote", False)  # then these bytes alone, most often fetched with the local header
@@ -587,14 +587,14 @@ def inflate_prefix(file: MappedFile, member: ZipMember, length: int) -> bytes:
     return out
 
 
-def _inflate_start(file: MappedFile, member: ZipMember, src: bytes | np.ndarray, length: int) -> bytes:
+def _inflate_start(file: AnyFile, member: ZipMember, src: bytes | np.ndarray, length: int) -> bytes:
     try:
-        return zlib.decompressobj(-zlib.MAX_WBITS).decompress(src, min(length, member.size))
+        return zlib.decompressobj(-zlib.MAX_WBITS).decompress(src, min(length, member.size))  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
     except zlib.error as e:
         raise _fail(file, f"member {member.name!r} is not valid deflate data ({e})") from None
 
 
-def _check_ratio(file: MappedFile, member: ZipMember) -> None:
+def _check_ratio(file: AnyFile, member: ZipMember) -> None:
     if member.size > member.compressed_size * _MAX_DEFLATE_RATIO + 1024:
         raise _fail(file, f"member {member.name!r} claims {member.size} bytes from {member.compressed_size} "
                           "compressed, beyond what deflate can produce")

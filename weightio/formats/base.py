@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
 
@@ -28,8 +28,20 @@ from ..limits import Limits
 from ..limits import current as current_limits
 from ..records import MAX_NDIM, TensorInfo
 
-__all__ = ["MAX_NDIM", "PLACEHOLDERS_KEY", "Reader", "TensorInfo", "UNKNOWN_GLOBALS", "check_unknown_globals",
-           "stored_name", "unknown_globals", "using_unknown_globals"]
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+__all__ = ["AnyFile", "MAX_NDIM", "PLACEHOLDERS_KEY", "Reader", "TensorInfo", "UNKNOWN_GLOBALS",
+           "check_unknown_globals", "is_remote", "stored_name", "unknown_globals", "using_unknown_globals"]
+
+# The file a reader reads: a local mapping or a remote file, which has the same interface (`weightio._remote`)
+AnyFile: TypeAlias = MappedFile | RemoteFile
+
+
+def is_remote(file: AnyFile) -> TypeIs[RemoteFile]:
+    """Whether `file` is read by range (its ``remote`` attribute: True for a `RemoteFile`, False for a
+    `MappedFile`), as a check mypy narrows `file` by: a `RemoteFile` when true, a `MappedFile` when false."""
+    return getattr(file, "remote", False)
 
 # What a pickle reader does with a global off the allowlist: "refuse" (UnsafePickleError) or
 # "placeholder" (an inert placeholder; weightio.formats.pytorch.placeholders).

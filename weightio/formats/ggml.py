@@ -95,8 +95,8 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -107,6 +107,9 @@ from ..quant.types import GGMLType, by_id
 from .base import Reader, TensorInfo
 from .gguf import MAX_ELEMENTS, GGUFArray, GGUFValueType
 from .gguf_arrays import walk_fetching
+
+if TYPE_CHECKING:
+    from .._remote import RemoteFile
 
 __all__ = ["GGMLReader", "LLAMA_HPARAMS", "WHISPER_HPARAMS"]
 
@@ -171,6 +174,8 @@ class GGMLReader(Reader):
     """
 
     format = "ggml"
+    _unpack: Callable[[struct.Struct, int, str], tuple]  # the file's `unpack`, or `_remote_unpack`
+    _bytes: Callable[[int, int, str], bytes]  # the file's `read`, or `_remote_bytes`
 
     def __init__(self, path: Any, *, hparams: Sequence[str] | None = None, vocab_count: bool = False) -> None:
         super().__init__(path)
@@ -256,12 +261,12 @@ class GGMLReader(Reader):
         """The layout a file that none parses claims by its first bytes (module docstring)."""
         size, data = self.file.size, self.file.data
         if size >= 56:
-            n_mels, _, n_mel = struct.unpack_from("<3i", data, 40)
+            n_mels, _, n_mel = struct.unpack_from("<3i", data, 40)  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
             if n_mel == n_mels > 0:
                 return "whisper"
         if size < 32:
             return "llama"  # it ends inside llama's hparams: truncated before any layout can be told
-        _, n_embd, _, n_head, _, n_rot, ftype = struct.unpack_from("<7I", data, 4)
+        _, n_embd, _, n_head, _, n_rot, ftype = struct.unpack_from("<7I", data, 4)  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
         return "llama" if ftype in _LLAMA_FTYPES and n_head and n_rot * n_head == n_embd else None
 
     def _read_whisper(self, pos: int) -> None:
@@ -349,7 +354,7 @@ class GGMLReader(Reader):
         return GGUFArray.strings(self.file, starts, pos - (entry - 4), gap), scores, pos
 
     def _walk_vocab(self, pos: int, n_vocab: int, entry: int) -> tuple[array, int]:
-        buf, starts = memoryview(self.file.data), array("q")
+        buf, starts = memoryview(self.file.data), array("q")  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
         for _ in range(n_vocab):
             if pos + 4 > self.file.size:
                 raise self._fail("the vocabulary runs past the end of the file")
@@ -417,7 +422,7 @@ class GGMLReader(Reader):
         if at <= pos and pos + length <= at + len(spare):
             return spare[pos - at:pos - at + length]
         fetch = min(self.file.size - pos, max(length, self._guess - (pos - self._head)))
-        spare = self.file.gather([(pos, fetch)], what).tobytes()
+        spare = cast("RemoteFile", self.file).gather([(pos, fetch)], what).tobytes()  # (a remote file: see __init__)
         self._spare = (pos, spare)
         return spare[:length]
 
@@ -430,7 +435,7 @@ class GGMLReader(Reader):
         if row % t.block_size:
             raise self._fail(f"rows of {row} elements are not whole {t.name} blocks of {t.block_size}", name)
         nbytes = math.prod(shape[:-1]) * t.row_bytes(row)
-        if t.quantized:
+        if t.dtype is None:  # quantized (what `t.quantized` says, which mypy cannot narrow `t.dtype` by)
             return TensorInfo(np.dtype("<f4"), shape, start, nbytes, None, t.name)
         return TensorInfo(t.dtype, shape, start, nbytes)
 

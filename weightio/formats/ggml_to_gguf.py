@@ -196,7 +196,7 @@ def vocabulary(tokens: Sequence[bytes], scores: np.ndarray | None) -> tuple[list
 
 
 def _token_bytes(metadata: Mapping[str, Any]) -> list[bytes]:
-    tokens = metadata.get("ggml.tokens")
+    tokens: Any = metadata.get("ggml.tokens")  # a GGUFArray (what GGMLReader gives), or any sequence
     return list(tokens.raw_strings()) if hasattr(tokens, "raw_strings") else [str(t).encode() for t in tokens or ()]
 
 

@@ -74,7 +74,7 @@ import os
 import posixpath
 import struct
 from array import array
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -135,7 +135,7 @@ class _Cursor:
     def __init__(self, reader: GGUFReader, layout: Fields, pos: int) -> None:
         file = reader.file
         self.reader, self.layout, self.pos = reader, layout, pos
-        self.buf = memoryview(file.data)
+        self.buf = memoryview(file.data)  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
         self.size = file.size
         self.limit = reader.limits.header_bytes  # no header field may end past this offset
         self.bound = min(self.size, self.limit)
@@ -179,7 +179,7 @@ class _Cursor:
         """Bytes the keys and tensor infos not read yet take, estimated: each key a typical short one's
         (a scalar under a 30-byte name), each tensor info the mean of those read, else a typical one's
         (a 2-d tensor with a 20-byte name)."""
-        width = self.layout.count.size
+        width = self.layout.counts.size
         done = self.n_tensors - self.tensors_left
         per_info = (self.pos - self.infos_start) / done if self.infos_start is not None and done else 3 * width + 36
         return self.kvs_left * (width + 40) + int(self.tensors_left * per_info)
@@ -190,10 +190,10 @@ class _Cursor:
         with `ahead` bytes more than `tail` expected after them."""
         if not self.remote:
             if keep:
-                return walk_strings(self.buf, self.pos, count, self.layout.count)
-            return None, skip_strings(self.buf, self.pos, count, self.layout.count)
+                return walk_strings(self.buf, self.pos, count, self.layout.counts)
+            return None, skip_strings(self.buf, self.pos, count, self.layout.counts)
         starts = array("q") if keep else None
-        pos, hi = walk_fetching(self.reader.file, self.pos, count, self.layout.count, self.hi, self.bound,
+        pos, hi = walk_fetching(self.reader.file, self.pos, count, self.layout.counts, self.hi, self.bound,
                                 tail=self.tail() + ahead, starts=starts, what=what)
         self.hi = min(self.bound, hi)
         return starts, pos
@@ -208,7 +208,7 @@ class _Cursor:
         return self.take(self.layout.u32, what)
 
     def count(self, what: str) -> int:
-        return self.take(self.layout.count, what)
+        return self.take(self.layout.counts, what)
 
     def string(self, what: str) -> memoryview:
         n = self.count(f"the length of {what}")
@@ -228,7 +228,7 @@ class _Cursor:
             text = str(raw, "utf-8")
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} is not valid UTF-8 ({bytes(raw[:40])!r}…: {e.reason})", tensor) from None
-        if self.layout.count.size == 4:
+        if self.layout.counts.size == 4:
             text = text.rstrip("\x00")
         if not text:
             raise self.fail(f"{what} is empty", tensor)
@@ -279,7 +279,8 @@ class GGUFReader(Reader):
         magic, raw_version = head[:4], head[4:]
         if magic not in (MAGIC, MAGIC_BIG_ENDIAN):
             raise FormatError(f"not a GGUF file (magic {magic!r})", path=self.path)
-        order = ">" if magic == MAGIC_BIG_ENDIAN or int.from_bytes(raw_version, "little") & 0xFFFF == 0 else "<"
+        order: Literal["<", ">"] = (
+            ">" if magic == MAGIC_BIG_ENDIAN or int.from_bytes(raw_version, "little") & 0xFFFF == 0 else "<")
         self.byteorder = order
         self.version = int.from_bytes(raw_version, "big" if order == ">" else "little")
         if self.version not in VERSIONS:
@@ -290,7 +291,7 @@ class GGUFReader(Reader):
         # Beyond its length prefix a kv takes at least 1 (key) + 4 (type) + 1 (value) bytes, a tensor
         # info 1 (name) + 4 (n_dims) + 4 (type) + 8 (offset): a count the rest of the file cannot
         # hold is refused before anything loops over it.
-        width = cur.layout.count.size
+        width = cur.layout.counts.size
         if n_kv * (width + 6) + n_tensors * (width + 17) > cur.left():
             raise cur.fail(f"claims {n_tensors} tensors and {n_kv} metadata keys, more than the "
                            f"{cur.left()} remaining bytes can hold")
@@ -359,12 +360,12 @@ class GGUFReader(Reader):
         return start
 
     def _string_array(self, cur: _Cursor, key: str, count: int) -> GGUFArray:
-        width = cur.layout.count.size
+        width = cur.layout.counts.size
         cur.room(count * width, f"array {key!r} of {count} strings")  # O(1) refusal of absurd counts
         ahead = _after_vocabulary(self.metadata, count) if key == VOCABULARY else 0
         starts, pos = cur.walk(count, f"array {key!r} of {count} strings", keep=True, ahead=ahead)
         self._end_strings(cur, key, count, pos)
-        arr = GGUFArray.strings(self.file, starts, pos, width, strip_nul=self.version == 1)
+        arr = GGUFArray.strings(self.file, cast(array, starts), pos, width, strip_nul=self.version == 1)  # keep=True
         if count <= EAGER_ARRAY_ITEMS:
             arr._decoded(cur.buf)
         return arr
@@ -385,7 +386,7 @@ class GGUFReader(Reader):
     def _skip_arrays(self, cur: _Cursor, key: str, count: int, depth: int) -> str | None:
         """Validate `count` arrays from the cursor and move past them, allocating nothing per item;
         their common type name (``ARRAY[INT32]``), ``ARRAY`` when they differ, None when there are none."""
-        width = cur.layout.count.size
+        width = cur.layout.counts.size
         cur.need(count * (4 + width), f"array {key!r} of {count} arrays")
         common = None
         for _ in range(count):  # each item: its own element type, count and elements
@@ -453,7 +454,7 @@ class GGUFReader(Reader):
             raise CorruptFileError(f"{t.name} data at {start}..{start + nbytes} runs past the end of the file "
                                    f"({self.file.size} bytes)", path=self.path, tensor=name)
         big = self.byteorder == ">"
-        if t.quantized:
+        if t.dtype is None:  # quantized (what `t.quantized` says, which mypy cannot narrow `t.dtype` by)
             return TensorInfo(np.dtype(">f4" if big else "<f4"), shape, start, nbytes, None, t.name)
         if big and t.name == "BF16":  # numpy has no big-endian bfloat16: decoded by weightio.quant
             return TensorInfo(t.dtype, shape, start, nbytes, None, "BF16")

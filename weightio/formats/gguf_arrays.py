@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -156,7 +156,7 @@ class GGUFArray(Sequence):
             raise TypeError(f"a GGUF array of {self.type} holds no stored strings")
         data = self._file.data
         for i, start in enumerate(self._starts):
-            yield data[start:self._stop(i)].tobytes()
+            yield data[start:self._stop(self._starts, i)].tobytes()
 
     def _decoded(self, data: Any = None) -> tuple:
         """Every item, decoded once. `data`: the file's bytes when the caller already holds them
@@ -170,7 +170,8 @@ class GGUFArray(Sequence):
             elif self._dtype is not None:
                 self._items = tuple(self.numpy().tolist() if data is None else self._numbers(data).tolist())
             elif self._count:  # one read of the mapping, then slices of it
-                starts, gap, base = self._starts, self._gap, self._starts[0]
+                starts, gap = cast(array, self._starts), self._gap  # (set by `strings`: neither numbers nor arrays)
+                base = starts[0]
                 blob = bytes((self._file.data if data is None else data)[base:self._end])
                 stops = [*(s - gap - base for s in starts[1:]), self._end - base]
                 text = (blob[a - base:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, stops, strict=True))
@@ -179,11 +180,12 @@ class GGUFArray(Sequence):
                 self._items = ()
         return self._items
 
-    def _stop(self, i: int) -> int:
-        return self._starts[i + 1] - self._gap if i + 1 < self._count else self._end
+    def _stop(self, starts: array, i: int) -> int:  # (starts: `_starts`, which the caller knows is set)
+        return starts[i + 1] - self._gap if i + 1 < self._count else self._end
 
     def _string(self, i: int) -> str:
-        return decode_value_string(self._file.data[self._starts[i]:self._stop(i)], self._strip_nul)
+        starts = cast(array, self._starts)  # (_string is asked of STRING arrays only: set by `strings`)
+        return decode_value_string(self._file.data[starts[i]:self._stop(starts, i)], self._strip_nul)
 
 
 def decode_value_string(raw: Any, strip_nul: bool) -> str:
@@ -286,13 +288,13 @@ class _Copy:
 def _arrays(source: Any, data: Any, pos: int, count: int, layout: Fields, strip_nul: bool) -> list[GGUFArray]:
     """The `count` arrays stored from `pos` of `data` (validated at open), each a `GGUFArray` over
     `source` (the file, or the copy of a short array of arrays)."""
-    buf, width, items = memoryview(data), layout.count.size, []
+    buf, width, items = memoryview(data), layout.counts.size, []
     for _ in range(count):
         etype = GGUFValueType(layout.u32.unpack_from(buf, pos)[0])
-        (n,) = layout.count.unpack_from(buf, pos + 4)
+        (n,) = layout.counts.unpack_from(buf, pos + 4)
         pos += 4 + width
         if etype == GGUFValueType.STRING:
-            starts, end = walk_strings(buf, pos, n, layout.count)
+            starts, end = walk_strings(buf, pos, n, layout.counts)
             item = GGUFArray.strings(source, starts, end, width, strip_nul)
         elif etype == GGUFValueType.ARRAY:
             end = _skip_arrays(buf, pos, n, layout)
@@ -308,13 +310,13 @@ def _arrays(source: Any, data: Any, pos: int, count: int, layout: Fields, strip_
 
 def _skip_arrays(buf: memoryview, pos: int, count: int, layout: Fields) -> int:
     """The position after `count` arrays stored from `pos` (validated at open)."""
-    width = layout.count.size
+    width = layout.counts.size
     for _ in range(count):
         etype = layout.u32.unpack_from(buf, pos)[0]
-        (n,) = layout.count.unpack_from(buf, pos + 4)
+        (n,) = layout.counts.unpack_from(buf, pos + 4)
         pos += 4 + width
         if etype == GGUFValueType.STRING:
-            pos = skip_strings(buf, pos, n, layout.count)
+            pos = skip_strings(buf, pos, n, layout.counts)
         elif etype == GGUFValueType.ARRAY:
             pos = _skip_arrays(buf, pos, n, layout)
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class GGUFValueType(IntEnum):
 
 
 # Fixed-size value types -> little-endian numpy dtype (BOOL is a byte holding 0 or 1).
-SCALAR_DTYPES = {
+SCALAR_DTYPES: dict[GGUFValueType, np.dtype] = {
     GGUFValueType.UINT8: np.dtype("u1"), GGUFValueType.INT8: np.dtype("i1"),
     GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
     GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"),
@@ -51,14 +51,14 @@ _STRUCT_CODES = {GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueTyp
 class Fields(NamedTuple):
     """The integer fields of one GGUF flavour (byte order x version)."""
 
-    order: str  # "<" or ">"
+    order: Literal["<", ">"]
     u32: struct.Struct  # version, value types, n_dims, ggml_type
-    count: struct.Struct  # tensor/kv counts, string lengths, array counts, dims: u32 in v1, u64 after
+    counts: struct.Struct  # tensor/kv counts, string lengths, array counts, dims: u32 in v1, u64 after
     u64: struct.Struct  # tensor offsets (u64 in every version)
     scalars: dict[int, struct.Struct]  # fixed-size metadata values
 
 
-def fields_for(order: str, version: int) -> Fields:
+def fields_for(order: Literal["<", ">"], version: int) -> Fields:
     """The `Fields` of byte order `order` (``"<"`` or ``">"``) and GGUF `version`."""
     return Fields(order, struct.Struct(order + "I"), struct.Struct(order + ("I" if version == 1 else "Q")),
                    struct.Struct(order + "Q"), {t: struct.Struct(order + c) for t, c in _STRUCT_CODES.items()})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -55,7 +55,7 @@ def _string_bytes(text: str | bytes) -> bytes:
     except UnicodeEncodeError as e:
         raise TypeError(f"string holds a lone surrogate ({text[e.start]!r}) that stands for no byte; GGUF "
                         "strings are bytes: escape it") from None
-    return _LE.count.pack(len(raw)) + raw
+    return _LE.counts.pack(len(raw)) + raw
 
 
 def _auto_type(value: Any, in_array: bool) -> GGUFValueType:
@@ -145,7 +145,7 @@ def _encode_array(value: Any, sub: str | None) -> bytes:
     if not isinstance(value, (list, tuple, GGUFArray, np.ndarray)):
         raise TypeError(f"ARRAY needs a list, tuple, numpy array or GGUFArray, got {type(value).__name__}")
     etype, inner = _element_type(value, sub)
-    head = _LE.u32.pack(etype) + _LE.count.pack(len(value))
+    head = _LE.u32.pack(etype) + _LE.counts.pack(len(value))
     if etype in SCALAR_DTYPES and isinstance(value, (np.ndarray, GGUFArray)) and (
             sub is None or isinstance(value, GGUFArray)):
         items = np.asarray(value.numpy() if isinstance(value, GGUFArray) else value)
@@ -232,8 +232,8 @@ def _plan(src: TensorSource, types: Any, path: str) -> _Plan:
         if plain is None:
             raise UnsupportedDTypeError(f"GGUF stores F32, F16, BF16, F64 and I8-I64 tensors (and ggml blocks), not "
                                         f"{src.dtype.name}; convert it first", path=path, tensor=src.name)
-        return _Plan(src.name, by_name(plain), src.shape, src.nbytes, src.little_endian_bytes)
-    return _converted(src, by_name(wanted), path)
+        return _Plan(src.name, cast(GGMLType, by_name(plain)), src.shape, src.nbytes, src.little_endian_bytes)
+    return _converted(src, cast(GGMLType, by_name(wanted)), path)  # (names of known types: by_name finds them)
 
 
 def _blocks(src: TensorSource, types: Any, path: str) -> _Plan:
@@ -250,7 +250,7 @@ def _blocks(src: TensorSource, types: Any, path: str) -> _Plan:
         return dequantize(src.fetch(), t.name, shape)
 
     decoded = TensorSource(src.name, np.dtype(np.float32), shape, math.prod(shape) * 4, values)
-    return _converted(decoded, by_name(wanted), path)
+    return _converted(decoded, cast(GGMLType, by_name(wanted)), path)  # (`target_type` checked `wanted`)
 
 
 def _converted(src: TensorSource, t: GGMLType, path: str) -> _Plan:
@@ -302,11 +302,11 @@ def check_name(name: Any, path: str) -> str:
 
 def _header(kvs: list[bytes], plans: list[_Plan], alignment: int) -> bytes:
     """Everything before the data section, padding included."""
-    parts = [MAGIC, _LE.u32.pack(_VERSION), _LE.count.pack(len(plans)), _LE.count.pack(len(kvs)), *kvs]
+    parts = [MAGIC, _LE.u32.pack(_VERSION), _LE.counts.pack(len(plans)), _LE.counts.pack(len(kvs)), *kvs]
     offset = 0
     for plan in plans:
         ne = plan.shape[::-1]
-        parts += [_string_bytes(plan.name), _LE.u32.pack(len(ne)), *(_LE.count.pack(d) for d in ne),
+        parts += [_string_bytes(plan.name), _LE.u32.pack(len(ne)), *(_LE.counts.pack(d) for d in ne),
                   _LE.u32.pack(plan.ggml_type.id), _LE.u64.pack(offset)]
         offset += plan.nbytes + (-plan.nbytes % alignment)
     head = b"".join(parts)

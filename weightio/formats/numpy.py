@@ -55,7 +55,7 @@ import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 
@@ -108,7 +108,7 @@ def header_length(preamble: bytes) -> int | None:
     version = tuple(preamble[6:8])
     if preamble[:6] != MAGIC or version not in _PREAMBLE:
         return None
-    length_field = _PREAMBLE[version][0]  # type: ignore[index]
+    length_field = _PREAMBLE[version][0]
     start = 8 + length_field.size
     return start + length_field.unpack_from(preamble, 8)[0] if len(preamble) >= start else None
 
@@ -195,8 +195,9 @@ def _header_dtype(descr: Any, path: str, tensor: str | None) -> np.dtype:
 
 
 # The numeric type strings numpy writes, parsed once (a record or any other descr goes through npy_descr).
+_ORDERS: tuple[Literal["<", ">"], ...] = ("<", ">")  # (typed: newbyteorder takes these literals, not any str)
 _PLAIN = {np.dtype(code).newbyteorder(order).str: np.dtype(code).newbyteorder(order)
-          for code in "?bBhHiIlLqQefdgFDG" for order in "<>"}
+          for code in "?bBhHiIlLqQefdgFDG" for order in _ORDERS}
 
 
 def object_error(descr: Any, path: str, tensor: str | None) -> UnsafePickleError:

@@ -47,7 +47,7 @@ import struct
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from .._gc import collector_paused
 from .._io import MappedFile
@@ -399,7 +399,8 @@ def _schema(msgspec: Any) -> tuple[Any, Any, Any]:
         metadata = dict[str, str] | None
         field = msgspec.field(default=None, name="__metadata__")
         whole = msgspec.defstruct("Metadata", [("metadata", metadata, field)], gc=False)
-        _SCHEMA = (msgspec.json.Decoder(dict[str, entry]), msgspec.json.Decoder(metadata), msgspec.json.Decoder(whole))
+        # (the ignore: `entry` is a class made at run time, which mypy cannot take as a type argument)
+        _SCHEMA = (msgspec.json.Decoder(dict[str, entry]), msgspec.json.Decoder(metadata), msgspec.json.Decoder(whole))  # type: ignore[valid-type]
     return _SCHEMA
 
 
@@ -569,7 +570,7 @@ def write(
     """
     _check_metadata(metadata, path)
     sources = [_coded(src, path) for src in sources]
-    sources.sort(key=lambda s: (-_WRITE_RANK[s.code], s.name))
+    sources.sort(key=lambda s: (-_WRITE_RANK[cast(str, s.code)], s.name))  # (every code set by _coded)
     head = header_bytes(sources, metadata)
     if len(head) > MAX_HEADER_SIZE:
         raise FormatError(f"the header would be {len(head)} bytes, over the {MAX_HEADER_SIZE}-byte limit", path=path)

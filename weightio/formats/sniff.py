@@ -28,11 +28,13 @@ this far, so no weight file can be taken for a page.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._io import MappedFile
 from ..errors import FormatError
 from . import _zip
+
+if TYPE_CHECKING:
+    from .base import AnyFile
 
 __all__ = ["sniff", "FORMATS", "looks_like_html", "opens_as_tar"]
 
@@ -64,7 +66,7 @@ _NOT_CHECKPOINTS = (
 )
 
 
-def sniff(file: MappedFile) -> str:
+def sniff(file: AnyFile) -> str:
     """The format of `file`, one of `FORMATS`.
 
     Raises:
@@ -211,7 +213,7 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
     return first == b"{" or (first in (b"[", b'"') and 2 <= n <= size - 8)
 
 
-def _sniff_zip(file: MappedFile) -> str:
+def _sniff_zip(file: AnyFile) -> str:
     members = _zip.read_members(file)
     # torch finds records without regard to ASCII case. One search of all the names joined finds
     # every name that is or ends in /constants.pkl (and, rarely, a name holding a NUL before it):
