@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -300,7 +300,7 @@ def stored_array(reader: Reader, name: str, info: TensorInfo) -> np.ndarray | No
         return None
     size = dtype.itemsize
     if kind == _ELEMENTS and not offset % size:
-        typed = cast(MappedFile, file).elements(buf, dtype)  # (not remote: returned above)
+        typed = file.elements(buf, dtype)  # (not remote: returned above)
         if typed is not None:
             offset //= size
             flat = typed[offset : offset + nbytes // size]
