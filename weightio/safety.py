@@ -51,7 +51,7 @@ import pickle
 import pickletools
 import posixpath
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ._failures import describe_failure, is_url
 from ._io import MappedFile
@@ -264,7 +264,7 @@ def _scan_pickle(location: str, data: bytes, path: str) -> PickleScan:
     recorded, objects, stopped = _record(rewrite(data, lexed.text8))  # (no FRAME: what the lexer walked)
     globals_ = tuple(dict.fromkeys(recorded + static))
     refused = tuple(g for g in globals_ if _split(g) not in allowlist.ALLOWLIST)
-    problems = [e.problem for e in lexed.refusals]
+    problems = [e.problem for e in cast("list[WeightioError]", lexed.refusals)]  # (a list: collect=True)
     problems += [m for m in _loader_problems(data, location) if m not in problems]
     severity, ml_severity, findings, note = _fickling(data, objects)
     fickling_stopped = severity is None
@@ -297,6 +297,7 @@ class _Absorber:
     write and keeps the arguments (so the object graph, for `_expansion`, is complete)."""
 
     created: list[Any] = []
+    parts: list[Any]  # per instance: set by `__new__`
 
     def __new__(cls, *args: Any, **kwargs: Any) -> _Absorber:
         obj = object.__new__(cls)
@@ -338,7 +339,7 @@ class _Recorder(pickle.Unpickler):
         super().__init__(unpickler.stream(data), encoding="latin1")  # what the lexer walked
         self.seen: list[str] = []
         self.absorber = absorber
-        self.persistent_load = absorber
+        self.persistent_load = absorber  # type: ignore[method-assign]  # the C unpickler's slot, per instance
 
     def find_class(self, module: str, name: str) -> Any:
         self.seen.append(f"{module}.{name}")
@@ -347,7 +348,7 @@ class _Recorder(pickle.Unpickler):
 
 def _record(data: bytes) -> tuple[list[str], list[Any], str]:
     """(globals in the order CPython resolves them, the objects built, why recording stopped or "")."""
-    absorber = type("Absorber", (_Absorber,), {"created": []})
+    absorber = cast("type[_Absorber]", type("Absorber", (_Absorber,), {"created": []}))  # (its own `created`)
     recorder = _Recorder(data, absorber)
     stopped = ""
     root: Any = None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from itertools import islice
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -174,6 +174,7 @@ class NumpyDType:
     bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)
 
     __slots__ = ("code", "byteorder", "structured")
+    byteorder: Literal["<", ">", "|", "="]  # (`__setstate__` takes no other)
 
     def __init__(self, code: Any = None, align: Any = False, copy: Any = False) -> None:
         if not isinstance(code, str) or not _NUMPY_CODE.fullmatch(code):

@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..._io import MappedFile
 from ..._remote import BLOCK
 from ...errors import CorruptFileError, FormatError, UnsafePickleError
 from ...limits import Limits, exceeded
 from ...limits import current as current_limits
 from .. import _zip
-from ..base import MAX_NDIM
+from ..base import MAX_NDIM, is_remote
 from . import ranged, tar, unpickler
 from .inert import Token
 from .placeholders import module_class
 from .refs import StorageRef, TensorRef, short_repr
 from .torch_dtypes import ITEMSIZES, itemsize
+
+if TYPE_CHECKING:
+    from ..base import AnyFile
 
 __all__ = ["Container", "MAGIC_NUMBER", "PROTOCOL_VERSION", "Span", "container_kind", "open_container"]
 
@@ -61,7 +63,7 @@ class Container:
     kind = "pickle"
     check_crc = True
 
-    def __init__(self, file: MappedFile, limits: Limits, pickles: list[tuple[str, bytes]] | None = None) -> None:
+    def __init__(self, file: AnyFile, limits: Limits, pickles: list[tuple[str, bytes]] | None = None) -> None:
         self.file = file
         self.path = file.path
         self.limits = limits
@@ -140,7 +142,7 @@ class ZipContainer(Container):
 
     kind = "zip"
 
-    def __init__(self, file: MappedFile, members: list[_zip.ZipMember], limits: Limits) -> None:
+    def __init__(self, file: AnyFile, members: list[_zip.ZipMember], limits: Limits) -> None:
         super().__init__(file, limits)
         self._index(members)
         self.root = self._unpickle(self.pickles[0][1], self.pickles[0][0])
@@ -242,7 +244,7 @@ class ZipContainer(Container):
 _DEBUG_SUFFIX = ".debug_pkl"  # records torch's reader skips unless asked for debug symbols
 
 
-def _archive_prefix(file: MappedFile, members: list[_zip.ZipMember]) -> bytes:
+def _archive_prefix(file: AnyFile, members: list[_zip.ZipMember]) -> bytes:
     """torch's archive prefix (``archive/``): the first central-directory entry's name up to its
     first ``/``. TorchScript archives are refused."""
     first = members[0].raw_name if members else b""
@@ -261,7 +263,7 @@ class LegacyContainer(Container):
 
     kind = "legacy"
 
-    def __init__(self, file: MappedFile, first: bytes, limits: Limits) -> None:
+    def __init__(self, file: AnyFile, first: bytes, limits: Limits) -> None:
         super().__init__(file, limits)
         self._views: dict[str, tuple[str, int, int]] = {}
         self.pickles = [("pickle 1 (magic number)", first)]
@@ -334,7 +336,7 @@ class LegacyContainer(Container):
     def _prefetch_counts(self, keys: list[str], pos: int) -> dict[int, tuple[int]]:
         """A remote file's storage element counts, where the declared sizes place them, fetched in one
         batch (exact ranges: no storage data); `_layout` checks each. Empty for a local file."""
-        if not getattr(self.file, "remote", False):
+        if not is_remote(self.file):
             return {}
         runs = []
         for key in keys:
@@ -362,7 +364,7 @@ class TarContainer(Container):
     kind = "tar"
     _MEMBERS = ("sys_info", "pickle", "tensors", "storages")
 
-    def __init__(self, file: MappedFile, limits: Limits, pickles: list[tuple[str, bytes]] | None = None) -> None:
+    def __init__(self, file: AnyFile, limits: Limits, pickles: list[tuple[str, bytes]] | None = None) -> None:
         super().__init__(file, limits, pickles)  # `pickles` keeps what was read when a later step fails
         members = {m.name: m for m in tar.read_members(file)}
         if sorted(members) != sorted(self._MEMBERS):
@@ -487,7 +489,7 @@ class TarContainer(Container):
         return span
 
 
-def open_container(file: MappedFile, limits: Limits | None = None) -> Container:
+def open_container(file: AnyFile, limits: Limits | None = None) -> Container:
     """Parse the structure of a PyTorch checkpoint file (any of the three formats, or a plain
     pickle) and unpickle its object, within `limits` (the current `weightio.limits` by default)."""
     limits = limits or current_limits()

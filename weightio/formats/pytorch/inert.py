@@ -77,6 +77,10 @@ class Function(_Inert):
     """
 
     __slots__ = ("module", "name", "kind", "_call")
+    module: str  # (the slots, declared for type checkers: __init__ sets them past the refusing __setattr__)
+    name: str
+    kind: str
+    _call: Callable[..., Any]
 
     def __init__(self, module: str, name: str, call: Callable[..., Any], kind: str = "function") -> None:
         for attr, value in (("module", module), ("name", name), ("kind", kind), ("_call", call)):
@@ -102,6 +106,10 @@ class Token(_Inert):
     """
 
     __slots__ = ("module", "name", "kind", "value")
+    module: str  # (the slots, declared for type checkers: __init__ sets them past the refusing __setattr__)
+    name: str
+    kind: str
+    value: Any
 
     def __init__(self, module: str, name: str, kind: str, value: Any = None) -> None:
         for attr, v in (("module", module), ("name", name), ("kind", kind), ("value", value)):

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ... import limits as _limits
 from ...errors import CorruptFileError, UnsafePickleError, WeightioError
@@ -118,7 +118,7 @@ def _chunk_size(max_opcodes: int, max_stack: int) -> int:
 class _Lexer(Messages):
     """One pass over one pickle: the checks listed in the module docstring."""
 
-    def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], Exception],
+    def __init__(self, data: Any, start: int, end: int, fail: Callable[[str], WeightioError],
                  limits: _limits.Limits) -> None:
         self.data, self.pos, self.end, self.fail = data, start, end, fail
         self.max_opcodes, self.max_stack = limits.pickle_opcodes, limits.pickle_stack
@@ -331,7 +331,7 @@ class _Lexer(Messages):
 
     def _argument(self, op: int, pos: int, first: int) -> tuple[int, int]:
         """(start, end) of the opcode's argument data; checks it lies inside the pickle."""
-        kind = ARG[op]
+        kind = cast(int, ARG[op])  # a valid opcode: `_special` refuses the others before any argument is read
         data, end = self.data, self.end
         if kind >= 0:
             stop = pos + 1 + kind
@@ -573,8 +573,9 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
     if end != len(data):
         data = memoryview(data)[:end]  # the lexer relies on reads past the end failing
     lexer = _Lexer(data, start, len(data), fail, limits)
+    refusals: list[WeightioError] = []
     if collect:
-        lexer.refusals = []
+        lexer.refusals = refusals
     try:
         lexer.pos = lexer.run()
     except UnsafePickleError as e:
@@ -586,5 +587,5 @@ def lex(data: Any, start: int = 0, end: int | None = None, *, path: str | None =
                    f"{_limits.hint('header_bytes')}") from None
     if collect:
         lexer.refusals = [e if isinstance(e, CorruptFileError) else UnsafePickleError(f"{what}: {e.message}", path=path)
-                          for e in lexer.refusals]
+                          for e in refusals]
     return lexer

@@ -4,9 +4,13 @@ limit or rule it breaks."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ... import limits as _limits
 from .opcodes import MAX_OBJECT_DEPTH, OPCODE_NAMES
+
+if TYPE_CHECKING:
+    from ...errors import WeightioError
 
 __all__ = ["Messages"]
 
@@ -14,7 +18,7 @@ __all__ = ["Messages"]
 class Messages:
     """What `.lexer._Lexer` raises, built from its state (memo writes so far, its limits)."""
 
-    fail: Callable[[str], Exception]
+    fail: Callable[[str], WeightioError]
     puts: int
     max_opcodes: int
     max_stack: int

@@ -131,7 +131,7 @@ REFUSED_WHY = {
 }
 
 # Per-opcode arrays for the lexer's inner loop (index: opcode byte).
-ARG = [None] * 256
+ARG: list[int | None] = [None] * 256
 POPS = [0] * 256
 TAG: list[int | None] = [None] * 256
 for _code, _name, _arg, _pops, _tag in TABLE:

@@ -51,11 +51,17 @@ MAX_NAME = 1_000  # characters of a replaced global's module and name (Python's 
 class PlaceholderClass(FrozenClass):
     """The metaclass of placeholder classes: a class made per replaced global, unchangeable."""
 
+    dotted: str  # each class's own (`Placeholders.get` sets it in the class body)
+
 
 class Placeholder(metaclass=PlaceholderClass):
     """An instance of a replaced global: what the pickle passed, recorded, never interpreted."""
 
     __slots__ = ("args", "state", "items", "listitems")
+    args: tuple[Any, ...]
+    state: Any
+    items: dict[Any, Any] | None
+    listitems: list[Any] | None
     allowlisted_as = "a placeholder"  # the global's name as messages show it (`weightio.text.printable`)
     dotted = "a placeholder"  # the global's name as the pickle spells it: what metadata lists
     bounded_repr = True  # its repr is short whatever the file holds (`.refs.short_repr` uses it)

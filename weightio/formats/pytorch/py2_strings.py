@@ -38,7 +38,8 @@ def rewrite(data: bytes, text8: list[int]) -> bytes:
     """`data` with its 8-bit strings and FRAMEs at offsets `text8` rewritten (see module doc)."""
     if not text8:
         return data
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = 0
     for at in text8:
         end, replacement = _replace(data, at)
         out += (data[pos:at], replacement)

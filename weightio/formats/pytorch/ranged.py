@@ -13,13 +13,16 @@ read ``exact`` (`read`), so that walking the storages fetches none of their byte
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..._io import MappedFile
 from ..._remote import BLOCK
 from ...errors import CorruptFileError
 from ...limits import Limits
+from ..base import is_remote
 from . import lexer
+
+if TYPE_CHECKING:
+    from ..base import AnyFile
 
 __all__ = ["GROWTH", "WINDOW", "lex_pickle", "read"]
 
@@ -28,20 +31,20 @@ GROWTH = 4  # each further window this many times the last
 _TRUNCATED = ("runs past the end", "without a STOP", " remain")  # the lexer's words for bytes it lacked
 
 
-def read(file: MappedFile, offset: int, length: int, what: str, *, exact: bool = False) -> bytes:
+def read(file: AnyFile, offset: int, length: int, what: str, *, exact: bool = False) -> bytes:
     """`file.read`; for a remote file and `exact`, these bytes alone in one request (not the cache
     blocks around them, which may be storage data) unless they lie in the first block."""
-    if exact and getattr(file, "remote", False) and length > 0 and BLOCK < offset + length <= file.size and offset >= 0:
+    if exact and is_remote(file) and length > 0 and BLOCK < offset + length <= file.size and offset >= 0:
         return file.gather([(offset, length)], what).tobytes()  # (the first block: sniffing fetched it)
     return file.read(offset, length, what)
 
 
-def lex_pickle(file: MappedFile, start: int, stop: int, *, what: str, limits: Limits, exact: bool = False,
+def lex_pickle(file: AnyFile, start: int, stop: int, *, what: str, limits: Limits, exact: bool = False,
                window: int = WINDOW, collect: bool = False) -> tuple[int, bytes, Any]:
     """The pickle at `start`, which must end by `stop`: (the offset just past its STOP, its bytes,
     the lexer of `weightio.formats.pytorch.lexer.lex`)."""
-    if not getattr(file, "remote", False):
-        data = memoryview(file.data)[:stop]
+    if not is_remote(file):
+        data = memoryview(file.data)[:stop]  # type: ignore[arg-type]  # numpy's stubs: ndarray is a Buffer on 3.12+ only
         lexed = lexer.lex(data, start, path=file.path, what=what, limits=limits, collect=collect)
         return lexed.pos, bytes(data[start:lexed.pos]), lexed
     limit = min(stop, start + limits.header_bytes)

@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -159,7 +159,7 @@ class PyTorchReader(Reader):
             if record is not None:
                 self._deflated[name] = record
             if isinstance(leaf, NumpyArray):
-                self._own[name] = _own_bytes(leaf.array)
+                self._own[name] = _own_bytes(cast("np.ndarray", leaf.array))  # (built: `.flatten.is_tensor`)
 
     def _add(self, name: str, info: TensorInfo, why: str | None, record: _zip.ZipMember | None) -> None:
         self.tensors[name] = info
@@ -203,8 +203,8 @@ class PyTorchReader(Reader):
         (stride 0) view of one int64 would make a million components out of a file of a kilobyte."""
         info, why, record = builder.build(f"{name} ({what})", ref) if type(ref) is TensorRef else (None, "", None)
         shape = info.shape if info is not None else ()
-        if (why is not None or info.dtype.newbyteorder("=") != np.dtype(np.int64) or len(shape) != 2 - flat
-                or info.strides is not None):
+        if (why is not None or info is None or info.dtype.newbyteorder("=") != np.dtype(np.int64)
+                or len(shape) != 2 - flat or info.strides is not None):  # (no info: why is "")
             raise CorruptFileError(f"nested tensor {what} {short_repr(ref)} is not a contiguous {2 - flat}-D int64 "
                                    "tensor (torch requires one)", path=self.path, tensor=name)
         if shape[0] > most or (not flat and shape[1] > MAX_NDIM):
@@ -289,7 +289,7 @@ class _Builder:
         if type(leaf) is TensorRef and leaf.kind == "dense":
             return self._dense(name, leaf)
         if isinstance(leaf, NumpyArray):
-            a = leaf.array
+            a = cast("np.ndarray", leaf.array)  # (built: `.flatten` lists a NumpyArray as a tensor only then)
             strides = None if a.flags.c_contiguous else a.strides
             return TensorInfo(a.dtype, a.shape, 0, a.nbytes, strides), None, None
         if isinstance(leaf, StorageRef):  # a bare storage: a 1-D tensor of its elements

@@ -49,9 +49,9 @@ __all__ = ["ENUMS", "RECORDS", "DefaultDict", "plain_time", "training_objects"]
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _empty(base: type, cls: type, args: tuple) -> Any:
-    """What NEWOBJ (``cls.__new__(cls, *args)``) makes of a class stand-in: an empty `base`
-    instance, filled later by SETITEMS / BUILD; arguments are refused."""
+def _empty(base: type[object], cls: type[Any], args: tuple) -> Any:
+    """What NEWOBJ (``cls.__new__(cls, *args)``) makes of a class stand-in (`cls`, of metaclass
+    `FrozenClass`): an empty `base` instance, filled later by SETITEMS / BUILD; arguments are refused."""
     if args:
         raise CorruptFileError(f"{cls.allowlisted_as} takes no positional arguments")
     return base.__new__(cls)
@@ -106,6 +106,7 @@ class DefaultDict(dict):
     is never called, only named (``default_factory``: ``"builtins.list"``, or None)."""
 
     __slots__ = ("default_factory",)
+    default_factory: str | None
 
 
 def _defaultdict(factory: Any = None, *rest: Any) -> DefaultDict:

@@ -35,11 +35,14 @@ after the end blocks nothing but zeros follows (no appended polyglot payload).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..._io import MappedFile
 from ...errors import CorruptFileError
 from ..sniff import opens_as_tar, tarfile_module
 from . import ranged
+
+if TYPE_CHECKING:
+    from ..base import AnyFile
 
 __all__ = ["TarMember", "opens_as_tar", "read_members"]
 
@@ -60,7 +63,7 @@ class TarMember:
     size: int
 
 
-def read_members(file: MappedFile, *, partial: bool = False) -> list[TarMember]:
+def read_members(file: AnyFile, *, partial: bool = False) -> list[TarMember]:
     """Every member of the tar archive `file`, in order, validated (see the module docstring).
 
     With `partial` (for `weightio.scan`), the members read before any error are returned instead,
@@ -75,7 +78,7 @@ def read_members(file: MappedFile, *, partial: bool = False) -> list[TarMember]:
         raise
 
 
-def _walk(file: MappedFile, members: list[TarMember], partial: bool) -> list[TarMember]:
+def _walk(file: AnyFile, members: list[TarMember], partial: bool) -> list[TarMember]:
     names: set[str] = set()
     pos, pax = 0, None
     while True:
@@ -112,11 +115,11 @@ def _walk(file: MappedFile, members: list[TarMember], partial: bool) -> list[Tar
         members.append(TarMember(name, data, size))
 
 
-def _fail(file: MappedFile, message: str) -> CorruptFileError:
+def _fail(file: AnyFile, message: str) -> CorruptFileError:
     return CorruptFileError(f"tar archive: {message}", path=file.path)
 
 
-def _parse_header(file: MappedFile, header: bytes, pos: int) -> tuple[str, int, str]:
+def _parse_header(file: AnyFile, header: bytes, pos: int) -> tuple[str, int, str]:
     """(name, size, kind) as ``tarfile`` reads them; kind ``"0"`` (regular) or ``"x"`` (PAX)."""
     tarfile = tarfile_module()
     try:
@@ -136,7 +139,7 @@ def _parse_header(file: MappedFile, header: bytes, pos: int) -> tuple[str, int, 
     return info.name, info.size, kind
 
 
-def _parse_pax(file: MappedFile, data: int, size: int) -> dict:
+def _parse_pax(file: AnyFile, data: int, size: int) -> dict:
     """The ``path`` and ``size`` of a PAX extended header, from all the blocks tarfile reads."""
     if size > _MAX_PAX:
         raise _fail(file, f"a PAX header of {size:,} bytes (more than {_MAX_PAX:,})")
@@ -163,7 +166,7 @@ def _parse_pax(file: MappedFile, data: int, size: int) -> dict:
     return found
 
 
-def _pax_record(file: MappedFile, raw: bytes, pos: int) -> tuple[bytes, bytes, int]:
+def _pax_record(file: AnyFile, raw: bytes, pos: int) -> tuple[bytes, bytes, int]:
     """One ``"<len> <key>=<value>\\n"`` record at `pos`: (key, value, the next record's offset).
 
     Only records that ``tarfile``'s lenient parser (``(\\d+) ([^=]+)=`` then `len` bytes) reads the
@@ -179,7 +182,7 @@ def _pax_record(file: MappedFile, raw: bytes, pos: int) -> tuple[bytes, bytes, i
     return raw[space + 1: equals], raw[equals + 1: end - 1], end
 
 
-def _check_tail(file: MappedFile, pos: int) -> None:
+def _check_tail(file: AnyFile, pos: int) -> None:
     rest = file.size - pos
     if rest > _MAX_TAIL:
         raise _fail(file, f"{rest:,} bytes follow the end of the archive")

@@ -15,7 +15,7 @@ import contextvars
 import io
 import pickle
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from ... import limits as _limits
 from ...errors import Advice, CorruptFileError, UnsafePickleError, WeightioError
@@ -70,7 +70,8 @@ class Unpickler(pickle.Unpickler):
 
     def __init__(self, data: bytes, persistent_load: Callable[[Any], Any], text8: list[int]) -> None:
         super().__init__(stream(rewrite(data, text8)), encoding="latin1")
-        self.persistent_load = persistent_load  # the C unpickler's slot: called directly per id
+        # the C unpickler's slot: called directly per id (an instance attribute, where typeshed declares a method)
+        self.persistent_load = persistent_load  # type: ignore[method-assign]
         self.placeholders = _placeholders.get()
 
     def find_class(self, module: str, name: str) -> Any:
@@ -91,7 +92,7 @@ class Unpickler(pickle.Unpickler):
             return standin
         if not (isinstance(module, str) and isinstance(name, str)):
             raise UnsafePickleError("a global whose module or name is not a string; refused")
-        return self.placeholders.get(module, name)
+        return cast(Placeholders, self.placeholders).get(module, name)  # (placeholder mode: find_class checked)
 
 
 def _printable(text: str) -> str:
