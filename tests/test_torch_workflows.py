@@ -338,7 +338,8 @@ def test_device_map_with_cpu_and_disk_budgets(tmp_path):
 
 def test_a_tie_whose_source_the_plan_names_by_another_path_follows_that_path(tmp_path):
     # `b` is `c` registered twice (the plan names only `c`, as named_children does) and `a.weight` is tied to
-    # `b.weight`: `a` holds only the tie, so it goes where `c` went (it was given no device at all before)
+    # `b.weight`: the tensor is read to `c`'s device, and `a`, holding only the tie, is placed there too (before,
+    # the tensor was read to no device, a view of the file, and `a` was given None)
     class Twice(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -358,6 +359,10 @@ def test_a_tie_whose_source_the_plan_names_by_another_path_follows_that_path(tmp
                                  max_memory={"cpu": 1000, "disk": None})
     assert result.device_map == {"c": "cpu", "big": "disk", "a": "cpu"}
     assert model.a.weight is model.c.weight and torch.equal(model.a.weight, stored["b.weight"])
+    with wio.open(tmp_path / "m.safetensors") as ckpt:  # the tensor went to the CPU, as `c` did (memory of its
+        assert not same_file_bytes(model.c.weight.data_ptr(), ckpt["b.weight"].numpy())  # own), not left a view
+        assert not same_file_bytes(model.c.bias.data_ptr(), ckpt["c.bias"].numpy())
+        assert same_file_bytes(model.big.weight.data_ptr(), ckpt["big.weight"].numpy())  # "disk": a view
 
 
 def test_device_map_planning_with_gpu_budgets_on_the_cpu():

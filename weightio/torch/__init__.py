@@ -192,9 +192,10 @@ class _Load:
     def read(self, plan: dict[str, str] | None) -> None:
         cursors: dict[str, VarBuilder] = {}
         bulk: dict[int, tuple[VarBuilder, list[tuple[str, tuple[int, ...], str, Any, str | None]]]] = {}
+        groups = {group[0]: group for group in self.keys.groups}
         for canonical, (name, _stored, shape, stored_dtype) in self.found.items():
             wanted = self.wanted(canonical, stored_dtype)
-            where = None if plan is None else device_of(plan, canonical)
+            where = None if plan is None else _placed(plan, groups[canonical])
             vb = self.vb
             if where in ("cpu", DISK):  # views on the CPU first, whatever the builder's device
                 if vb.device.target not in (None, "cpu"):
@@ -285,15 +286,19 @@ def _with_ties(plan: dict[str, str], keys: ModuleKeys) -> dict[str, str]:
         covering = max((p for p in plan if not p or name == p or name.startswith(p + ".")), key=len, default=None)
         if covering is None:
             continue
-        # the tensor's device: its canonical name's, or (a child module registered twice: the plan names only its
-        # first path) the first other name of it the plan places, outside this part
-        device = next((d for n in groups.get(canonical, [canonical]) if not _within(n, covering)
-                       for d in [device_of(plan, n)] if d is not None), None)
+        device = _placed(plan, [n for n in groups.get(canonical, [canonical]) if not _within(n, covering)])
         if device is None or plan[covering] == device:
             continue
         if all(n in keys.tied for n in keys.targets if _within(n, covering)):
             plan[covering] = device
     return plan
+
+
+def _placed(plan: Mapping[str, str], names: list[str]) -> str | None:
+    """The device of one tensor known by `names` (its tie group, canonical first): the first name's the plan
+    places. Not always the canonical's: a child module registered twice (``self.b = self.c``) is named in a
+    plan by its first path only, as ``named_children`` lists it, while the tie may name the other."""
+    return next((d for n in names for d in [device_of(plan, n)] if d is not None), None)
 
 
 def _within(name: str, part: str) -> bool:
