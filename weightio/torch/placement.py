@@ -60,14 +60,15 @@ def empty_weights() -> Iterator[None]:
         original(module, name, param)
 
     saved = {name: getattr(torch.Tensor, name) for name in _RANDOM_FILLS}
-    # patching a method (method-assign); mypy also compares `register` with it as if bound, `self` twice (assignment)
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign, assignment]
+    # patching a method (method-assign); mypy also compares `register` with it as if bound, `self` twice (assignment);
+    # without torch installed it is all Any (unused-ignore)
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign, assignment, unused-ignore]
     for name, fill in saved.items():
         setattr(torch.Tensor, name, _skipping_meta(fill))
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign, unused-ignore]
         for name, fill in saved.items():
             setattr(torch.Tensor, name, fill)
 
