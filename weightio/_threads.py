@@ -31,18 +31,17 @@ def cpus() -> int:
 
 def shared_pool(kind: str, workers: int, *, grow: bool = False) -> ThreadPoolExecutor:
     """The pool for `kind` of work (its threads are named ``weightio-<kind>``), with `workers` threads
-    when this call creates it. With `grow`, a pool of fewer threads is replaced by one of `workers`
-    (the old one finishes what it was given, then its threads end): for work whose callers choose
-    their thread count (``dequantize(threads=...)``)."""
+    when this call creates it. With `grow`, a pool of fewer threads is replaced by one of `workers`,
+    for work whose callers choose their thread count (``dequantize(threads=...)``). The old pool is
+    not shut down, only forgotten: a caller still submitting to it on another thread carries on, and
+    its threads end once no caller holds it (``concurrent.futures`` wakes them when it is collected)."""
     with _lock:
         pool, size = _pools.get(kind, (None, 0))
         if pool is None or (grow and size < workers):
             from concurrent.futures import ThreadPoolExecutor
 
-            old, pool = pool, ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
+            pool = ThreadPoolExecutor(workers, thread_name_prefix=f"weightio-{kind}")
             _pools[kind] = pool, workers
-            if old is not None:
-                old.shutdown(wait=False)
         return pool
 
 
