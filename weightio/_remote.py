@@ -456,7 +456,7 @@ class RemoteFile:
             results[k] = self._get(*ranges[k])
 
         self._run(one, missing)
-        return results  # type: ignore[return-value]
+        return results  # type: ignore[return-value]  # (every None was asked again by `one`, which raises or fills it)
 
     def _run(self, job: Callable[[Any], None], items: Iterable[Any]) -> None:
         """`job` on every item: here when one, else on the fetch pool (not from a pool thread: that could

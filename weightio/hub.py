@@ -264,7 +264,7 @@ class _Repo:
         for name in filenames:
             if not isinstance(sizes.get(name), int):
                 raise InputError(f"the Hub at {self.endpoint} gave no size for file {name!r}", path=self.uri)
-        return {name: int(sizes[name]) for name in filenames}  # type: ignore[arg-type]
+        return {name: int(sizes[name]) for name in filenames}  # type: ignore[arg-type]  # (each an int: checked above)
 
     def remember_revision(self) -> None:
         """Record branch/tag -> commit in the cache's ``refs/`` (as huggingface_hub does), so that

@@ -105,7 +105,7 @@ class Limits:
 DEFAULTS = Limits()
 ENVIRONMENT = {field.name: "WEIGHTIO_MAX_" + field.name.upper() for field in dataclasses.fields(Limits)}
 # os.environ's own dict holds the names encoded (POSIX): asking it first skips the ~2 us a miss costs
-# through os.environ.get (a KeyError raised and caught), ten misses each time a file is opened
+# through os.environ.get (a KeyError raised and caught), nine misses each time a file is opened
 _ENCODED = {field: os.fsencode(variable) for field, variable in ENVIRONMENT.items()} if os.name == "posix" else {}
 
 _override: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("weightio_limits", default=None)

@@ -68,7 +68,7 @@ def empty_weights() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = original  # type: ignore[method-assign, unused-ignore]
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign, unused-ignore]  # (as above)
         for name, fill in saved.items():
             setattr(torch.Tensor, name, fill)
 
