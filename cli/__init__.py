@@ -102,7 +102,9 @@ def _report(error: BaseException, code: int) -> None:
     if isinstance(error, BrokenPipeError):
         _quiet_broken_pipe()
     if isinstance(error, click.ClickException):
-        error.message = printable(error.message, lines=True)  # it may quote an argument: a file name, a tensor name
+        # it may quote an argument: a file name, a tensor name (click's stubs call the attribute final; it is
+        # rewritten once, before the error is shown)
+        error.message = printable(error.message, lines=True)  # type: ignore[misc]
         error.show()
         sys.exit(code)
     if isinstance(error, KeyboardInterrupt):

@@ -107,7 +107,8 @@ def diff_command(a: str, b: str, atol: float, rtol: float, ignore_dtype: bool, p
     with (weightio.open(a, unknown_globals=unknown_globals, **options_a) as ca,
           weightio.open(b, unknown_globals=unknown_globals, **options_b) as cb):
         result = diff_checkpoints(ca, cb, atol=atol, rtol=rtol, patterns=patterns, ignore_dtype=ignore_dtype)
-        _report(*(redact(p) if is_url(p) else p for p in (a, b)), ca, cb, result)
+        name_a, name_b = (redact(p) if is_url(p) else p for p in (a, b))
+        _report(name_a, name_b, ca, cb, result)
     verdict = result.verdict
     echo("result: ", style(verdict, fg="green" if verdict == "equal" else "yellow" if result.values_equal else "red"))
     sys.exit(VERDICT_STATUS[verdict])
