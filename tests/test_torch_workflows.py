@@ -332,11 +332,13 @@ def test_device_map_with_cpu_and_disk_budgets(tmp_path):
                                ckpt["transformer.h.0.mlp.c_fc.weight"].numpy())
         assert not same_file_bytes(model.transformer.h[1].mlp.c_fc.weight.data_ptr(),
                                    ckpt["transformer.h.1.mlp.c_fc.weight"].numpy())
-    with pytest.raises(UsageError, match="places no device for 4 tensor.s.: transformer.wte.weight, "):
+    # ("transformer.w" names no module; wte's tensor is placed through lm_head, its other name)
+    with pytest.raises(UsageError, match="places no device for 3 tensor.s.: transformer.wpe.weight, "
+                                         "transformer.ln_f.weight, transformer.ln_f.bias; add their modules"):
         wio.torch.load_into(model, path, device_map={"transformer.h": "cpu", "transformer.w": "cpu", "lm_head": "cpu"})
 
 
-def test_a_tie_whose_source_the_plan_names_by_another_path_follows_that_path(tmp_path):
+def test_a_tensor_named_by_two_paths_is_placed_through_either(tmp_path):
     # `b` is `c` registered twice (the plan names only `c`, as named_children does) and `a.weight` is tied to
     # `b.weight`: the tensor is read to `c`'s device, and `a`, holding only the tie, is placed there too (before,
     # the tensor was read to no device, a view of the file, and `a` was given None)
@@ -363,6 +365,13 @@ def test_a_tie_whose_source_the_plan_names_by_another_path_follows_that_path(tmp
         assert not same_file_bytes(model.c.weight.data_ptr(), ckpt["b.weight"].numpy())  # own), not left a view
         assert not same_file_bytes(model.c.bias.data_ptr(), ckpt["c.bias"].numpy())
         assert same_file_bytes(model.big.weight.data_ptr(), ckpt["big.weight"].numpy())  # "disk": a view
+    model = Twice()  # an explicit map naming the module by its first path only, as "auto" plans it
+    wio.torch.load_into(model, tmp_path / "m.safetensors", device_map={"c": "cpu", "big": "disk", "a": "cpu"})
+    with wio.open(tmp_path / "m.safetensors") as ckpt:  # (it was refused: "no device for b.weight, b.bias")
+        assert not same_file_bytes(model.c.weight.data_ptr(), ckpt["b.weight"].numpy())
+        assert torch.equal(model.b.bias, stored["c.bias"]) and model.a.weight is model.b.weight
+    with pytest.raises(UsageError, match=r"places no device for 2 tensor.s.: big.weight, big.bias; add"):
+        wio.torch.load_into(Twice(), tmp_path / "m.safetensors", device_map={"b": "cpu", "a": "cpu"})
 
 
 def test_device_map_planning_with_gpu_budgets_on_the_cpu():

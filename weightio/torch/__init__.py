@@ -175,7 +175,7 @@ class _Load:
 
     def plan(self, device_map: str | Mapping[str, Any], max_memory: Mapping[Any, Any] | None) -> dict[str, str]:
         if not isinstance(device_map, str):
-            return normalize_map(device_map, list(self.keys.targets))
+            return normalize_map(device_map, self.keys.groups)
         if device_map != "auto":
             raise UsageError(f"device_map is \"auto\" or a dict of module prefix -> device, got {device_map!r}")
         sizes = {}

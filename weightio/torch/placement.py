@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -104,10 +104,12 @@ def device_name(device: Any) -> str:
     return f"{found.type}:{found.index or 0}" if found.type == "cuda" else str(found)
 
 
-def normalize_map(device_map: Mapping[str, Any], names: list[str]) -> dict[str, str]:
-    """A user's device map with device names normalized, checked to cover every name."""
+def normalize_map(device_map: Mapping[str, Any], groups: Sequence[Sequence[str]]) -> dict[str, str]:
+    """A user's device map with device names normalized, checked to place every tensor: each of `groups`
+    (the names of one tensor: a child module registered twice, tied weights) through any of its names, as
+    accelerate's check of ``named_parameters()``, which lists a shared tensor once, does."""
     mapped = {str(k): device_name(v) for k, v in device_map.items()}
-    uncovered = [n for n in names if device_of(mapped, n) is None]
+    uncovered = [n for group in groups if all(device_of(mapped, n) is None for n in group) for n in group]
     if uncovered:
         raise UsageError(f"the device map places no device for {len(uncovered)} tensor(s): {listing(uncovered)}; "
                          "add their modules' prefixes (or \"\" for everything else)")
