@@ -34,6 +34,7 @@ import errno as _errno
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Advice",
@@ -120,7 +121,7 @@ class WeightioError(Exception):
     def __str__(self) -> str:  # KeyError subclasses would otherwise repr() the message
         return self._render()
 
-    def __reduce__(self):  # keep path/tensor/advice across processes (multiprocessing, pytest-xdist)
+    def __reduce__(self) -> tuple[Any, ...]:  # keep path/tensor/advice across processes (multiprocessing, pytest-xdist)
         return (_rebuild, (type(self), self.problem, self.path, self.tensor, self.advice))
 
 
@@ -160,16 +161,17 @@ class _OSErrorByErrno(WeightioError, OSError):
 
     _by_errno: dict[int, type] = {}
 
-    def __new__(cls, message: str, *, path=None, tensor=None, errno: int | None = None, advice=None):  # noqa: ANN204
+    def __new__(cls, message: str, *, path: str | os.PathLike[str] | None = None, tensor: str | None = None,
+                errno: int | None = None, advice: Advice | None = None) -> _OSErrorByErrno:
         made = cls._by_errno.get(errno, cls) if errno is not None else cls
         return super().__new__(made if issubclass(made, cls) else cls, message)  # a subclass asked for stays it
 
-    def __init__(self, message: str, *, path=None, tensor=None, errno: int | None = None,
-                 advice: Advice | None = None) -> None:
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None, tensor: str | None = None,
+                 errno: int | None = None, advice: Advice | None = None) -> None:
         super().__init__(message, path=path, tensor=tensor, advice=advice)
         self.errno = errno
 
-    def __reduce__(self):  # noqa: ANN204 - keeps errno too
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps errno too
         return (_rebuild_os, (type(self), self.problem, self.path, self.tensor, self.errno, self.advice))
 
 
@@ -266,7 +268,7 @@ class MissingDependencyError(WeightioError, ImportError):
         self.extra = extra
         self.name = package  # ImportError's attribute: the module that could not be imported
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_missing, (self.name, self.extra, self.message))
 
 
@@ -316,11 +318,11 @@ class TensorNotFoundError(WeightioError, KeyError):
                 advice = Advice(python="list(ckpt) lists them", cli="weightio inspect lists them")
         super().__init__(message, path=path, tensor=name, advice=advice)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_not_found, (self.tensor, self.suggestions, self.path, self.message))
 
 
-def _rebuild_not_found(name, suggestions, path, message) -> TensorNotFoundError:
+def _rebuild_not_found(name: str, suggestions: Any, path: str | None, message: str) -> TensorNotFoundError:
     err = TensorNotFoundError(name, (), path=path, message=message)
     err.suggestions = suggestions
     return err
