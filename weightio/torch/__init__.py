@@ -28,7 +28,7 @@ from ..dtypes import by_numpy, parse_dtype
 from ..errors import ShapeMismatchError, TensorNotFoundError, UsageError, WeightioError
 from ..varbuilder import RenameSpec, VarBuilder, _listing
 from .keys import ModuleKeys, find_sub_mapping, module_keys, named_tensors, split_prefix
-from .placement import DISK, device_of, empty_weights, normalize_map, plan_device_map
+from .placement import DISK, device_of, empty_weights, normalize_map, plan_device_map, within
 from .result import IncompatibleKeys, LoadResult
 
 __all__ = ["IncompatibleKeys", "LoadResult", "empty_weights", "load_into", "plan_device_map"]
@@ -283,13 +283,13 @@ def _with_ties(plan: dict[str, str], keys: ModuleKeys) -> dict[str, str]:
     """`plan` with parts that hold only tied names (``lm_head``) on their tensor's device."""
     groups = {group[0]: group for group in keys.groups}
     for name, canonical in keys.tied.items():
-        covering = max((p for p in plan if not p or name == p or name.startswith(p + ".")), key=len, default=None)
+        covering = max((p for p in plan if within(name, p)), key=len, default=None)
         if covering is None:
             continue
-        device = _placed(plan, [n for n in groups.get(canonical, [canonical]) if not _within(n, covering)])
+        device = _placed(plan, [n for n in groups.get(canonical, [canonical]) if not within(n, covering)])
         if device is None or plan[covering] == device:
             continue
-        if all(n in keys.tied for n in keys.targets if _within(n, covering)):
+        if all(n in keys.tied for n in keys.targets if within(n, covering)):
             plan[covering] = device
     return plan
 
@@ -299,11 +299,6 @@ def _placed(plan: Mapping[str, str], names: list[str]) -> str | None:
     places. Not always the canonical's: a child module registered twice (``self.b = self.c``) is named in a
     plan by its first path only, as ``named_children`` lists it, while the tie may name the other."""
     return next((d for n in names for d in [device_of(plan, n)] if d is not None), None)
-
-
-def _within(name: str, part: str) -> bool:
-    """Whether `name` lies in the module `part` of a device map ("": the whole model)."""
-    return not part or name == part or name.startswith(part + ".")
 
 
 def _torch_dtype(dtype: Any) -> Any:

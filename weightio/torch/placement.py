@@ -33,7 +33,7 @@ from ..errors import UsageError
 from ..limits import parse_size
 from ..names import listing
 
-__all__ = ["DISK", "empty_weights", "device_of", "normalize_map", "plan_device_map"]
+__all__ = ["DISK", "empty_weights", "device_of", "normalize_map", "plan_device_map", "within"]
 
 DISK = "disk"
 
@@ -120,9 +120,14 @@ def device_of(device_map: Mapping[str, str], name: str) -> str | None:
     """The device of the longest prefix of `device_map` containing `name` (None: no prefix does)."""
     best, length = None, -1
     for prefix, device in device_map.items():
-        if (not prefix or name == prefix or name.startswith(prefix + ".")) and len(prefix) > length:
+        if within(name, prefix) and len(prefix) > length:
             best, length = device, len(prefix)
     return best
+
+
+def within(name: str, part: str) -> bool:
+    """Whether `name` lies in the module `part` of a device map ("": the whole model)."""
+    return not part or name == part or name.startswith(part + ".")
 
 
 def budgets(max_memory: Mapping[Any, Any] | None) -> dict[str, int | None]:
