@@ -19,8 +19,9 @@ run too ("weightio before", "weightio load_into before"). ``--peers pinned,weigh
 peers whose names start so.
 
 ``--explore`` also times, in one process, the staging ring's geometry (buffer size, buffers,
-piece size, fill threads) and the host side alone, for tuning; and, as one more peer in fresh
-processes, ``load_all`` through a ring of 3 x 128 MiB instead of the default 4 x 32 MiB.
+piece size, fill threads) and the host side alone, for tuning; and, as more peers in fresh
+processes, ``load_all`` through rings of 3 x 128 MiB and 4 x 64 MiB (`RINGS`) instead of the
+default 4 x 32 MiB, and ``load_into`` through the 4 x 64 MiB one.
 
 Writes the table into docs/benchmarks.md (section "gpu").
 """
@@ -42,7 +43,9 @@ from memory import generate  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 DEVICE = "cuda:0"
-RING = "weightio load_all, ring 3 x 128 MiB"  # --explore: another geometry of the staging ring
+# --explore: other geometries of the staging ring (buffer MiB, buffers, piece MiB), as peers in fresh processes
+RINGS = {"weightio load_all, ring 3 x 128 MiB": (128, 3, 8), "weightio load_all, ring 4 x 64 MiB": (64, 4, 8)}
+INTO_RING = "weightio load_into, ring 4 x 64 MiB"
 PEERS = ["pinned host-to-device copy", "weightio load_all", "weightio load_into (meta model)",
          "weightio before", "weightio load_into before", "safetensors safe_open", "fastsafetensors",
          "Run:ai streamer", "InstantTensor"]
@@ -87,17 +90,23 @@ def _loaders(torch, path: str) -> dict:
 
         return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
 
-    def wio_big_ring():
-        import weightio as wio
+    def wio_ring(chunk: int, slots: int, piece: int):
+        def run():
+            import weightio as wio
 
-        engine = wio.devices.backend("torch:" + DEVICE)
-        engine.loader = wio.devices.StagedLoader(engine, chunk=128 << 20, slots=3, piece=8 << 20)
-        return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
+            engine = wio.devices.backend("torch:" + DEVICE)
+            engine.loader = wio.devices.StagedLoader(engine, chunk=chunk << 20, slots=slots, piece=piece << 20)
+            return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
 
-    def wio_into():
+        return run
+
+    def wio_into(ring: tuple[int, int, int] | None = None):
         import weightio as wio
 
         model = _model(torch, path)
+        if ring is not None:
+            engine = wio.devices.backend("torch:" + DEVICE)
+            engine.loader = wio.devices.StagedLoader(engine, chunk=ring[0] << 20, slots=ring[1], piece=ring[2] << 20)
 
         def run():
             wio.torch.load_into(model, path, device="torch:" + DEVICE, assign=True)
@@ -131,13 +140,15 @@ def _loaders(torch, path: str) -> dict:
             return dict(f.tensors())
 
     return {"pinned host-to-device copy": pinned, "weightio load_all": wio_all, "weightio before": wio_all,
-            "weightio load_into (meta model)": wio_into, "weightio load_into before": wio_into, RING: wio_big_ring,
+            "weightio load_into (meta model)": wio_into, "weightio load_into before": wio_into,
+            **{label: wio_ring(*geometry) for label, geometry in RINGS.items()},
+            INTO_RING: lambda: wio_into(RINGS["weightio load_all, ring 4 x 64 MiB"]),
             "safetensors safe_open": st,
             "fastsafetensors": fastsafetensors, "Run:ai streamer": runai, "InstantTensor": instant}
 
 
 # set up before the clock
-_PREPARED = {"pinned host-to-device copy", "weightio load_into (meta model)", "weightio load_into before"}
+_PREPARED = {"pinned host-to-device copy", "weightio load_into (meta model)", "weightio load_into before", INTO_RING}
 _IMPORTS = {"weightio": "weightio.devices.torch", "safetensors": "safetensors", "fastsafetensors": "fastsafetensors",
             "Run:ai": "runai_model_streamer", "InstantTensor": "instanttensor", "pinned": "torch"}
 
@@ -243,7 +254,7 @@ def explore(path: str) -> list[dict]:
                      "seconds": timed(lambda: filling.fill(pairs))})
     _threads._pools.pop("fill", None)
     filling._THREADS = 16
-    for chunk, slots, piece in ((32, 4, 4), (128, 3, 8)):
+    for chunk, slots, piece in ((32, 4, 4), *RINGS.values()):
         loader = devices.StagedLoader(engine, chunk=chunk << 20, slots=slots, piece=piece << 20)
         start = time.perf_counter()
         loader.load(arrays)
@@ -415,7 +426,10 @@ def main() -> None:
             raise SystemExit(f"no peer starts with {', '.join(prefixes) or '(nothing)'}; the peers: {', '.join(PEERS)}")
         peers = chosen if "weightio load_all" in chosen else ["weightio load_all", *chosen]  # the ratios' baseline
     if args.explore:
-        peers.insert(peers.index("weightio load_all") + 1, RING)
+        at = peers.index("weightio load_all") + 1
+        peers[at:at] = list(RINGS)
+        if "weightio load_into (meta model)" in peers:
+            peers.insert(peers.index("weightio load_into (meta model)") + 1, INTO_RING)
     results = measure(path, peers, args.reps)
     explored = explore(path) if args.explore else []
     size = p["safetensors"].stat().st_size
