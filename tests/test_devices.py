@@ -269,7 +269,8 @@ def test_staged_loader_copies_every_byte_through_the_ring(chunk, max_run):
                              max_run=max_run)
             storages = {t.untyped_storage().data_ptr() for t in out.values() if t.numel()}
             assert len(storages) == len(runs)  # one device allocation per run, tensors are views
-    assert len(loader._slots) == loader.nslots == 4 and all(s.host.nbytes == chunk for s in loader._slots)
+    assert loader.nslots == 4 and len(loader._slots) == min(4, loader._turn)  # grown a buffer at a time
+    assert all(s.host.nbytes == chunk for s in loader._slots)
     devices.release_staging()  # backends' rings; this loader's own:
     loader.release()
     assert loader._slots == []
@@ -355,11 +356,15 @@ def test_cuda_load_all_through_pinned_staging():
 def test_cuda_single_gets_reuse_the_pinned_ring():
     _cuda()
     vb = wio.VarBuilder.from_path(FIXTURES / "tiny-bert", device="torch:cuda:0", dtype="bf16")
-    first = vb.get((32, 32), "encoder.layer.0.attention.self.query.weight")
-    slots = list(devices.backend("torch:cuda:0").loader._slots)
-    second = vb.get((32, 32), "encoder.layer.1.attention.self.query.weight")
-    assert devices.backend("torch:cuda:0").loader._slots == slots
-    assert str(first.dtype) == str(second.dtype) == "torch.bfloat16"
+    names = [f"encoder.layer.{i}.attention.self.{p}.weight" for i in (0, 1) for p in ("query", "key", "value")]
+    loader = devices.backend("torch:cuda:0").loader
+    loader.release()
+    got = [vb.get((32, 32), name) for name in names[:4]]  # the ring grows a buffer a get, up to its size
+    slots = list(loader._slots)
+    assert len(slots) == loader.nslots == 4 and all(s.handle.is_pinned() for s in slots)
+    got += [vb.get((32, 32), name) for name in names[4:]]
+    assert loader._slots == slots  # then it is reused
+    assert all(str(t.dtype) == "torch.bfloat16" for t in got)
     vb.close()
 
 
@@ -545,6 +550,40 @@ def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
     assert set(state.values()) == {"record"}
     loader.release()
     assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
+
+
+def test_the_ring_and_the_device_memory_are_allocated_while_the_first_fills_run(monkeypatch):
+    # A fresh process pays for pinning each ring buffer and for each device allocation: the ring
+    # grows a buffer at a time and each run's device memory is made once the fill before it is
+    # queued, so that both overlap the pool's reads instead of preceding them all.
+    from weightio.devices import filling
+
+    class AllocLoggingEngine(_LoggingEngine):
+        def empty(self, nbytes):
+            self.log.append(("alloc", nbytes))
+            return super().empty(nbytes)
+
+        def host_buffer(self, nbytes):
+            self.log.append(("buffer", nbytes))
+            return super().host_buffer(nbytes)
+
+    engine = AllocLoggingEngine()
+    real_start = filling.Filler.start
+    monkeypatch.setattr(filling.Filler, "start",
+                        lambda self, pairs: engine.log.append(("fill",)) or real_start(self, pairs))
+    loader = devices.StagedLoader(engine, chunk=1000, slots=3, max_run=2000)
+    arrays = {f"t{i}": np.full(1000, i, np.uint8) for i in range(4)}  # separate buffers: 4 runs of one chunk
+    out = loader.load(arrays)
+    assert all(np.array_equal(out[k], a) for k, a in arrays.items())
+    steps = [e for e in engine.log if e[0] in ("alloc", "buffer", "fill")]
+    assert steps == [("buffer", 1000), ("fill",), ("alloc", 1000),
+                     ("buffer", 1000), ("fill",), ("alloc", 1000),
+                     ("buffer", 1000), ("fill",), ("alloc", 1000),
+                     ("fill",), ("alloc", 1000)]  # the fourth chunk reuses the first buffer
+    loader.release()
+    assert loader._slots == []
+    loader.load({"t0": arrays["t0"]})  # a released ring grows again from its first buffer
+    assert len(loader._slots) == 1 and engine.log.count(("buffer", 1000)) == 4
 
 
 def test_a_ring_that_fails_leaves_no_fill_writing_into_its_buffers(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -187,6 +188,38 @@ def test_populate_is_a_hint_that_keeps_the_memory_as_it_was():
     filling.populate(fresh)
     fresh[:] = 1
     assert int(fresh.sum()) == 1 << 20
+
+
+def _resident_pages(arr: np.ndarray) -> int:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = arr.nbytes // 4096
+    vec = ctypes.create_string_buffer(pages)
+    assert libc.mincore(arr.__array_interface__["data"][0], arr.nbytes, vec) == 0
+    return sum(b & 1 for b in vec.raw)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore are Linux's")
+def test_populate_all_faults_the_pages_in_on_the_fill_pool(monkeypatch):
+    import mmap
+    import threading
+
+    real, calls = filling.populate, []
+    monkeypatch.setattr(filling, "populate",
+                        lambda arr: calls.append((threading.current_thread().name, arr.nbytes)) or real(arr))
+    memory = mmap.mmap(-1, 8 << 20)
+    fresh = np.frombuffer(memory, np.uint8)
+    assert _resident_pages(fresh) == 0
+    filling.populate_all(fresh, piece=1 << 20)
+    assert _resident_pages(fresh) == 2048  # every page, before any write
+    assert sorted(n for _, n in calls) == [1 << 20] * 8
+    assert all(name.startswith("weightio-fill") for name, _ in calls)
+    assert int(fresh.sum()) == 0
+    calls.clear()
+    filling.populate_all(np.frombuffer(mmap.mmap(-1, 1 << 20), np.uint8), piece=1 << 20)  # one piece: here
+    assert calls == [(threading.current_thread().name, 1 << 20)]
 
 
 def test_fresh_memory_is_a_new_writable_array_of_its_size():

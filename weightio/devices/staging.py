@@ -6,7 +6,9 @@ from pageable memory at a fraction of the bus speed. Instead:
 1. **Planning.** `extent_of` finds where each array's bytes lie in the contiguous buffer that
    holds them (a file mapping, an inflated member); `plan_runs` groups the extents of each
    buffer into runs of nearby bytes (`Run`, at most 256 MiB by default, small gaps copied
-   along). Each run gets one device allocation; its tensors become views of it.
+   along). Each run gets one device allocation; its tensors become views of it. The allocations
+   are made as the copies reach them, while the fill pool reads the runs before them (a fresh
+   process pays for each new device allocation).
 2. **Copying.** `StagedLoader` sends each run through a ring of reusable staging buffers
    (4 x 32 MiB, pinned on CUDA): while the GPU copies from one buffer with a non-blocking DMA,
    the fill pool (`weightio.devices.filling.Filler`) fills the others, by ``pread`` from the
@@ -14,8 +16,9 @@ from pageable memory at a fraction of the bus speed. Instead:
    checked for changes before and after, as every owned load is), by parallel ``memcpy`` else.
    The pieces of every free buffer are queued at once, so the pool does not idle at a buffer's
    boundary. A buffer is refilled only after the event recorded behind its last copy has fired.
-   The ring is allocated on first use and kept for every later transfer to that device until
-   `StagedLoader.release`.
+   The ring grows a buffer at a time on first use (a fresh process pays for pinning each one,
+   the first fills meanwhile under way) and is kept for every later transfer to that device
+   until `StagedLoader.release`.
 
 Arrays that cannot be viewed raw on a device (big-endian, misaligned, negative strides) are
 converted on the host first and staged the same way.
@@ -214,7 +217,7 @@ class StagedLoader:
         with self._lock:
             for slot in self._slots:
                 slot.wait()
-            self._slots = []
+            self._slots, self._turn = [], 0
 
     def load(self, arrays: Mapping[str, np.ndarray], *, separate: bool = False) -> dict[str, Any]:
         """Every array on the device, dtype and shape unchanged, in `arrays`' order.
@@ -236,15 +239,14 @@ class StagedLoader:
         with self._lock, self.engine.active():
             runs = plan_runs(extents, max_gap=self.max_gap, max_run=self.max_run)
             chunks: list[tuple[list[_Target], int, np.ndarray]] = []
-            placed: dict[str, tuple[Any, int]] = {}  # name -> (its device allocation, its offset there)
+            placed: dict[str, tuple[_Target, int]] = {}  # name -> (its device allocation, its offset there)
             for run in runs:
                 if separate:
-                    targets = [_Target(self.engine.empty(e.stop - e.start), e.start - run.start, e.stop - run.start)
-                               for e in run.members]
-                    placed.update((e.key, (t.dev, 0)) for e, t in zip(run.members, targets, strict=True))
+                    targets = [_Target(e.start - run.start, e.stop - run.start) for e in run.members]
+                    placed.update((e.key, (t, 0)) for e, t in zip(run.members, targets, strict=True))
                 else:
-                    whole = self.engine.empty(run.nbytes)
-                    targets = [_Target(whole, 0, run.nbytes)]
+                    whole = _Target(0, run.nbytes)
+                    targets = [whole]
                     placed.update((e.key, (whole, e.start - run.start)) for e in run.members)
                 raw = _bytes(run.root)
                 chunks += [(targets, pos, raw[run.start + pos : run.start + min(pos + self.chunk, run.nbytes)])
@@ -254,9 +256,11 @@ class StagedLoader:
             else:
                 for targets, pos, src in chunks:
                     for target, lo, hi in _spans(targets, pos, len(src)):
-                        self.engine.copy_direct(target.dev, lo - target.start, src[lo - pos : hi - pos])
+                        dev = target.allocated(self.engine)
+                        self.engine.copy_direct(dev, lo - target.start, src[lo - pos : hi - pos])
             for ext in extents:
-                out[ext.key] = self.engine.view(*placed[ext.key], ext)
+                target, rel = placed[ext.key]
+                out[ext.key] = self.engine.view(target.allocated(self.engine), rel, ext)
         return {key: out[key] for key in arrays}
 
     def _stage(self, chunks: list[tuple[list[_Target], int, np.ndarray]]) -> None:
@@ -267,7 +271,7 @@ class StagedLoader:
             slot, targets, pos, n, futures = filling.popleft()
             filler.wait(futures)
             for target, lo, hi in _spans(targets, pos, n):
-                self.engine.copy(target.dev, lo - target.start, slot.handle, hi - lo, lo - pos)
+                self.engine.copy(target.allocated(self.engine), lo - target.start, slot.handle, hi - lo, lo - pos)
             slot.record()
 
         with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
@@ -278,24 +282,35 @@ class StagedLoader:
                 slot.wait()  # the copy that last read this buffer has finished
                 n = len(src)
                 filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
+                for target, _, _ in _spans(targets, pos, n):  # allocated while the pool fills
+                    target.allocated(self.engine)
             while filling:
                 send_oldest()
 
     def _next_slot(self) -> _Slot:
-        if not self._slots:
-            self._slots = [_Slot(self.engine, self.chunk) for _ in range(self.nslots)]
-        slot = self._slots[self._turn % len(self._slots)]
+        if len(self._slots) < self.nslots:  # the ring grows a buffer at a time, while the first ones fill
+            self._slots.append(_Slot(self.engine, self.chunk))
+            slot = self._slots[-1]
+        else:
+            slot = self._slots[self._turn % self.nslots]
         self._turn += 1
         return slot
 
 
-@dataclass(frozen=True)
 class _Target:
-    """A device allocation holding bytes ``[start, stop)`` of a run (the whole run, or one tensor's)."""
+    """A device allocation holding bytes ``[start, stop)`` of a run (the whole run, or one tensor's),
+    made when the first bytes for it are on their way (`allocated`)."""
 
-    dev: Any
-    start: int
-    stop: int
+    __slots__ = ("start", "stop", "dev")
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+        self.dev: Any = None
+
+    def allocated(self, engine: Engine) -> Any:
+        if self.dev is None:
+            self.dev = engine.empty(self.stop - self.start)
+        return self.dev
 
 
 def _spans(targets: list[_Target], pos: int, n: int) -> list[tuple[_Target, int, int]]:

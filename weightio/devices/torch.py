@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 
 from .._io import writable_twin
-from .._memory import populate
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import ML_FLOATS, Device, import_framework
-from .filling import fill
+from .filling import fill, populate_all
 from .staging import Extent, StagedLoader
 
 __all__ = ["TorchBackend", "to_numpy", "torch_from_numpy"]
@@ -145,7 +144,7 @@ class _Registered:
         self.cudart = torch.cuda.cudart()
         self.memory = mmap.mmap(-1, nbytes)
         self.array = np.frombuffer(self.memory, np.uint8)
-        populate(self.array)  # faulted in one call, not page by page under the driver
+        populate_all(self.array)  # faulted in on the fill pool's threads, not page by page under the driver
         self.address = self.array.__array_interface__["data"][0]
         self.ok = int(self.cudart.cudaHostRegister(self.address, nbytes, 0)) == 0
 
@@ -158,9 +157,11 @@ class _Registered:
 def _registered_buffer(torch: Any, nbytes: int) -> tuple[Any, np.ndarray] | None:
     """A pinned staging buffer: anonymous memory registered with CUDA, or None where that fails.
 
-    torch's ``pin_memory=True`` allocates with ``cudaHostAlloc``, measured at ~100 ms for the
-    ring's 128 MiB on an H200 machine, as long as the 4 GiB load it serves took warm; faulting
-    the pages in and registering them costs a few milliseconds (docs/benchmarks.md "GPU").
+    Either way the cost is faulting fresh pages in: on the H200 machines here torch's
+    ``pin_memory=True`` (``cudaHostAlloc``) took 52 ms for 128 MiB, faulting in on one thread 49 ms
+    and registering then 8 ms (2026-11-30; an earlier machine's ``cudaHostAlloc`` took ~100 ms).
+    Memory of our own can be faulted in on the fill pool's threads (`populate_all`) before it is
+    registered: the ring's four buffers 44-46 ms instead of 55-62 ms (docs/benchmarks.md "GPU").
     After one refusal the process stops asking (and the error the refusal left in the CUDA
     runtime is cleared, or torch's next kernel launch would report it as its own)."""
     global _REGISTER_REFUSED
