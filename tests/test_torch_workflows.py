@@ -372,6 +372,9 @@ def test_a_tensor_named_by_two_paths_is_placed_through_either(tmp_path):
         assert torch.equal(model.b.bias, stored["c.bias"]) and model.a.weight is model.b.weight
     with pytest.raises(UsageError, match=r"places no device for 2 tensor.s.: big.weight, big.bias; add"):
         wio.torch.load_into(Twice(), tmp_path / "m.safetensors", device_map={"b": "cpu", "a": "cpu"})
+    # tensors are counted, not names: c.weight is also b.weight and a.weight's tie, c.bias is b.bias
+    with pytest.raises(UsageError, match=r"places no device for 2 tensor.s.: (.+\.(weight|bias), ){4}.+; add"):
+        wio.torch.load_into(Twice(), tmp_path / "m.safetensors", device_map={"big": "disk"})
 
 
 def test_device_map_planning_with_gpu_budgets_on_the_cpu():

@@ -109,9 +109,10 @@ def normalize_map(device_map: Mapping[str, Any], groups: Sequence[Sequence[str]]
     (the names of one tensor: a child module registered twice, tied weights) through any of its names, as
     accelerate's check of ``named_parameters()``, which lists a shared tensor once, does."""
     mapped = {str(k): device_name(v) for k, v in device_map.items()}
-    uncovered = [n for group in groups if all(device_of(mapped, n) is None for n in group) for n in group]
+    uncovered = [group for group in groups if all(device_of(mapped, n) is None for n in group)]
     if uncovered:
-        raise UsageError(f"the device map places no device for {len(uncovered)} tensor(s): {listing(uncovered)}; "
+        names = [n for group in uncovered for n in group]  # (every name of each: any would do to place it)
+        raise UsageError(f"the device map places no device for {len(uncovered)} tensor(s): {listing(names)}; "
                          "add their modules' prefixes (or \"\" for everything else)")
     return mapped
 
