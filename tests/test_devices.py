@@ -614,6 +614,58 @@ def test_a_ring_that_fails_leaves_no_fill_writing_into_its_buffers(monkeypatch):
     loader.release()
 
 
+def test_a_load_that_fails_leaves_no_copy_running_into_the_memory_it_frees(monkeypatch):
+    # A fill failing while the last buffers are sent: the copies sent before it may still be
+    # running (cupy copies on a stream of its own) into device memory freed as the error unwinds.
+    # load waits for them before it raises.
+    from weightio.devices import filling
+
+    class StreamEngine(_LoggingEngine):
+        """Copies run only once an event recorded after them is waited for."""
+
+        def __init__(self):
+            super().__init__()
+            self.pending, self.done = [], 0
+
+        def copy(self, dev, pos, host, n, at):
+            self.pending.append(lambda: dev.__setitem__(slice(pos, pos + n), host[at : at + n]))
+
+        def event(self):
+            mark = {}
+
+            def wait():
+                while self.done < mark.get("at", 0):
+                    self.pending.pop(0)()
+                    self.done += 1
+
+            return types.SimpleNamespace(record=lambda: mark.update(at=self.done + len(self.pending)),
+                                         synchronize=wait)
+
+        def view(self, dev, rel, ext):  # (as cupy's: the stream synchronized first)
+            while self.pending:
+                self.pending.pop(0)()
+                self.done += 1
+            return super().view(dev, rel, ext)
+
+    real = filling._copy
+
+    def failing(dst, src):
+        if src[0] == 2:
+            raise OSError("read failed")
+        real(dst, src)
+
+    monkeypatch.setattr(filling, "_copy", failing)
+    engine = StreamEngine()
+    loader = devices.StagedLoader(engine, chunk=1000, slots=3, max_run=1000)
+    with pytest.raises(OSError, match="read failed"):
+        loader.load({f"t{i}": np.full(1000, i, np.uint8) for i in range(3)})  # t0, t1 sent, t2's fill fails
+    assert engine.done == 2 and engine.pending == []
+    monkeypatch.setattr(filling, "_copy", real)
+    arrays = {f"t{i}": np.full(1000, i, np.uint8) for i in range(5)}
+    out = loader.load(arrays)  # the ring is usable again
+    assert all(np.array_equal(out[k], a) for k, a in arrays.items())
+
+
 def test_a_torch_device_torch_does_not_have_is_a_usage_error():
     pytest.importorskip("torch")
     from weightio.devices import place

@@ -29,6 +29,7 @@ The device primitives come from an `Engine`: each GPU framework's backend (`weig
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -270,22 +271,37 @@ class StagedLoader:
         def send_oldest() -> None:
             slot, targets, pos, n, futures = filling.popleft()
             filler.wait(futures)
-            for target, lo, hi in _spans(targets, pos, n):
-                self.engine.copy(target.allocated(self.engine), lo - target.start, slot.handle, hi - lo, lo - pos)
+            try:
+                for target, lo, hi in _spans(targets, pos, n):
+                    self.engine.copy(target.allocated(self.engine), lo - target.start, slot.handle, hi - lo, lo - pos)
+            except BaseException:
+                with contextlib.suppress(Exception):  # (the copies issued before the failure: waited for below)
+                    slot.record()
+                raise
             slot.record()
 
-        with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
-            for targets, pos, src in chunks:
-                if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
+        try:
+            with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
+                for targets, pos, src in chunks:
+                    if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
+                        send_oldest()
+                    slot = self._next_slot()
+                    slot.wait()  # the copy that last read this buffer has finished
+                    n = len(src)
+                    filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
+                    for target, _, _ in _spans(targets, pos, n):  # allocated while the pool fills
+                        target.allocated(self.engine)
+                while filling:
                     send_oldest()
-                slot = self._next_slot()
-                slot.wait()  # the copy that last read this buffer has finished
-                n = len(src)
-                filling.append((slot, targets, pos, n, filler.start([(slot.host[:n], src)])))
-                for target, _, _ in _spans(targets, pos, n):  # allocated while the pool fills
-                    target.allocated(self.engine)
-            while filling:
-                send_oldest()
+        except BaseException:
+            # Copies already sent may still be running (a fill failing while the last buffers are
+            # sent, an interrupt): the device memory they write into is freed as the error unwinds,
+            # and an engine whose copies run on a stream of their own (cupy) could see it reused
+            # by other work before they land. Wait for every buffer's last copy first.
+            for slot in self._slots:
+                with contextlib.suppress(Exception):  # (a lost device: the error raised stands)
+                    slot.wait()
+            raise
 
     def _next_slot(self) -> _Slot:
         if len(self._slots) < self.nslots:  # the ring grows a buffer at a time, while the first ones fill
