@@ -67,7 +67,7 @@ from .errors import (
     WeightioError,
     WriteError,
 )
-from .formats import SUFFIXES, format_for_path, open_file
+from .formats import SUFFIXES, format_for_path, is_remote, open_file
 from .formats.ggml_to_gguf import LlamaOptions
 from .layout import WEIGHT_SUFFIXES
 from .records import TensorSource
@@ -307,7 +307,7 @@ def _tied_groups(ckpt: Checkpoint, names: list[str]) -> dict[str, list[str]]:
 def _same_buffer(ckpt: Checkpoint, a: str, b: str) -> bool:
     """Two tensors at the same place: of the same buffer? (numpy arrays pickled inline each have their own)"""
     reader = next(r for r in ckpt.readers if r.path == ckpt[a].path)
-    if getattr(reader.file, "remote", False):  # raw() would fetch the bytes: compare the buffers themselves
+    if is_remote(reader.file):  # raw() would fetch the bytes: compare the buffers themselves
         return reader.buffer(a) is reader.buffer(b)
     return bool(np.may_share_memory(ckpt[a].raw(), ckpt[b].raw()))
 
@@ -461,7 +461,7 @@ def _convert(ckpt: Checkpoint, layout: Outputs, cast: np.dtype | None, dequantiz
     if layout.fmt == "npy" and len(sources) != 1:
         raise UsageError(f".npy holds one tensor and {len(sources)} are selected; select one (--filter NAME) "
                          "or write .npz / .safetensors", path=layout.base)
-    meter = _Meter(0, progress, remote=any(getattr(r.file, "remote", False) for r in ckpt.readers))
+    meter = _Meter(0, progress, remote=any(is_remote(r.file) for r in ckpt.readers))
     meter.total = sum(meter.size(views[n], source) for n, source in sources.items()) * (2 if verify else 1)
     copies = [] if extra is None else [(os.path.join(extra.root, *rel.split("/")),
                                         os.path.join(os.path.dirname(layout.base), *rel.split("/")))

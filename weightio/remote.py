@@ -31,7 +31,7 @@ from ._failures import is_url, redact, retrying
 from ._gc import collector_paused
 from ._remote import BLOCK, RemoteFile, pool
 from .errors import DOWNLOAD_ADVICE, STORAGE_OPTIONS_ADVICE, FormatError, InputError, MissingDependencyError, UsageError
-from .formats import Reader, open_file
+from .formats import Reader, is_remote, open_file
 from .remote_http import Found, first_reads, has_aiohttp, http_filesystem, probe, probe_all, total_size, wave
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def traffic(checkpoint: Any) -> tuple[int, int]:
     requests = nbytes = 0
     for reader in checkpoint.readers:
         file = reader.file
-        if getattr(file, "remote", False):
+        if is_remote(file):
             requests += file.traffic.requests
             nbytes += file.traffic.bytes
     return requests, nbytes

@@ -56,7 +56,7 @@ from typing import Any, cast
 from ._failures import describe_failure, is_url
 from ._io import MappedFile
 from .errors import STORAGE_OPTIONS_ADVICE, Advice, CorruptFileError, FormatError, InputError, UsageError, WeightioError
-from .formats import _zip, open_file
+from .formats import _zip, is_remote, open_file
 from .formats.pytorch import allowlist, lexer, refs, stored_pickles, unpickler
 from .formats.pytorch.py2_strings import rewrite
 from .formats.sniff import sniff
@@ -167,7 +167,7 @@ def scan_file(path: str, file: Any = None) -> FileScan:
         file = MappedFile(path) if file is None else file
     except WeightioError as e:
         return FileScan(path, None, _error_text(e), False, advice=e.advice)
-    remote = getattr(file, "remote", False)
+    remote = is_remote(file)
     try:
         if remote and not _is_zip(file):  # pickles back to back from the start: walked in the file's image
             file.ensure(0, min(file.size, current_limits().header_bytes), "the pickles")

@@ -17,10 +17,10 @@ from .._remote import RemoteFile
 from ..errors import FormatError, UsageError
 from . import safetensors as _safetensors
 from . import sniff as _sniff
-from .base import PLACEHOLDERS_KEY, UNKNOWN_GLOBALS, Reader, TensorInfo
+from .base import PLACEHOLDERS_KEY, UNKNOWN_GLOBALS, Reader, TensorInfo, is_remote
 
 __all__ = ["READERS", "WRITERS", "SUFFIXES", "Reader", "TensorInfo", "open_file", "format_for_path", "resolve",
-           "UNKNOWN_GLOBALS", "PLACEHOLDERS_KEY"]
+           "UNKNOWN_GLOBALS", "PLACEHOLDERS_KEY", "is_remote"]
 
 # Readers by sniffed format: a class, or "module:attribute" imported on first use (so that
 # `import weightio` stays cheap and a format's module loads only when such a file is opened).

@@ -187,7 +187,7 @@ def _find_central_directory(file: AnyFile) -> tuple[int, int, int]:
     if size < _EOCD.size:
         raise _fail(file, f"file is {size} bytes, shorter than an end-of-central-directory record")
     start = max(0, size - _EOCD.size - 0xFFFF)
-    if getattr(file, "remote", False):  # the last TAIL bytes first: the whole window only if they hold no EOCD
+    if is_remote(file):  # the last TAIL bytes first: the whole window only if they hold no EOCD
         start, tail = _zr.tail(file, start)
     else:
         tail = file.read(start, size - start, "the end of the archive")
@@ -284,7 +284,7 @@ def _read_central_directory(file: AnyFile, cd_offset: int, cd_size: int,
 
     Returns (member, its raw name, its flags) per entry; the member's data offset is not known yet.
     """
-    if getattr(file, "remote", False):  # exact; for torch with SLACK bytes before it (its last small records)
+    if is_remote(file):  # exact; for torch with SLACK bytes before it (its last small records)
         slack = min(cd_offset, _zr.SLACK if _zr.torch_padded(_zr.first_extra(file)[1]) else 0)
         _zr.fetch(file, [(cd_offset - slack, cd_size + slack)], "the central directory")
     cd = _zr.read(file, cd_offset, cd_size, "the central directory")
@@ -458,7 +458,7 @@ def verify(file: AnyFile, members: list[ZipMember], *, exact: bool = True) -> No
     """Check the local headers of those of `members` whose data offsets were predicted (a remote
     torch archive, see `_zip_remote`) before their bytes are read: fetched exactly in one batch
     (`exact`) or through the file's block cache. A no-op for every other archive."""
-    pending = _PENDING.get(file) if getattr(file, "remote", False) else None
+    pending = _PENDING.get(file) if is_remote(file) else None
     if not pending:
         return
     todo = [entry for entry in map(pending.of, members) if entry is not None]
@@ -481,7 +481,7 @@ def verify_range(file: AnyFile, start: int, stop: int) -> None:
     from that block (no request of its own); otherwise the header is fetched exactly, with those of
     the next `_zr.AHEAD` pending members (a model read tensor by tensor needs them next), in flight together.
     """
-    pending = _PENDING.get(file) if getattr(file, "remote", False) else None
+    pending = _PENDING.get(file) if is_remote(file) else None
     if not pending:
         return
     members = [m for m, _ in pending.overlapping(start, stop)]
@@ -571,7 +571,7 @@ def read_member(file: AnyFile, member: ZipMember, limit: int, *, what: str = "me
 def inflate_prefix(file: AnyFile, member: ZipMember, length: int) -> bytes:
     """The first `length` uncompressed bytes of a member (fewer if it is shorter)."""
     verify(file, [member], exact=False)
-    remote = getattr(file, "remote", False)  # then these bytes alone, most often fetched with the local header
+    remote = is_remote(file)  # then these bytes alone, most often fetched with the local header
     if member.method == METHOD_STORED:
         if remote:
             _zr.fetch(file, [(member.data_offset, min(length, member.size))], f"member {member.name!r}")

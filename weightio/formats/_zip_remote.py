@@ -32,6 +32,7 @@ import weakref
 from typing import Any
 
 from .._remote import BLOCK
+from .base import is_remote
 
 __all__ = ["AHEAD", "BLOCK", "DEFLATED", "Held", "SLACK", "TAIL", "Pending", "fetch", "first_extra", "held",
            "prefixes", "read", "tail",
@@ -125,7 +126,7 @@ def held(file: Any) -> Held:
 def read(file: Any, offset: int, length: int, what: str) -> bytes:
     """Header bytes: for a remote file from its held ranges when they hold them, else `file.read`
     (a remote file's block cache)."""
-    if getattr(file, "remote", False):
+    if is_remote(file):
         found = _HELD.get(file)
         got = found.get(offset, length) if found is not None and length > 0 else None
         if got is not None:

@@ -104,7 +104,7 @@ from .._remote import BLOCK
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError, WeightioError
 from ..limits import exceeded
 from ..quant.types import GGMLType, by_id
-from .base import Reader, TensorInfo
+from .base import Reader, TensorInfo, is_remote
 from .gguf import MAX_ELEMENTS, GGUFArray, GGUFValueType
 from .gguf_arrays import walk_fetching
 
@@ -188,7 +188,7 @@ class GGMLReader(Reader):
         self._unpack, self._bytes = file.unpack, file.read
         self._hi = file.size  # the image (file.data) holds bytes up to here: all of a local file
         self._guess, self._head = _FIRST_GUESS, 0  # the length to fetch a header with; where it starts
-        if getattr(file, "remote", False):
+        if is_remote(file):
             self._unpack, self._bytes = self._remote_unpack, self._remote_bytes
             self._hi = min(file.size, BLOCK)
             self._spare = (0, b"")  # the last header range fetched: (offset, bytes)

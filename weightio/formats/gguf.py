@@ -84,7 +84,7 @@ from .._remote import BLOCK
 from ..errors import CorruptFileError, FormatError, UnsupportedDTypeError
 from ..limits import DEFAULTS, exceeded
 from ..quant.types import GGMLType, by_id
-from .base import Reader, TensorInfo
+from .base import Reader, TensorInfo, is_remote
 from .gguf_arrays import (
     EAGER_ARRAY_ITEMS,
     GGUFArray,
@@ -139,7 +139,7 @@ class _Cursor:
         self.size = file.size
         self.limit = reader.limits.header_bytes  # no header field may end past this offset
         self.bound = min(self.size, self.limit)
-        self.remote = getattr(file, "remote", False)
+        self.remote = is_remote(file)
         self.hi = self.bound
         if self.remote:  # the block read() fetched for the magic: in the image at no cost
             file.ensure(0, min(self.size, BLOCK), "the GGUF header")

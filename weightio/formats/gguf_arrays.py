@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._remote import BLOCK
+from .base import is_remote
 from .gguf_fields import SCALAR_DTYPES, Fields, GGUFValueType
 
 __all__ = ["GGUFArray", "EAGER_ARRAY_ITEMS", "EAGER_NESTED_BYTES", "decode_value_string", "walk_strings",
@@ -135,7 +136,7 @@ class GGUFArray(Sequence):
             raise TypeError(f"a GGUF array of {self.type} has no numpy view; use tolist()")
         if self._array is not None:
             return self._array
-        if getattr(self._file, "remote", False):  # fetched at open unless skipped; else fetched now
+        if is_remote(self._file):  # fetched at open unless skipped; else fetched now
             self._file.ensure(self._offset, self._count * self._dtype.itemsize, f"a metadata array of {self.type}")
         return self._numbers(self._file.data)
 
@@ -163,7 +164,7 @@ class GGUFArray(Sequence):
         (the reader at open), else one checked access to the mapping."""
         if self._items is None:
             if self._layout is not None:
-                if data is None and getattr(self._file, "remote", False):
+                if data is None and is_remote(self._file):
                     self._file.ensure(self._offset, self._end - self._offset, "a metadata array of arrays")
                 self._items = tuple(_arrays(self._file, self._file.data if data is None else data, self._offset,
                                             self._count, self._layout, self._strip_nul))

@@ -67,7 +67,7 @@ from ..limits import current as current_limits
 from ..records import TensorSource
 from ..text import describe, dims
 from . import _zip
-from .base import MAX_NDIM, Reader, TensorInfo, stored_name
+from .base import MAX_NDIM, Reader, TensorInfo, is_remote, stored_name
 from .npy_descr import descr_dtype, strip_long_suffixes
 
 __all__ = ["NpyReader", "NpzReader", "write_npy", "write_npz", "npy_header", "MAX_HEADER_SIZE"]
@@ -272,7 +272,7 @@ class NpzReader(Reader):
         preamble's header length first, then that many (both most often fetched with the local
         header, `weightio.formats._zip_remote.prefixes`), rather than a 64 KiB block per member."""
         most = 12 + self.limits.npy_header
-        if not getattr(self.file, "remote", False):
+        if not is_remote(self.file):
             return _zip.inflate_prefix(self.file, member, most)
         head = _zip.inflate_prefix(self.file, member, 12)
         if head[:6] != MAGIC or len(head) < 12 or (head[6], head[7]) not in _PREAMBLE:
@@ -288,7 +288,7 @@ class NpzReader(Reader):
             raise object_error(self._objects[name], self.path, name)
         member = self._deflated.get(name)
         if member is None:
-            if getattr(self.file, "remote", False):  # (a member whose offset was predicted: checked first)
+            if is_remote(self.file):  # (a member whose offset was predicted: checked first)
                 _zip.verify_range(self.file, *self.tensors[name].stored_range())
             return self.file.data
         limit = self.limits.inflated_bytes

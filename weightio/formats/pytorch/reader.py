@@ -72,7 +72,7 @@ from ...limits import exceeded
 from ...records import new_info
 from ...text import dims, number
 from .. import _zip
-from ..base import MAX_NDIM, Reader, TensorInfo
+from ..base import MAX_NDIM, Reader, TensorInfo, is_remote
 from ..base import unknown_globals as current_unknown_globals
 from . import unpickler
 from .allowlist import NumpyArray
@@ -130,7 +130,7 @@ class PyTorchReader(Reader):
         self.container = container.kind
         self._check_crc = container.check_crc
         # a remote zip's storage records are checked against their local headers when first read
-        self._verify = container.kind == "zip" and getattr(self.file, "remote", False)
+        self._verify = container.kind == "zip" and is_remote(self.file)
         stem = os.path.splitext(os.path.basename(self.path))[0] or "tensor"
         budget = _NODE_BUDGET * container.pickle_bytes + _NODE_FLOOR
         try:
