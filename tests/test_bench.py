@@ -81,6 +81,9 @@ def test_the_gpu_suite_says_where_it_cannot_run():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--reps", "1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "no CUDA GPU here: the GPU rows stay unmeasured", out
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_profile.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "no CUDA GPU here: nothing to profile", out
 
 
 @pytest.mark.bench
