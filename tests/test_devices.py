@@ -552,6 +552,27 @@ def test_the_ring_waits_for_a_buffers_last_copy_before_refilling_it():
     assert engine.log[-2:] == [("wait", b) for b in dict.fromkeys(copies)]  # release waits for both
 
 
+@pytest.mark.parametrize("slots", [1, 2, 3, 4])
+def test_the_ring_never_waits_for_the_copy_it_has_just_sent(slots):
+    # Reusing the buffer whose copy was launched last would make every chunk wait out its own copy:
+    # the buffer refilled next is one sent an iteration before (with one buffer there is no other).
+    engine = _LoggingEngine()
+    loader = devices.StagedLoader(engine, chunk=1000, slots=slots, max_run=5000)
+    with wio.open(FIXTURES / "tiny-bert") as ckpt:
+        out = loader.load({n: ckpt[n].numpy() for n in ckpt})
+        assert all(digest(out[n]) == manifest()["tiny-bert"][n]["sha256"] for n in ckpt)
+    copies = [b for op, b in engine.log if op == "copy"]
+    assert len(copies) > 2 * slots and len(set(copies)) == slots  # every buffer, reused
+    last_copied = None
+    waits_on_the_last = 0
+    for op, buffer in engine.log:
+        if op == "copy":
+            last_copied = buffer
+        elif op == "wait":
+            waits_on_the_last += buffer == last_copied
+    assert waits_on_the_last == (0 if slots > 1 else len(copies) - 1)
+
+
 def test_the_ring_and_the_device_memory_are_allocated_while_the_first_fills_run(monkeypatch):
     # A fresh process pays for pinning each ring buffer and for each device allocation: the ring
     # grows a buffer at a time and each run's device memory is made once the fill before it is
@@ -606,7 +627,7 @@ def test_a_ring_that_fails_leaves_no_fill_writing_into_its_buffers(monkeypatch):
         ended.append(dst)
 
     monkeypatch.setattr(filling, "_copy", slow_copy)
-    loader = devices.StagedLoader(FailingEngine(), chunk=1000, slots=3, max_run=5000)
+    loader = devices.StagedLoader(FailingEngine(), chunk=1000, slots=4, max_run=5000)  # three filling at once
     arrays = {f"t{i}": np.full(1000, i, np.uint8) for i in range(12)}  # memory of their own: copied, not read
     with pytest.raises(RuntimeError, match="device lost"):
         loader.load(arrays)

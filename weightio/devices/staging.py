@@ -14,8 +14,10 @@ from pageable memory at a fraction of the bus speed. Instead:
    the fill pool (`weightio.devices.filling.Filler`) fills the others, by ``pread`` from the
    file where the bytes are a view of its mapping (no page fault on the mapping; the file is
    checked for changes before and after, as every owned load is), by parallel ``memcpy`` else.
-   The pieces of every free buffer are queued at once, so the pool does not idle at a buffer's
-   boundary. A buffer is refilled only after the event recorded behind its last copy has fired.
+   The pieces of all buffers but one are queued at once, so the pool does not idle at a buffer's
+   boundary, and the buffer refilled next is the one sent an iteration before, its copy done by
+   then (not the one just sent, whose copy the refill would wait out). A buffer is refilled only
+   after the event recorded behind its last copy has fired.
    The ring grows a buffer at a time on first use (a fresh process pays for pinning each one,
    the first fills meanwhile under way) and is kept for every later transfer to that device
    until `StagedLoader.release`.
@@ -196,7 +198,7 @@ class StagedLoader:
         slots: staging buffers in the ring: while the device copies from one, the others fill.
         max_gap, max_run: see `plan_runs`.
 
-    Filling is pipelined: the pieces of up to `slots` buffers are queued on the fill pool at once
+    Filling is pipelined: the pieces of up to `slots` - 1 buffers are queued on the fill pool at once
     (`weightio.devices.filling.Filler`: ``pread`` from the file for views of a file's mapping,
     parallel ``memcpy`` otherwise), so the pool never idles at a buffer's boundary; the oldest
     buffer is handed to the device as soon as its pieces are done. An engine that does not stage
@@ -280,10 +282,15 @@ class StagedLoader:
                 raise
             slot.record()
 
+        # Buffers filling at once: all but one, so that the buffer reused next was sent an iteration
+        # before, its copy (mostly) done. Filling all of them, the one reused would be the one just
+        # sent, and every chunk would wait out its own copy: on an H200 machine ~0.4 ms of the main
+        # thread's ~1 ms a chunk (docs/benchmarks.md "GPU").
+        ahead = max(1, self.nslots - 1)
         try:
             with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
                 for targets, pos, src in chunks:
-                    if len(filling) >= self.nslots:  # the next slot's last fill must be sent before it is reused
+                    if len(filling) >= ahead:  # (so no buffer still filling, or not yet sent, is reused)
                         send_oldest()
                     slot = self._next_slot()
                     slot.wait()  # the copy that last read this buffer has finished
