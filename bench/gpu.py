@@ -91,13 +91,17 @@ def _loaders(torch, path: str) -> dict:
 
         return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
 
-    def wio_ring(chunk: int, slots: int, piece: int):
-        def run():
-            import weightio as wio
+    def use_ring(chunk: int, slots: int, piece: int) -> None:
+        """The device's backend stages through a ring of this geometry (MiB, buffers, MiB)."""
+        import weightio as wio
 
-            engine = wio.devices.backend("torch:" + DEVICE)
-            engine.loader = wio.devices.StagedLoader(engine, chunk=chunk << 20, slots=slots, piece=piece << 20)
-            return wio.devices.load_all(wio.open(path), "torch:" + DEVICE)
+        engine = wio.devices.backend("torch:" + DEVICE)
+        engine.loader = wio.devices.StagedLoader(engine, chunk=chunk << 20, slots=slots, piece=piece << 20)
+
+    def wio_ring(geometry: tuple[int, int, int]):
+        def run():
+            use_ring(*geometry)
+            return wio_all()
 
         return run
 
@@ -106,8 +110,7 @@ def _loaders(torch, path: str) -> dict:
 
         model = _model(torch, path)
         if ring is not None:
-            engine = wio.devices.backend("torch:" + DEVICE)
-            engine.loader = wio.devices.StagedLoader(engine, chunk=ring[0] << 20, slots=ring[1], piece=ring[2] << 20)
+            use_ring(*ring)
 
         def run():
             wio.torch.load_into(model, path, device="torch:" + DEVICE, assign=True)
@@ -142,7 +145,7 @@ def _loaders(torch, path: str) -> dict:
 
     return {"pinned host-to-device copy": pinned, "weightio load_all": wio_all, "weightio before": wio_all,
             "weightio load_into (meta model)": wio_into, "weightio load_into before": wio_into,
-            **{label: wio_ring(*geometry) for label, geometry in RINGS.items()},
+            **{label: wio_ring(geometry) for label, geometry in RINGS.items()},
             INTO_RING: lambda: wio_into(RINGS["weightio load_all, ring 4 x 64 MiB"]),
             "safetensors safe_open": st,
             "fastsafetensors": fastsafetensors, "Run:ai streamer": runai, "InstantTensor": instant}

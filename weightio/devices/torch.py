@@ -157,7 +157,7 @@ class _Registered:
 def _registered_buffer(torch: Any, nbytes: int) -> tuple[Any, np.ndarray] | None:
     """A pinned staging buffer: anonymous memory registered with CUDA, or None where that fails.
 
-    Either way the cost is faulting fresh pages in: on the H200 machines here torch's
+    However a buffer is pinned, the cost is faulting its fresh pages in: on the H200 machines here torch's
     ``pin_memory=True`` (``cudaHostAlloc``) took 52 ms for 128 MiB, faulting in on one thread 49 ms
     and registering then 8 ms (2026-11-30; an earlier machine's ``cudaHostAlloc`` took ~100 ms).
     Memory of our own can be faulted in on the fill pool's threads (`populate_all`) before it is
