@@ -19,4 +19,5 @@ def _numpy_headers() -> list[str]:
 
 
 setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], include_dirs=_numpy_headers(),
-                             depends=["weightio/_json_scan.h", "weightio/_files.h"], optional=True)])
+                             depends=["weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h"],
+                             optional=True)])

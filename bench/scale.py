@@ -24,7 +24,11 @@ Each run is a fresh process, page cache warm; medians of ``--reps`` runs:
 2. DeepSeek-V3: resolve every name through a ``VarBuilder`` with its shape checked (numpy, no
    data read): µs per ``get`` over a bare ``dict`` lookup of the same names (the floor);
 3. DeepSeek-V3: ``weightio inspect DIR`` as a whole process vs a Python script printing the
-   same table with safetensors (imports and interpreter start included, output to /dev/null).
+   same table with safetensors (imports and interpreter start included, output to /dev/null);
+4. owned copies of many tensors (numpy arrays that own their memory, page cache warm): the largest
+   count's file (16 bytes a tensor: the cost per tensor) and 20,000 float32 tensors of ``--gib`` GiB
+   in all; weightio ``load_all(copy=True)``, the same with its reads in Python (as before
+   ``_speedups.read_pieces``), and safetensors' numpy ``load_file``.
 
 and writes the medians and ratios into docs/benchmarks.md (section "scale").
 """
@@ -57,6 +61,8 @@ from common import (  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SIZES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+OWNED_TENSORS = 20_000  # the owned case's second file: this many tensors, --gib in all
+OWNED_PEERS = ("weightio", "weightio, reads in Python", "safetensors")
 # the reference writer's order within a file: widest alignment first, then by name
 RANK = {"F32": 0, "BF16": 1, "F8_E4M3": 2}
 
@@ -192,25 +198,36 @@ def generate_layout(key: str) -> Path:
     return folder
 
 
-def generate_count(n: int) -> Path:
-    path = CACHE / f"scale-{n}.safetensors"
+def generate_count(n: int, elements: int = 4, stem: str = "scale") -> Path:
+    """A safetensors file (``<stem>-<n>``) of `n` float32 tensors of `elements` each, MoE-style names."""
+    path = CACHE / f"{stem}-{n}.safetensors"
     if not path.exists():
         import numpy as np
         from safetensors.numpy import save_file
 
         CACHE.mkdir(parents=True, exist_ok=True)
-        tensors = {f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.down_proj.weight": np.full(4, i, np.float32)
-                   for i in range(n)}
+        tensors = {f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.down_proj.weight":
+                   np.full(elements, i, np.float32) for i in range(n)}
         save_file(tensors, str(path) + ".tmp")
         os.rename(str(path) + ".tmp", path)
     return path
 
 
-def _warm(path: Path) -> None:
+def generate_owned(gib: float, n: int = OWNED_TENSORS) -> tuple[Path, int]:
+    """`n` float32 tensors of about `gib` GiB in all (64 KiB each at 1.25 GiB), and their bytes each."""
+    elements = max(4, int(gib * (1 << 30)) // (4 * n))
+    return generate_count(n, elements, stem=f"owned-{elements * 4}b"), elements * 4
+
+
+def _warm(path: Path, whole: bool = False) -> None:
     files = sorted(path.iterdir()) if path.is_dir() else [path]
     for file in files:  # headers only: the sparse data reads as zeros but is never asked for
         with open(file, "rb") as f:
-            f.read(8 + int.from_bytes(f.read(8), "little") if file.suffix == ".safetensors" else -1)
+            if whole:
+                while f.read(64 << 20):
+                    pass
+            else:
+                f.read(8 + int.from_bytes(f.read(8), "little") if file.suffix == ".safetensors" else -1)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -251,9 +268,35 @@ def _worker(case: str, peer: str, path: str) -> dict:
 
     if case == "open":
         return timed(wio_open if peer == "weightio" else lambda: _safetensors_listing(path))
+    if case == "owned":
+        return _owned(peer, path)
     if case == "resolve":
         return _resolve(path)
     raise ValueError(case)
+
+
+def _owned(peer: str, path: str) -> dict:
+    """Every tensor copied into numpy arrays that own their memory: weightio's `load_all(copy=True)`
+    (its reads in C, or in Python as before `_speedups.read_pieces`), safetensors' numpy `load_file`
+    (the file read into memory, each tensor's bytes copied out of it)."""
+    import weightio as wio
+
+    if peer == "safetensors":
+        from safetensors.numpy import load_file
+
+        return timed(lambda: load_file(path))
+    from weightio.devices import filling
+
+    if peer == "weightio, reads in Python":
+        filling._READ_PIECES = None
+    elif filling._READ_PIECES is None:
+        raise SystemExit("weightio._speedups is not built: the C reads cannot be measured")
+
+    def load() -> dict:
+        with wio.open(path) as ckpt:
+            return wio.devices.load_all(ckpt, "numpy", copy=True)
+
+    return timed(load)
 
 
 def _resolve(path: str) -> dict:
@@ -325,9 +368,14 @@ def _process_worker(peer: str, path: str) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
-def cases(counts: list[int], layouts: dict[str, Path]) -> list[Case]:
+def cases(counts: list[int], layouts: dict[str, Path], gib: float = 0.0) -> list[Case]:
     out = [Case(f"open-{n}", {peer: ["open", peer, str(generate_count(n))] for peer in ("weightio", "safetensors")},
                 f"open + list, {n:,} tensors") for n in counts]
+    if gib and counts:  # owned copies: many tiny tensors (the cost per tensor), and many of 64 KiB
+        for (path, each), n in (((generate_count(max(counts)), 16), max(counts)), (generate_owned(gib), OWNED_TENSORS)):
+            size = f"{each:,} bytes" if each < 1 << 10 else f"{each / 1024:.0f} KiB"
+            out.append(Case(f"owned-{n}-{size}", {peer: ["owned", peer, str(path)] for peer in OWNED_PEERS},
+                            f"owned numpy copies, {n:,} tensors of {size}"))
     for key, folder in layouts.items():
         label = LAYOUTS[key][2]
         out.append(Case(f"open-{key}", {peer: ["open", peer, str(folder)] for peer in ("weightio", "safetensors")},
@@ -368,6 +416,10 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
             per = f"{t / counts[case.name] * 1e6:.2f}" if counts[case.name] else "–"
             ratio = "1" if peer == "weightio" else f"{t / base:.2f}×"
             lines.append(f"| {case.note} | {peer} | {shown} | {per} | {ratio} |")
+    if any(name.startswith("owned") for name in results):
+        lines += ["", "The owned rows copy every tensor into numpy arrays that own their memory: weightio "
+                      "`load_all(ckpt, \"numpy\", copy=True)` (the fill pool's reads in C, `_speedups.read_pieces`, "
+                      "or in Python as before it), safetensors `safetensors.numpy.load_file`; the file's pages warm."]
     if "resolve" in results:
         extra = results["resolve"]["weightio"]["extra"]
         lines += ["", f"`VarBuilder.get` over DeepSeek-V3's {extra['names']:,} names: "
@@ -413,9 +465,9 @@ def main() -> None:
     args = arguments(__doc__, reps=5, extra=extra)
     counts = [int(n) for n in args.counts.split(",") if n]
     layouts = {key: generate_layout(key) for key in args.layouts.split(",") if key in LAYOUTS}
-    measured = cases(counts, layouts)
+    measured = cases(counts, layouts, args.gib)
     for case in measured:
-        _warm(Path(next(iter(case.peers.values()))[2]))
+        _warm(Path(next(iter(case.peers.values()))[2]), whole=case.name.startswith("owned"))
     results = measure(SCRIPT, measured, args.reps)
     argv = " ".join(sys.argv[1:])
     chart = [r | {"rss_mib": None} for r in rows(results, measured)]

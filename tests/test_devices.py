@@ -310,13 +310,14 @@ def test_mps_style_direct_runs():
 
 
 def test_staging_reads_a_files_bytes_and_checks_the_file(tmp_path, monkeypatch):
-    # Views of a file's mapping are filled into the ring by pread (os.preadv), not through the
-    # mapping; the file is checked as every owned load checks it: rewritten since the open, refused.
+    # Views of a file's mapping are filled into the ring by pread (`filling._read_pieces`), not through
+    # the mapping; the file is checked as every owned load checks it: rewritten since the open, refused.
     from weightio.devices import filling
 
     reads = []
-    real = os.preadv
-    monkeypatch.setattr(filling.os, "preadv", lambda fd, bufs, off: reads.append(off) or real(fd, bufs, off))
+    real = filling._read_pieces
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None: reads.extend(
+        off for _, off in pieces) or real(fd, file, pieces, stop))
     path = tmp_path / "m.safetensors"
     tensors = {f"w{i}": np.full((1000,), i, np.float32) for i in range(8)}
     wio.save(tensors, path)

@@ -4,6 +4,7 @@ own, and every check of the zero-copy path kept on the parallel-read path."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -42,8 +43,33 @@ def _number_views(ckpt) -> dict:
     return {k: ckpt[k] for k in ckpt if ckpt[k].dtype.kind in "biufcV" and ckpt[k].dtype.itemsize}
 
 
+@pytest.fixture(params=["c", "python"])
+def reads(request, monkeypatch) -> str:
+    """The test run twice: with the fill's reads in C (`weightio._speedups.read_pieces`) and in Python."""
+    if request.param == "c" and filling._READ_PIECES is None:
+        pytest.skip("weightio._speedups is not built here: the reads are Python's")
+    if request.param == "python":
+        monkeypatch.setattr(filling, "_READ_PIECES", None)
+    return request.param
+
+
+def _recording_reads(monkeypatch, log: list) -> None:
+    """`filling._read_pieces` made to append ``(fd, offset, nbytes, on the main thread)`` to `log`
+    for each piece before reading them all."""
+    import threading
+
+    real = filling._read_pieces
+
+    def recorded(fd, file, pieces, stop=None):
+        main = threading.current_thread() is threading.main_thread()
+        log.extend((fd, offset, dst.nbytes, main) for dst, offset in pieces)
+        return real(fd, file, pieces, stop)
+
+    monkeypatch.setattr(filling, "_read_pieces", recorded)
+
+
 @pytest.mark.parametrize("source", SOURCES)
-def test_copies_hold_exactly_the_bytes_of_the_views(source, monkeypatch):
+def test_copies_hold_exactly_the_bytes_of_the_views(source, monkeypatch, reads):
     """Every format, numpy and torch CPU, tensors split into many pieces: the same bytes as the
     zero-copy views (which test_differential checks against the reference libraries)."""
     torch = pytest.importorskip("torch")
@@ -129,23 +155,23 @@ def test_a_changed_file_is_refused_on_the_parallel_read_path(tmp_path):
             wio.devices.load_all(hosts, "numpy", copy=True)  # arrays of the mapping: checked too
 
 
-def test_a_file_changed_during_the_reads_is_refused_after_them(tmp_path, monkeypatch):
+def test_a_file_changed_during_the_reads_is_refused_after_them(tmp_path, monkeypatch, reads):
     path = tmp_path / "model.safetensors"
     shutil.copy(FIXTURES / "tiny-bert/model.safetensors", path)
     past = os.stat(path).st_mtime - 3600
     os.utime(path, (past, past))
-    read = filling._read
+    read = filling._read_pieces
 
     def read_then_touch(*args):
         read(*args)
         os.utime(path)
 
-    monkeypatch.setattr(filling, "_read", read_then_touch)
+    monkeypatch.setattr(filling, "_read_pieces", read_then_touch)
     with wio.open(path) as ckpt, pytest.raises(CorruptFileError, match="since it was opened"):
         wio.devices.load_all(ckpt, "numpy", copy=True)
 
 
-def test_a_read_past_the_end_or_a_short_read_is_corrupt(tmp_path):
+def test_a_read_past_the_end_or_a_short_read_is_corrupt(tmp_path, reads):
     path = tmp_path / "model.safetensors"
     shutil.copy(FIXTURES / "tiny-bert/model.safetensors", path)
     with wio.open(path) as ckpt:
@@ -238,7 +264,7 @@ def test_fresh_memory_is_a_new_writable_array_of_its_size():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
-def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(tmp_path, monkeypatch):
+def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(tmp_path, monkeypatch, reads):
     # The kernel reads ahead per open file description: a whole-load fill gives each thread a
     # stretch of the file, read in order through a description opened for it alone
     monkeypatch.setattr(filling, "PIECE", 4096)
@@ -248,8 +274,8 @@ def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(
     wio.save(tensors, path)
     import itertools
 
-    reads, opened, advice = [], {}, []  # opened: descriptor -> which opening it is now (numbers are reused)
-    real_preadv, real_open, openings = os.preadv, os.open, itertools.count()
+    log, opened, advice = [], {}, []  # opened: descriptor -> which opening it is now (numbers are reused)
+    real_open, openings = os.open, itertools.count()
 
     def opening(path, flags):
         fd = real_open(path, flags)
@@ -257,15 +283,16 @@ def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(
             opened[fd] = next(openings)
         return fd
 
-    monkeypatch.setattr(filling.os, "preadv",
-                        lambda fd, bufs, off: reads.append((opened.get(fd), off)) or real_preadv(fd, bufs, off))
+    real_read = filling._read_pieces
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None: log.extend(
+        (opened.get(fd), off) for _, off in pieces) or real_read(fd, file, pieces, stop))
     monkeypatch.setattr(filling.os, "open", opening)
     monkeypatch.setattr(filling.os, "posix_fadvise", lambda fd, a, n, how: advice.append((fd, how)))
     with wio.open(path) as ckpt:
         copies = wio.devices.load_all(ckpt, "numpy", copy=True)
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
     by_opening: dict[int, list[int]] = {}
-    for which, off in reads:
+    for which, off in log:
         by_opening.setdefault(which, []).append(off)
     assert None not in by_opening and len(by_opening) == 4  # no read through the shared descriptor
     assert all(offsets == sorted(offsets) for offsets in by_opening.values())  # each stretch in file order
@@ -328,16 +355,17 @@ def test_a_model_of_many_shards_loads_within_a_few_descriptors(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
-def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_one(tmp_path, monkeypatch):
+def test_a_stretch_that_gets_no_description_of_its_own_reads_through_the_shared_one(tmp_path, monkeypatch, reads):
     monkeypatch.setattr(filling, "PIECE", 4096)
     monkeypatch.setattr(filling, "_THREADS", 4)
-    real, calls, through, stretches = filling._reopen, [], [], []
+    real, calls, log, stretches = filling._reopen, [], [], []
     monkeypatch.setattr(filling, "_reopen",
                         lambda fd, identity: calls.append(fd) or (real(fd, identity) if len(calls) == 1 else None))
-    real_read, real_stripe = filling._read, filling._read_stripe
-    monkeypatch.setattr(filling, "_read", lambda fd, *a: through.append(fd) or real_read(fd, *a))
+    _recording_reads(monkeypatch, log)
+    real_stripe = filling._read_stripe
     monkeypatch.setattr(filling, "_read_stripe", lambda *a: stretches.append(len(a[3])) or real_stripe(*a))
     _load_six_tensors_owned(tmp_path)
+    through = [fd for fd, *_ in log]
     assert len(calls) == 1 + 4 and set(through) == {calls[0]} and len(through) == 30  # the probe, then 4 stretches
     assert len(stretches) == 4 and sum(stretches) == 30  # read as stretches (in file order), not as pieces
 
@@ -362,25 +390,30 @@ def test_a_description_of_another_file_is_never_handed_out(tmp_path):
 
 
 def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
+    # (the reads in Python, whose system calls can be slowed and failed; the C reads look at the
+    # same flag: test_the_reads_in_c_stop_when_the_fillers_flag_is_set)
     import time
 
+    monkeypatch.setattr(filling, "_READ_PIECES", None)
     monkeypatch.setattr(filling, "PIECE", 4096)
     monkeypatch.setattr(filling, "_THREADS", 2)
     path = tmp_path / "m.safetensors"
     wio.save({"a": np.zeros(200_000, np.uint8), "b": np.ones(200_000, np.uint8)}, path)
-    real, second = filling._read, []
+    real, second = os.preadv, []
+    with wio.open(path) as ckpt:
+        base = filling.mapped_source(ckpt["a"].numpy())[1]
 
-    def read(fd, file, dst, offset):
-        if offset < 20_000 and offset > 8_000:  # early in the first stretch
-            raise CorruptFileError("injected", path=file.path)
-        if offset >= 200_000:  # the second stretch: slow, 49 pieces
-            second.append(offset)
-            time.sleep(0.005)
-        return real(fd, file, dst, offset)
+        def preadv(fd, buffers, offset):
+            if 8_000 < offset - base < 20_000:  # early in the first stretch
+                raise OSError(5, "injected")
+            if offset - base >= 200_000:  # the second stretch: slow, 49 pieces
+                second.append(offset)
+                time.sleep(0.005)
+            return real(fd, buffers, offset)
 
-    monkeypatch.setattr(filling, "_read", read)
-    with wio.open(path) as ckpt, pytest.raises(CorruptFileError, match="injected"):
-        wio.devices.load_all(ckpt, "numpy", copy=True)
+        monkeypatch.setattr(filling.os, "preadv", preadv)
+        with pytest.raises(OSError, match="injected"):
+            wio.devices.load_all(ckpt, "numpy", copy=True)
     assert len(second) < 20  # it gave up between pieces (or never began) instead of reading all 49
 
 
@@ -620,18 +653,14 @@ def test_pieces_the_pool_refuses_are_read_on_the_callers_thread(tmp_path, monkey
     monkeypatch.setattr(filling, "PIECE", 4096)
     refusing = _PoolFailingAt(shared_pool("fill", 16), 3, begun, RuntimeError("cannot schedule new futures"))
     monkeypatch.setattr(filling, "shared_pool", lambda kind, n: refusing)
-    threads, real = [], filling._read
-
-    def read(fd, file, dst, offset):
-        threads.append(threading.current_thread() is threading.main_thread())
-        real(fd, file, dst, offset)
-
-    monkeypatch.setattr(filling, "_read", read)
+    log: list = []
+    _recording_reads(monkeypatch, log)
     path = tmp_path / "m.safetensors"
     wio.save({"a": np.arange(40_000, dtype=np.uint8)}, path)
     with wio.open(path) as ckpt:
         copy = wio.devices.load_all(ckpt, "numpy", copy=True)["a"]
     assert np.array_equal(copy, np.arange(40_000, dtype=np.uint8))
+    threads = [main for *_, main in log]
     assert refusing.submitted == 3 and sorted(threads) == [False] * 2 + [True] * 8  # 10 pieces of 4 KiB
 
 
@@ -661,21 +690,100 @@ atexit.register(late)
 def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
     """An 8 MiB tensor, 2 CPUs: two reads of 4 MiB, on the pool's threads, in two stretches; the
     bytes exact."""
-    import threading
 
     monkeypatch.setattr(filling, "_cpus", lambda: 2)
     data = np.random.default_rng(5).integers(0, 256, 8 << 20, dtype=np.uint8)
     path = tmp_path / "m.safetensors"
     wio.save({"w": data}, path)
-    reads, real = [], filling._read
-
-    def read(fd, file, dst, offset):
-        reads.append((dst.nbytes, threading.current_thread() is threading.main_thread()))
-        real(fd, file, dst, offset)
-
-    monkeypatch.setattr(filling, "_read", read)
+    log: list = []
+    _recording_reads(monkeypatch, log)
     with wio.open(path) as ckpt:
         copy = ckpt["w"].to("numpy", copy=True)
         assert not np.shares_memory(copy, ckpt["w"].numpy())
     assert np.array_equal(copy, data) and copy.flags.writeable
-    assert sorted(reads) == [(4 << 20, False), (4 << 20, False)]
+    assert sorted((n, main) for _, _, n, main in log) == [(4 << 20, False), (4 << 20, False)]
+
+
+def _read_pieces_in_c():
+    if filling._READ_PIECES is None:
+        pytest.skip("weightio._speedups is not built here: the reads are Python's")
+    return filling._READ_PIECES
+
+
+def test_the_reads_in_c_fill_each_destination_with_its_bytes(tmp_path):
+    read_pieces = _read_pieces_in_c()
+    data = np.random.default_rng(7).integers(0, 256, 3 << 20, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    big = np.zeros(2 << 20, np.uint8)  # its pages faulted in first (MADV_POPULATE_WRITE)
+    small, empty = np.zeros(5, np.uint8), np.zeros(0, np.uint8)
+    unaligned = np.zeros(300_001, np.uint8)[1:]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_pieces(fd, [(big, 1000), (small, 0), (empty, 7), (unaligned, (3 << 20) - 300_000)], None) == (4, -1)
+        assert read_pieces(fd, [], None) == (0, -1)
+    finally:
+        os.close(fd)
+    assert np.array_equal(big, data[1000 : 1000 + (2 << 20)]) and np.array_equal(small, data[:5])
+    assert np.array_equal(unaligned, data[-300_000:])
+
+
+def test_the_reads_in_c_say_where_the_file_ended_and_raise_what_the_system_says(tmp_path):
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(100)))
+    a, b, c = np.zeros(10, np.uint8), np.zeros(40, np.uint8), np.full(4, 9, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_pieces(fd, [(a, 0), (b, 80), (c, 0)], None) == (1, 20)  # piece 1 got 20 of its 40 bytes
+        assert b[:20].tolist() == list(range(80, 100)) and c.tolist() == [9] * 4  # nothing after it read
+        with pytest.raises(ValueError, match="a negative offset"):
+            read_pieces(fd, [(a, -1)], None)
+        with pytest.raises(TypeError, match=r"a \(destination, offset\) tuple"):
+            read_pieces(fd, [a], None)
+        read_only = np.zeros(4, np.uint8)
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            read_pieces(fd, [(a, 0), (read_only, 0)], None)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            read_pieces(fd, [(np.zeros(8, np.uint8)[::2], 0)], None)
+        with pytest.raises(BufferError, match="not writable"):
+            read_pieces(fd, [(b"abcd", 0)], None)
+        assert not read_only.any()
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as raised:
+        read_pieces(fd, [(a, 0)], None)  # a closed descriptor
+    assert raised.value.errno == errno.EBADF
+
+
+def test_the_reads_in_c_stop_when_the_fillers_flag_is_set(tmp_path, monkeypatch):
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(100)))
+    a = np.zeros(10, np.uint8)
+    halt = filling._Stop()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_pieces(fd, [(a, 0)], halt.flag) == (1, -1) and a[9] == 9
+        a[:] = 0
+        halt.set()
+        assert read_pieces(fd, [(a, 0), (a, 10)], halt.flag) == (0, -1) and not a.any()  # nothing begun
+    finally:
+        os.close(fd)
+    # a filler hands its own flag to the reads, and sets it when a piece fails
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    flags, real = [], filling._READ_PIECES
+
+    def recording(fd, pieces, flag):
+        flags.append(flag)
+        if len(flags) == 1:
+            raise OSError(5, "injected")
+        return real(fd, pieces, flag)
+
+    monkeypatch.setattr(filling, "_READ_PIECES", recording)
+    model = tmp_path / "m.safetensors"
+    wio.save({"a": np.zeros(200_000, np.uint8)}, model)
+    with wio.open(model) as ckpt, pytest.raises(OSError, match="injected"):
+        wio.devices.load_all(ckpt, "numpy", copy=True)
+    assert flags and all(flag is flags[0] and flag == b"\x01" for flag in flags)

@@ -481,6 +481,7 @@ static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
 #include "_files.h"
+#include "_reads.h"
 #endif
 
 static PyMethodDef methods[] = {
@@ -493,6 +494,7 @@ static PyMethodDef methods[] = {
     {"open_head", (PyCFunction)(void (*)(void))open_head, METH_FASTCALL, open_head_doc},
     {"mapped_slice", (PyCFunction)(void (*)(void))mapped_slice, METH_FASTCALL, mapped_slice_doc},
     {"plain_get", (PyCFunction)(void (*)(void))plain_get, METH_FASTCALL, plain_get_doc},
+    {"read_pieces", (PyCFunction)(void (*)(void))read_pieces, METH_FASTCALL, read_pieces_doc},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -514,7 +516,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 10) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 11) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,0 +1,159 @@
+/* weightio._speedups, part three (POSIX): the fill pool's reads without the interpreter's lock.
+
+   `read_pieces` is what weightio.devices.filling does for each piece of an owned load or a GPU
+   staging buffer (fault in the destination's pages, then pread the file's bytes into it), for a
+   whole list of pieces in one call that takes the GIL once, on return. In Python each piece took it
+   back three times (after madvise, after each preadv, between the calls), and with 16 fill threads
+   contending, the thread that launches the GPU copies waited its turn for it every time it ran
+   Python code: a main-thread torch.empty took 2.5 us alone and 62 us during a fill of 4 MiB pieces
+   (docs/benchmarks.md "GPU").
+
+   Safety: the destinations are the caller's writable buffers, held (PyObject_GetBuffer) for the
+   whole call, and written within their lengths only; nothing is allocated from a number read from
+   the file (the one allocation is the piece table, sized by the caller's list). Offsets are the
+   caller's to bound-check against the file's size: here they only have to be non-negative. Included
+   by _speedups.c. */
+
+#include <sys/mman.h>
+
+#if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
+#define MADV_POPULATE_WRITE 23 /* linux/mman.h, 5.14+ (older C headers lack it; older kernels refuse it) */
+#endif
+
+typedef struct {
+    char *at;
+    Py_ssize_t length;
+    long long offset;
+} Piece;
+
+/* Fault in the whole pages under [at, at + length) for writing, in one call (a hint, as
+   weightio._memory.populate: refused or unsupported, the reads fault them). */
+static void populate_pages(char *at, Py_ssize_t length, uintptr_t page) {
+#if defined(__linux__)
+    if (length < (Py_ssize_t)(16 * page))
+        return;
+    uintptr_t low = ((uintptr_t)at + page - 1) / page * page, high = ((uintptr_t)at + (uintptr_t)length) / page * page;
+    if (high > low)
+        (void)madvise((void *)low, high - low, MADV_POPULATE_WRITE);
+#else
+    (void)at, (void)length, (void)page;
+#endif
+}
+
+PyDoc_STRVAR(read_pieces_doc,
+"read_pieces(fd, pieces, halt)\n--\n\n"
+"pread, for each (destination, offset) of `pieces` in order, every byte of the destination (a\n"
+"writable C-contiguous buffer) from `fd` at `offset`, the GIL released throughout; on Linux a\n"
+"destination's whole pages are faulted in first (MADV_POPULATE_WRITE, a hint). Before each piece\n"
+"it stops if `halt` (None, or a buffer whose first byte another thread may set) is not zero.\n"
+"Returns (count, got): the pieces read whole, and -1, or the bytes of piece `count` read before\n"
+"the file ended. OSError as os.preadv raises it; an interrupted read is made again unless a signal\n"
+"handler raises. Offsets are not checked against the file's size: that is the caller's to do.");
+
+static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyLong_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "read_pieces(fd, pieces, halt): a descriptor, a list and a flag");
+        return NULL;
+    }
+    int overflow;
+    long fd = PyLong_AsLongAndOverflow(args[0], &overflow);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "file descriptor out of range");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "read_pieces: pieces must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0, i = 0, done = 0;
+    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    Piece *pieces = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Piece));
+    Py_buffer flag = {0};
+    const volatile char *halt = NULL;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    int flagged = 0, status = 0, saved = 0; /* status: 0 read, 1 the file ended, 2 halted, 3 errno, 4 EINTR */
+    PyObject *out = NULL;
+    if (views == NULL || pieces == NULL) {
+        PyErr_NoMemory();
+        goto end;
+    }
+    for (; held < n; held++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, held);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "read_pieces: each piece is a (destination, offset) tuple");
+            goto end;
+        }
+        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+        if (offset == -1 && PyErr_Occurred())
+            goto end;
+        if (offset < 0) {
+            PyErr_SetString(PyExc_ValueError, "read_pieces: a negative offset");
+            goto end;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &views[held], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto end;
+        pieces[held] = (Piece){views[held].buf, views[held].len, offset};
+    }
+    if (args[2] != Py_None) {
+        if (PyObject_GetBuffer(args[2], &flag, PyBUF_SIMPLE) < 0)
+            goto end;
+        flagged = 1;
+        if (flag.len < 1) {
+            PyErr_SetString(PyExc_ValueError, "read_pieces: halt must hold a byte");
+            goto end;
+        }
+    }
+    halt = flagged ? (const volatile char *)flag.buf : NULL;
+    if (page == 0 || page == (uintptr_t)-1)
+        page = 4096;
+    do {
+        status = 0;
+        Py_BEGIN_ALLOW_THREADS
+        while (i < n) {
+            const Piece *p = &pieces[i];
+            if (done == 0) {
+                if (halt != NULL && *halt) {
+                    status = 2;
+                    break;
+                }
+                populate_pages(p->at, p->length, page);
+            }
+            if (done == p->length) {
+                i++, done = 0;
+                continue;
+            }
+            Py_ssize_t want = p->length - done;
+            ssize_t got = pread((int)fd, p->at + done, (size_t)(want < (1 << 30) ? want : (1 << 30)),
+                                (off_t)(p->offset + done));
+            if (got > 0) {
+                done += got;
+            } else if (got == 0) {
+                status = 1;
+                break;
+            } else {
+                saved = errno;
+                status = saved == EINTR ? 4 : 3;
+                break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    } while (status == 4 && !PyErr_CheckSignals()); /* (resumed where it stopped) */
+    if (status == 4)
+        goto end; /* a signal handler raised */
+    if (status == 3) {
+        errno = saved;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto end;
+    }
+    out = Py_BuildValue("(nn)", i, status == 1 ? done : (Py_ssize_t)-1);
+end:
+    if (flagged)
+        PyBuffer_Release(&flag);
+    for (Py_ssize_t k = 0; k < held; k++)
+        PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(pieces);
+    Py_DECREF(seq);
+    return out;
+}
