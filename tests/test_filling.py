@@ -787,3 +787,34 @@ def test_the_reads_in_c_stop_when_the_fillers_flag_is_set(tmp_path, monkeypatch)
     with wio.open(model) as ckpt, pytest.raises(OSError, match="injected"):
         wio.devices.load_all(ckpt, "numpy", copy=True)
     assert flags and all(flag is flags[0] and flag == b"\x01" for flag in flags)
+
+
+@pytest.mark.parametrize("walk", ["c", "python"])
+def test_a_source_is_found_in_its_file_whatever_its_chain_of_bases(tmp_path, monkeypatch, walk):
+    """`mapped_source`: the file and offset of a view of a file's mapping, through slices, reshapes,
+    dtype views and memoryviews; None for memory of anything else, or of a closed checkpoint. The
+    walk in C (`_speedups.array_root`) and in Python answer alike."""
+    from weightio import _io
+
+    if walk == "c" and _io._array_root is None:
+        pytest.skip("weightio._speedups is not built here: the walk is Python's")
+    if walk == "python":
+        monkeypatch.setattr(_io, "_array_root", None)
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(64, dtype=np.float32), "b": np.ones((4, 8), np.int16)}, path)
+    ckpt = wio.open(path)
+    a, b = ckpt["a"].numpy(), ckpt["b"].numpy()
+    start = filling.mapped_source(a)[1]
+    file = filling.mapped_source(a)[0]
+    with open(path, "rb") as f:
+        f.seek(start)
+        assert file.size == os.path.getsize(path) and f.read(8) == a[:2].tobytes()
+    assert filling.mapped_source(a[5:])[1] == start + 20
+    assert filling.mapped_source(a.view(np.uint8)[3:])[1] == start + 3
+    assert filling.mapped_source(a.reshape(8, 8)[2])[1] == start + 64
+    assert filling.mapped_source(np.frombuffer(memoryview(a)[10:], np.float32))[1] == start + 40
+    assert filling.mapped_source(b)[0] is file and filling.mapped_source(b)[1] == start + 256
+    for other in (np.arange(4), np.arange(8)[2:], np.frombuffer(bytearray(8), np.uint8), np.array(a)):
+        assert filling.mapped_source(other) is None
+    ckpt.close()
+    assert filling.mapped_source(a) is None  # a closed checkpoint: copied from memory, not read

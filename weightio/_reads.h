@@ -6,7 +6,8 @@
    back three times (after madvise, after each preadv, between the calls), and with 16 fill threads
    contending, the thread that launches the GPU copies waited its turn for it every time it ran
    Python code: a main-thread torch.empty took 2.5 us alone and 62 us during a fill of 4 MiB pieces
-   (docs/benchmarks.md "GPU").
+   (docs/benchmarks.md "GPU"). `array_root` is the walk the fill makes first for every source, to
+   find the file mapping its memory belongs to (weightio._io.mapped_source).
 
    Safety: the destinations are the caller's writable buffers, held (PyObject_GetBuffer) for the
    whole call, and written within their lengths only; nothing is allocated from a number read from
@@ -156,4 +157,28 @@ end:
     PyMem_Free(pieces);
     Py_DECREF(seq);
     return out;
+}
+
+PyDoc_STRVAR(array_root_doc,
+"array_root(arr)\n--\n\n"
+"(root, address) of a numpy array: the object its memory comes from (its chain of bases followed\n"
+"through arrays and memoryviews, as weightio._io._mapping_of follows it) and the address of its\n"
+"element 0; None for anything that is not an array. (What the fill asks of every source, to read it\n"
+"from its file: ~0.3 us here against ~2.7 us in Python.)");
+
+static PyObject *array_root(PyObject *module, PyObject *arg) {
+    if (!PyArray_Check(arg))
+        Py_RETURN_NONE;
+    PyObject *found = arg;
+    for (int steps = 0; found != NULL && steps < 1000000; steps++) { /* (a bound: a chain is never this long) */
+        if (PyArray_Check(found))
+            found = PyArray_BASE((PyArrayObject *)found);
+        else if (PyMemoryView_Check(found))
+            found = PyMemoryView_GET_BUFFER(found)->obj;
+        else
+            break;
+    }
+    if (found == NULL)
+        found = Py_None;
+    return Py_BuildValue("(OK)", found, (unsigned long long)(uintptr_t)PyArray_DATA((PyArrayObject *)arg));
 }

@@ -495,6 +495,7 @@ static PyMethodDef methods[] = {
     {"mapped_slice", (PyCFunction)(void (*)(void))mapped_slice, METH_FASTCALL, mapped_slice_doc},
     {"plain_get", (PyCFunction)(void (*)(void))plain_get, METH_FASTCALL, plain_get_doc},
     {"read_pieces", (PyCFunction)(void (*)(void))read_pieces, METH_FASTCALL, read_pieces_doc},
+    {"array_root", array_root, METH_O, array_root_doc},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -516,7 +517,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 11) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 12) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -24,10 +24,10 @@ times the copy. `fill` does the same work another way:
    A fill too small to give every CPU a `PIECE` (one tensor's ``to(copy=True)``) is cut into one
    piece a CPU, no more than one a `MIN_PIECE` (`_piece_for`): a 1 GiB model copied one
    ``to(copy=True)`` at a time took 0.92 s in 8 MiB pieces (each read whole on the caller's
-   thread) and 0.60 s in 4 MiB pieces on 2 CPUs. Where the pool takes no more work (interpreter shutdown), pieces are read on the
-   caller's thread. A whole load (`fill`) gives each thread one stretch of each file, read in
-   order through an open file description of its own (`_read_stripe`): the kernel reads ahead for
-   each as for one sequential reader.
+   thread) and 0.60 s in 4 MiB pieces on 2 CPUs. Where the pool takes no more work (interpreter
+   shutdown), pieces are read on the caller's thread. A whole load (`fill`) gives each thread one
+   stretch of each file, read in order through an open file description of its own
+   (`_read_stripe`): the kernel reads ahead for each as for one sequential reader.
    Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
    5.3-6.2 s that way, 3.9-5.4 s in stretches (the Run:ai streamer: 2.3-6.1 s), and warm
    2.7-2.9 s -> 2.3-2.5 s, on a 2-CPU VM. The GPU ring (`Filler` without stripes) reads its
@@ -208,8 +208,12 @@ class Filler:
                 except OSError as e:  # (EMFILE: a model of more shards than descriptors allowed)
                     raise InputError(f"cannot open another descriptor of the file to read it: {e.strerror or e} "
                                      "(raise the limit: ulimit -n)", path=file.path, errno=e.errno) from e
-            pieces = [(d[a:b], offset + a) for d, offset in sorted(jobs, key=lambda j: j[1])
-                      for a, b in _pieces(d.nbytes, piece)]
+            pieces: list[tuple[np.ndarray, int]] = []
+            for d, offset in sorted(jobs, key=_second):
+                if d.nbytes <= piece:  # (most tensors: no slice made)
+                    pieces.append((d, offset))
+                else:
+                    pieces += [(d[a:b], offset + a) for a, b in _pieces(d.nbytes, piece)]
             identity = _identity(fd) if self.stripes > 1 and len(pieces) > 1 else None
             probe = None if identity is None else _reopen(fd, identity)
             if probe is not None:  # descriptions of their own can be had: one per stretch, while it is read
@@ -294,13 +298,17 @@ def _settle(futures: list[Future]) -> None:
 def _stripes(pieces: list[tuple[np.ndarray, int]], n: int) -> list[list[tuple[np.ndarray, int]]]:
     """`pieces` (in file order) cut into at most `n` runs of consecutive pieces of about equal bytes."""
     total = sum(d.nbytes for d, _ in pieces)
-    groups: list[list[tuple[np.ndarray, int]]] = [[]]
-    filled = 0
-    for dst, offset in pieces:
-        if groups[-1] and filled >= total * len(groups) / n:
-            groups.append([])
-        groups[-1].append((dst, offset))
-        filled += dst.nbytes
+    groups: list[list[tuple[np.ndarray, int]]] = []
+    current: list[tuple[np.ndarray, int]] = []
+    filled, cut = 0, total / n  # a new run begins once the runs so far hold their share of the bytes
+    for item in pieces:
+        if current and filled >= cut:
+            groups.append(current)
+            current = []
+            cut = total * (len(groups) + 1) / n
+        current.append(item)
+        filled += item[0].nbytes
+    groups.append(current)
     return groups
 
 
@@ -387,6 +395,10 @@ def _pieces(n: int, piece: int = 0) -> list[tuple[int, int]]:
     return [(a, min(a + piece, n)) for a in range(0, n, piece)]
 
 
+def _second(pair: tuple[Any, int]) -> int:
+    return pair[1]
+
+
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
     populate(dst)
     np.copyto(dst, src)
@@ -403,8 +415,10 @@ def _read_pieces(fd: int, file: MappedFile, pieces: list[tuple[np.ndarray, int]]
     Every piece is bounds-checked against the file's size before the first read. In C where it was
     built (`_READ_PIECES`: the interpreter's lock taken once for all the pieces), else in Python.
     """
+    size = file.size
     for dst, offset in pieces:
-        _bounded(file, offset, dst.nbytes)
+        if offset < 0 or offset + dst.nbytes > size:
+            _bounded(file, offset, dst.nbytes)
     if _READ_PIECES is not None:
         read, got = _READ_PIECES(fd, pieces, None if stop is None else stop.flag)
         if got >= 0:
