@@ -818,3 +818,29 @@ def test_a_source_is_found_in_its_file_whatever_its_chain_of_bases(tmp_path, mon
         assert filling.mapped_source(other) is None
     ckpt.close()
     assert filling.mapped_source(a) is None  # a closed checkpoint: copied from memory, not read
+
+
+def test_the_reads_in_c_hold_their_own_list_of_the_pieces(tmp_path):
+    # An offset's __index__ runs Python code in the middle of the call: a list it shrinks or
+    # clears must not be read past its end (it was: a crash), the pieces read are those passed
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(100)))
+    for change in (list.clear, lambda pieces: pieces.__delitem__(slice(1, None)),
+                   lambda pieces: pieces.__setitem__(slice(None), [object()] * 3)):
+        pieces: list = []
+
+        class Offset:
+            def __index__(self, change=change, pieces=pieces):
+                change(pieces)
+                return 3
+
+        dsts = [np.zeros(4, np.uint8) for _ in range(40)]
+        pieces += [(dsts[0], Offset())] + [(d, k) for k, d in enumerate(dsts[1:], 1)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert read_pieces(fd, pieces, None) == (40, -1)
+        finally:
+            os.close(fd)
+        assert dsts[0].tolist() == [3, 4, 5, 6] and all(d.tolist() == list(range(k, k + 4))
+                                                        for k, d in enumerate(dsts[1:], 1))

@@ -67,6 +67,14 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
     PyObject *seq = PySequence_Fast(args[1], "read_pieces: pieces must be a sequence");
     if (seq == NULL)
         return NULL;
+    /* A tuple of our own: an offset's __index__ (or, from 3.12, a destination's __buffer__) runs
+       Python code, which could shrink or clear the caller's list under the loop below (items and
+       the list's array freed: a read past its end, a crash). The tuple holds every piece, and each
+       piece (a tuple) its destination and offset, until the end. */
+    if (!PyTuple_CheckExact(seq))
+        Py_SETREF(seq, PyList_AsTuple(seq));
+    if (seq == NULL)
+        return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0, i = 0, done = 0;
     Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
     Piece *pieces = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Piece));
