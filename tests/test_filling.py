@@ -844,3 +844,19 @@ def test_the_reads_in_c_hold_their_own_list_of_the_pieces(tmp_path):
             os.close(fd)
         assert dsts[0].tolist() == [3, 4, 5, 6] and all(d.tolist() == list(range(k, k + 4))
                                                         for k, d in enumerate(dsts[1:], 1))
+
+
+def test_the_reads_in_c_look_at_the_flag_before_each_piece(tmp_path):
+    # The flag set between two pieces (here by the first piece's own read, into the flag) stops
+    # the reads before the next: what is returned counts the pieces read
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(100)))
+    flag, after = bytearray(1), np.zeros(4, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_pieces(fd, [(np.zeros(2, np.uint8), 0), (flag, 7), (after, 0)], flag) == (2, -1)
+    finally:
+        os.close(fd)
+    assert flag == b"\x07" and not after.any()
+    flag.append(0)  # (not left locked: every buffer is released)
