@@ -21,6 +21,14 @@
 #define MADV_POPULATE_WRITE 23 /* linux/mman.h, 5.14+ (older C headers lack it; older kernels refuse it) */
 #endif
 
+/* The stop byte, set by another thread (a relaxed atomic load: read anew before each piece, no
+   ordering needed beyond that; a plain read where the compiler has no such builtin). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HALTED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#else
+#define HALTED(p) (*(const volatile char *)(p))
+#endif
+
 typedef struct {
     char *at;
     Py_ssize_t length;
@@ -79,7 +87,7 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
     Piece *pieces = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Piece));
     Py_buffer flag = {0};
-    const volatile char *halt = NULL;
+    const char *halt = NULL;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     int flagged = 0, status = 0, saved = 0; /* status: 0 read, 1 the file ended, 2 halted, 3 errno, 4 EINTR */
     PyObject *out = NULL;
@@ -113,7 +121,7 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
             goto end;
         }
     }
-    halt = flagged ? (const volatile char *)flag.buf : NULL;
+    halt = flagged ? (const char *)flag.buf : NULL;
     if (page == 0 || page == (uintptr_t)-1)
         page = 4096;
     do {
@@ -122,7 +130,7 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
         while (i < n) {
             const Piece *p = &pieces[i];
             if (done == 0) {
-                if (halt != NULL && *halt) {
+                if (halt != NULL && HALTED(halt)) {
                     status = 2;
                     break;
                 }
