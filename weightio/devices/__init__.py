@@ -258,6 +258,7 @@ def load_all(
         raise UsageError(f"load_all takes a mapping of name -> tensor, got {type(tensors).__name__}{hint}")
     b = backend(device)
     wanted = None if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
+    tensors = dict(tensors.items())  # each value got once (a Checkpoint makes a new view on every access)
     # a cast makes new memory already: only the tensors it leaves as they are need a copy
     owned = copy and {k for k, v in tensors.items() if wanted is None or not _will_cast(v, wanted)}
     out = _on_device(b, tensors, owned or set())
