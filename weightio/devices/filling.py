@@ -46,7 +46,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -443,7 +443,7 @@ def _bounded(file: MappedFile, offset: int, n: int) -> None:
                                path=file.path)
 
 
-def _shrank(file: MappedFile, end: int) -> None:
+def _shrank(file: MappedFile, end: int) -> NoReturn:
     raise CorruptFileError(f"file shrank while reading it (now ends at {end})", path=file.path)
 
 
