@@ -16,7 +16,7 @@ import pytest
 import weightio as wio
 from weightio import _threads
 from weightio.devices import filling
-from weightio.errors import CorruptFileError
+from weightio.errors import CorruptFileError, InputError
 
 from .conftest import FIXTURES
 
@@ -412,8 +412,10 @@ def test_a_failed_piece_stops_the_other_stretches(tmp_path, monkeypatch):
             return real(fd, buffers, offset)
 
         monkeypatch.setattr(filling.os, "preadv", preadv)
-        with pytest.raises(OSError, match="injected"):
+        with pytest.raises(OSError, match="injected") as raised:
             wio.devices.load_all(ckpt, "numpy", copy=True)
+    assert isinstance(raised.value, InputError) and raised.value.errno == 5  # the file named, not a bare OSError
+    assert str(raised.value) == f"{path}: cannot read the file: injected"
     assert len(second) < 20  # it gave up between pieces (or never began) instead of reading all 49
 
 

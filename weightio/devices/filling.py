@@ -83,7 +83,8 @@ def fill(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
     Raises:
         CorruptFileError: a source's file changed since it was opened, or shrank during the reads.
         WeightioError: a source's checkpoint was closed before its descriptor could be duplicated.
-        InputError: no descriptor left to read a source's file with (``ulimit -n``).
+        InputError: no descriptor left to read a source's file with (``ulimit -n``), or a read
+            failed (EIO: a failing disk; its errno kept).
     """
     with Filler(stripes=_THREADS) as filler:
         filler.wait(filler.start(pairs, inline=True))
@@ -419,22 +420,25 @@ def _read_pieces(fd: int, file: MappedFile, pieces: list[tuple[np.ndarray, int]]
     for dst, offset in pieces:
         if offset < 0 or offset + dst.nbytes > size:
             _bounded(file, offset, dst.nbytes)
-    if _READ_PIECES is not None:
-        read, got = _READ_PIECES(fd, pieces, None if stop is None else stop.flag)
-        if got >= 0:
-            _shrank(file, pieces[read][1] + got)
-        return
-    for dst, offset in pieces:
-        if stop is not None and stop.is_set():  # another piece failed: the load is abandoned
+    try:
+        if _READ_PIECES is not None:
+            read, got = _READ_PIECES(fd, pieces, None if stop is None else stop.flag)
+            if got >= 0:
+                _shrank(file, pieces[read][1] + got)
             return
-        populate(dst)
-        # numpy's stubs give ndarray its buffer protocol (__buffer__) for Python >= 3.12 only; mypy checks 3.10
-        view, done, n = memoryview(dst), 0, dst.nbytes  # type: ignore[arg-type]
-        while done < n:
-            got = os.preadv(fd, [view[done:]], offset + done)
-            if got == 0:
-                _shrank(file, offset + done)
-            done += got
+        for dst, offset in pieces:
+            if stop is not None and stop.is_set():  # another piece failed: the load is abandoned
+                return
+            populate(dst)
+            # numpy's stubs give ndarray its buffer protocol (__buffer__) for Python >= 3.12 only; mypy checks 3.10
+            view, done, n = memoryview(dst), 0, dst.nbytes  # type: ignore[arg-type]
+            while done < n:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got == 0:
+                    _shrank(file, offset + done)
+                done += got
+    except OSError as e:  # (EIO from a failing disk, a stale network file): the file named, the errno kept
+        raise InputError(f"cannot read the file: {e.strerror or e}", path=file.path, errno=e.errno) from e
 
 
 def _bounded(file: MappedFile, offset: int, n: int) -> None:
