@@ -7,6 +7,8 @@ weightio does all of it in Python. (Declared here rather than in pyproject.toml,
 still calls extension modules experimental.)
 """
 
+import os
+
 from setuptools import Extension, setup
 
 
@@ -18,6 +20,10 @@ def _numpy_headers() -> list[str]:
     return [numpy.get_include()]
 
 
+# POSIX: the fill's reads make threads of their own (weightio/_reads.h); -pthread links them where the
+# C library keeps them apart (glibc before 2.34)
+_THREADS = ["-pthread"] if os.name == "posix" else []
+
 setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], include_dirs=_numpy_headers(),
                              depends=["weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h"],
-                             optional=True)])
+                             extra_compile_args=_THREADS, extra_link_args=_THREADS, optional=True)])

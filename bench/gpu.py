@@ -22,7 +22,8 @@ peers whose names start so.
 piece size, fill threads) and the host side alone, for tuning; and, as more peers in fresh
 processes, ``load_all`` through rings of 3 x 128 MiB and 4 x 64 MiB and the default ring with
 8 MiB pieces instead of 4 (`RINGS`), ``load_into`` through the 4 x 64 MiB one, and ``load_all``
-with the fill pool's reads in Python (`PY_READS`: as before ``_speedups.read_pieces``).
+with each 4 MiB piece of a buffer a task of the fill pool (`TASK_A_PIECE`: as before the buffer's
+pieces were shared by the threads of one C call, `filling._SHARED`).
 
 Writes the table into docs/benchmarks.md (section "gpu").
 """
@@ -48,7 +49,7 @@ DEVICE = "cuda:0"
 RINGS = {"weightio load_all, ring 3 x 128 MiB": (128, 3, 8), "weightio load_all, ring 4 x 64 MiB": (64, 4, 8),
          "weightio load_all, ring 4 x 32 MiB, pieces 8 MiB": (32, 4, 8)}
 INTO_RING = "weightio load_into, ring 4 x 64 MiB"
-PY_READS = "weightio load_all, reads in Python"  # the ring's fills without `_speedups.read_pieces`
+TASK_A_PIECE = "weightio load_all, a pool task a piece"  # the ring's fills as before `filling._SHARED`
 PEERS = ["pinned host-to-device copy", "weightio load_all", "weightio load_into (meta model)",
          "weightio before", "weightio load_into before", "safetensors safe_open", "fastsafetensors",
          "Run:ai streamer", "InstantTensor"]
@@ -100,10 +101,10 @@ def _loaders(torch, path: str) -> dict:
         engine = wio.devices.backend("torch:" + DEVICE)
         engine.loader = wio.devices.StagedLoader(engine, chunk=chunk << 20, slots=slots, piece=piece << 20)
 
-    def wio_python_reads():
+    def wio_task_a_piece():
         from weightio.devices import filling
 
-        filling._READ_PIECES = None
+        filling._SHARED = False
         return wio_all()
 
     def wio_ring(geometry: tuple[int, int, int]):
@@ -154,7 +155,7 @@ def _loaders(torch, path: str) -> dict:
     return {"pinned host-to-device copy": pinned, "weightio load_all": wio_all, "weightio before": wio_all,
             "weightio load_into (meta model)": wio_into, "weightio load_into before": wio_into,
             **{label: wio_ring(geometry) for label, geometry in RINGS.items()},
-            INTO_RING: lambda: wio_into(RINGS["weightio load_all, ring 4 x 64 MiB"]), PY_READS: wio_python_reads,
+            INTO_RING: lambda: wio_into(RINGS["weightio load_all, ring 4 x 64 MiB"]), TASK_A_PIECE: wio_task_a_piece,
             "safetensors safe_open": st,
             "fastsafetensors": fastsafetensors, "Run:ai streamer": runai, "InstantTensor": instant}
 
@@ -439,7 +440,7 @@ def main() -> None:
         peers = chosen if "weightio load_all" in chosen else ["weightio load_all", *chosen]  # the ratios' baseline
     if args.explore:
         at = peers.index("weightio load_all") + 1
-        peers[at:at] = [*RINGS, PY_READS]
+        peers[at:at] = [*RINGS, TASK_A_PIECE]
         if "weightio load_into (meta model)" in peers:
             peers.insert(peers.index("weightio load_into (meta model)") + 1, INTO_RING)
     results = measure(path, peers, args.reps)

@@ -45,7 +45,7 @@ suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFI
 before=""
 [ -d .devrun/before/weightio ] && before="$PWD/.devrun/before"
 for tree in . $before; do
-    gcc -O3 -shared -fPIC $include "$tree/weightio/_speedups.c" -o "$tree/weightio/_speedups$suffix" \
+    gcc -O3 -shared -fPIC -pthread $include "$tree/weightio/_speedups.c" -o "$tree/weightio/_speedups$suffix" \
         || echo "no C module in $tree: weightio runs in Python there"
 done
 python3 -c "import torch, weightio; print('weightio from', weightio.__file__, '| torch', torch.__version__, '|',

@@ -9,7 +9,9 @@ GPU's DMA does not), where ``rate`` is `--ratio` times this machine's host-only 
 reading the file into one faulted buffer, measured first): 1.47 is the H200 machines' 55 GB/s link
 over their 37.5 GB/s fills. Events fire once the copies recorded before them are done, as CUDA's do.
 The file is bench/memory.py's, warm. Prints the host-only fill and the ring's load (medians of
-`--reps`, in one process, the ring pinned by a first load). With ``WEIGHTIO_BEFORE=<folder holding
+`--reps`, in one process, the ring pinned by a first load), and what the fill's threads cost the
+main thread: its mean time for a call that lets go of the interpreter's lock, alone and during fills
+made as the ring makes them (`_main_thread_calls`). With ``WEIGHTIO_BEFORE=<folder holding
 an older weightio>`` that copy is imported instead: run both, alternating, to compare.
 
 Measures only: it writes nothing.
@@ -147,7 +149,51 @@ def main() -> None:
     print(f"host-only fill: {fill * 1e3:.0f} ms ({size / fill / 1e9:.2f} GB/s); copies at {args.ratio:g}x that")
     geometry = f"{loader.nslots} x {loader.chunk >> 20} MiB, pieces {loader.piece >> 20} MiB"
     print(f"ring {geometry}: {timed(ring) * 1e3:.0f} ms")
+    alone, launch, start = _main_thread_calls(filling, pairs, loader.chunk, loader.nslots - 1, args.reps)
+    print(f"main thread, during the ring's fills: a call that lets go of the interpreter's lock {launch:.1f} us "
+          f"({alone:.1f} us alone), a buffer's start {start:.0f} us (means)")
 
+
+def _main_thread_calls(filling, pairs, chunk: int, ahead: int, reps: int) -> tuple[float, float, float]:
+    """What the fill's threads cost the main thread of a ring: its mean time for a call that lets go
+    of the interpreter's lock and takes it back (numpy's copy of 4 KiB: no system call), alone and
+    as each buffer's fill is done (five such calls then: on a GPU, the copy launches, and torch's
+    bindings let go of the lock for each op), and for queueing a buffer's fill (`Filler.start`),
+    while the pool fills buffers as the ring does (`chunk` bytes a start, `ahead` at once). On the
+    H200 machines a launch took ~0.3 ms against ~15 us alone (docs/benchmarks.md "GPU")."""
+    batches, batch, held = [], [], 0
+    for pair in pairs:
+        batch.append(pair)
+        held += pair[0].nbytes
+        if held >= chunk:
+            batches.append(batch)
+            batch, held = [], 0
+    batches += [batch] if batch else []
+    src, dst = np.ones(4096, np.uint8), np.zeros(4096, np.uint8)
+
+    def call() -> float:
+        begun = time.perf_counter()
+        np.copyto(dst, src)
+        return time.perf_counter() - begun
+
+    alone = statistics.mean(call() for _ in range(2000))
+    launches, starts = [], []
+    for _ in range(reps):
+        calls: list[float] = []
+        queueing: list[float] = []
+        with filling.Filler(4 << 20) as filler:
+            queued: list = []
+            for batch in batches + [None] * ahead:
+                if len(queued) >= ahead or (batch is None and queued):
+                    filler.wait(queued.pop(0))
+                    calls += [call() for _ in range(5)]
+                if batch is not None:
+                    begun = time.perf_counter()
+                    queued.append(filler.start(batch))
+                    queueing.append(time.perf_counter() - begun)
+        launches.append(statistics.mean(calls))
+        starts.append(statistics.mean(queueing))
+    return alone * 1e6, statistics.median(launches) * 1e6, statistics.median(starts) * 1e6
 
 if __name__ == "__main__":
     main()

@@ -316,8 +316,8 @@ def test_staging_reads_a_files_bytes_and_checks_the_file(tmp_path, monkeypatch):
 
     reads = []
     real = filling._read_pieces
-    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None: reads.extend(
-        off for _, off in pieces) or real(fd, file, pieces, stop))
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1: reads.extend(
+        off for _, off in pieces) or real(fd, file, pieces, stop, threads))
     path = tmp_path / "m.safetensors"
     tensors = {f"w{i}": np.full((1000,), i, np.float32) for i in range(8)}
     wio.save(tensors, path)

@@ -60,10 +60,10 @@ def _recording_reads(monkeypatch, log: list) -> None:
 
     real = filling._read_pieces
 
-    def recorded(fd, file, pieces, stop=None):
+    def recorded(fd, file, pieces, stop=None, threads=1):
         main = threading.current_thread() is threading.main_thread()
         log.extend((fd, offset, dst.nbytes, main) for dst, offset in pieces)
-        return real(fd, file, pieces, stop)
+        return real(fd, file, pieces, stop, threads)
 
     monkeypatch.setattr(filling, "_read_pieces", recorded)
 
@@ -311,15 +311,23 @@ def _load_six_tensors_owned(tmp_path) -> None:
     assert all(np.array_equal(copies[k], v) for k, v in tensors.items())
 
 
-def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, monkeypatch):
-    # no /proc (macOS, some sandboxes): stretches would share one descriptor, so pieces are read
+def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, monkeypatch, reads):
+    # no /proc (macOS, some sandboxes): stretches would share one descriptor, so pieces are read: in
+    # C, by the threads of one call sharing them; in Python, a pool task a piece
     monkeypatch.setattr(filling, "PIECE", 4096)
     monkeypatch.setattr(filling, "_reopen", lambda fd, identity: None)
-    seen = []
-    real = filling._read
-    monkeypatch.setattr(filling, "_read", lambda *a: seen.append(a[3]) or real(*a))
+    seen, calls = [], []
+    real_pieces = filling._read_pieces  # (what `_read` calls, a piece at a time)
+
+    def recorded(fd, file, pieces, stop=None, threads=1):
+        calls.append((len(pieces), threads))
+        seen.extend(off for _, off in pieces)
+        return real_pieces(fd, file, pieces, stop, threads)
+
+    monkeypatch.setattr(filling, "_read_pieces", recorded)
     _load_six_tensors_owned(tmp_path)
     assert len(seen) == 6 * 5 and len(set(seen)) == 30  # 20,000 bytes a tensor: five 4 KiB pieces each
+    assert calls == ([(30, filling._THREADS)] if reads == "c" else [(1, 1)] * 30)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")
@@ -437,9 +445,11 @@ class _PoolFailingAt:
 
 def _slowed_reads(monkeypatch, seconds: float, begun) -> tuple[list, list]:
     """`filling._read` made `seconds` slower: the offsets of the reads begun (each sets `begun`) and
-    the times the reads ended."""
+    the times the reads ended. The filler's pieces are made a pool task each, as the reads in Python
+    make them (in C, they are shared by the threads of one call: `_SHARED`)."""
     import time
 
+    monkeypatch.setattr(filling, "_SHARED", False)
     real, starts, ended = filling._read, [], []
 
     def slow_read(fd, file, dst, offset):
@@ -789,6 +799,65 @@ def test_the_reads_in_c_stop_when_the_fillers_flag_is_set(tmp_path, monkeypatch)
     with wio.open(model) as ckpt, pytest.raises(OSError, match="injected"):
         wio.devices.load_all(ckpt, "numpy", copy=True)
     assert flags and all(flag is flags[0] and flag == b"\x01" for flag in flags)
+
+
+def test_the_reads_in_c_shared_by_threads_fill_each_destination_and_say_what_failed(tmp_path):
+    # threads > 1: the call's own threads share the pieces (what the GPU ring's buffers get): every
+    # byte lands where it belongs whichever thread read it; a piece the file ended in is named with
+    # its bytes read; a refused read raises its errno; a set flag stops them before any piece
+    read_pieces = _read_pieces_in_c()
+    data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    rng = np.random.default_rng(4)
+    offsets = rng.integers(0, (1 << 20) - 70_000, 300).tolist()
+    dsts = [np.zeros(n, np.uint8) for n in rng.integers(0, 70_000, 300).tolist()]
+    halt, small = filling._Stop(), np.zeros(10, np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_pieces(fd, list(zip(dsts, offsets, strict=True)), halt.flag, 8) == (300, -1)
+        assert all(np.array_equal(d, data[o : o + d.size]) for d, o in zip(dsts, offsets, strict=True))
+        ends = [np.zeros(n, np.uint8) for n in (10, 10, 40, 10)]
+        assert read_pieces(fd, [(ends[0], 0), (ends[1], 100), (ends[2], (1 << 20) - 30), (ends[3], 200)],
+                           None, 4) == (2, 30)
+        assert np.array_equal(ends[2][:30], data[-30:]) and not ends[2][30:].any()
+        halt.set()
+        assert read_pieces(fd, [(small, 0), (small, 10)], halt.flag, 2) == (0, -1) and not small.any()
+        for threads in (0, 65):
+            with pytest.raises(ValueError, match="threads must be 1 to 64"):
+                read_pieces(fd, [(small, 0)], None, threads)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as raised:
+        read_pieces(fd, [(small, 0), (small, 10)], None, 2)  # a closed descriptor
+    assert raised.value.errno == errno.EBADF
+
+
+def test_a_filler_left_on_an_error_stops_the_shared_reads_before_it_closes(tmp_path, monkeypatch):
+    # the pieces of a filler without stretches go to one pool task whose C call shares them among
+    # its own threads: an error in the caller sets the flag they look at before each piece, and the
+    # filler does not close (its descriptors, then the caller's destinations freed) until they stopped
+    _read_pieces_in_c()
+    import threading
+
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    path = tmp_path / "m.safetensors"
+    wio.save({"a": np.arange(16 << 20, dtype=np.uint8)}, path)
+    calls, real = [], filling._read_pieces
+    started = threading.Event()
+    monkeypatch.setattr(filling, "_read_pieces", lambda *a: calls.append(a[4]) or started.set() or real(*a))
+    with wio.open(path) as ckpt:
+        src = ckpt["a"].numpy()
+        dst = np.zeros(src.nbytes, np.uint8)
+        with pytest.raises(KeyboardInterrupt), filling.Filler() as filler:
+            futures = filler.start([(dst, src)])  # 4,096 pieces, one task
+            started.wait(10)
+            raise KeyboardInterrupt
+        assert len(futures) == 1 and futures[0].done() and calls == [filling._THREADS]
+        snapshot = dst.copy()
+        threading.Event().wait(0.05)
+        assert np.array_equal(dst, snapshot)  # nothing written after the filler closed
+        assert filler._stop.is_set()
 
 
 @pytest.mark.parametrize("walk", ["c", "python"])

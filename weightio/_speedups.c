@@ -517,7 +517,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 12) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 13) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -31,7 +31,12 @@ times the copy. `fill` does the same work another way:
    Threads sharing one descriptor at scattered offsets defeat read-ahead: a cold 4 GiB load took
    5.3-6.2 s that way, 3.9-5.4 s in stretches (the Run:ai streamer: 2.3-6.1 s), and warm
    2.7-2.9 s -> 2.3-2.5 s, on a 2-CPU VM. The GPU ring (`Filler` without stripes) reads its
-   buffers piece by piece, a buffer at a time.
+   buffers piece by piece, a buffer at a time: in C, a buffer's pieces are one pool task whose
+   call shares them among threads of its own (`_SHARED`), which never take the interpreter's lock.
+   A pool task a piece cost ~45 us of Python each under that lock, which the thread launching the
+   GPU copies then waited for: on 2 CPUs, a main-thread ``torch.empty`` took 77 us during such a
+   fill and 7.4 us with the pieces shared (1.4-2.5 us alone), and 256 MiB in 64 KiB pieces took
+   114 -> 26 ms.
 
 Every check of the zero-copy path holds here: the file is checked before the reads (size and
 modification time, `weightio._io.MappedFile.check`) and again after them, so bytes read while it
@@ -221,6 +226,8 @@ class Filler:
                 os.close(probe)
                 tasks += [(_read_stripe, fd, identity, file, group, self._stop)
                           for group in _stripes(pieces, self.stripes)]
+            elif _READ_PIECES is not None and _SHARED and len(pieces) > 1:  # (the GPU ring's buffers)
+                tasks.append((_read_pieces, fd, file, pieces, self._stop, min(len(pieces), _THREADS)))
             else:  # (stretches sharing one description would defeat read-ahead: pieces are better)
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
@@ -410,11 +417,13 @@ def _read(fd: int, file: MappedFile, dst: np.ndarray, offset: int) -> None:
     _read_pieces(fd, file, [(dst, offset)])
 
 
-def _read_pieces(fd: int, file: MappedFile, pieces: list[tuple[np.ndarray, int]], stop: _Stop | None = None) -> None:
+def _read_pieces(fd: int, file: MappedFile, pieces: list[tuple[np.ndarray, int]], stop: _Stop | None = None,
+                 threads: int = 1) -> None:
     """`_read` each ``(destination, offset)`` of `pieces`, in order; none begun once `stop` is set.
 
     Every piece is bounds-checked against the file's size before the first read. In C where it was
     built (`_READ_PIECES`: the interpreter's lock taken once for all the pieces), else in Python.
+    With `threads` (in C only), that many threads of the C call's own share the pieces.
     """
     size = file.size
     for dst, offset in pieces:
@@ -422,7 +431,8 @@ def _read_pieces(fd: int, file: MappedFile, pieces: list[tuple[np.ndarray, int]]
             _bounded(file, offset, dst.nbytes)
     try:
         if _READ_PIECES is not None:
-            read, got = _READ_PIECES(fd, pieces, None if stop is None else stop.flag)
+            flag = None if stop is None else stop.flag
+            read, got = _READ_PIECES(fd, pieces, flag, threads) if threads > 1 else _READ_PIECES(fd, pieces, flag)
             if got >= 0:
                 _shrank(file, pieces[read][1] + got)
             return
@@ -455,3 +465,8 @@ _PREAD = hasattr(os, "preadv")  # not on Windows: there every source is copied f
 # `_read_pieces` in C (`weightio._speedups.read_pieces`, weightio/_reads.h), where it was built: the
 # same system calls without the interpreter's lock between them. Else in Python.
 _READ_PIECES = getattr(speedups, "read_pieces", None) if _PREAD else None
+# A fill's pieces that are not read in stretches (the GPU ring's buffers) go to the pool as one task
+# a file, whose C call shares them among threads of its own (`read_pieces`' `threads`), instead of
+# one pool task a piece: ~45 us of Python (the pool's futures, under the interpreter's lock) a piece
+# less. False: a task a piece, as before (bench/gpu.py --explore compares the two).
+_SHARED = True
