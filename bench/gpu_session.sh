@@ -1,7 +1,8 @@
 #!/bin/bash
 # Every GPU check in one command, for a CUDA machine that may have no network and little time:
-# the CUDA tests, where a fresh process's load spends its time (bench/gpu_profile.py), and the
-# GPU suite with its peers side by side (bench/gpu.py --explore), against an older weightio too.
+# the CUDA tests, where a fresh process's load spends its time (bench/gpu_profile.py), what the fill's
+# threads cost the main thread on its cores (bench/ring_sim.py, with and without the shared reads), and
+# the GPU suite with its peers side by side (bench/gpu.py --explore), against an older weightio too.
 #
 #   bench/gpu_session.sh --prepare [COMMIT]   # here, with network: wheels into .whl/, COMMIT's weightio
 #                                             # (default HEAD) into .devrun/before/ (both git-ignored
@@ -59,6 +60,10 @@ timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_workflows.p
 echo "== tests done at $((SECONDS - start)) s"
 timeout 90 python3 bench/gpu_profile.py --reps 1 2>&1 | tee "$out/profile.txt"
 echo "== profile done at $((SECONDS - start)) s"
+for flag in "" --task-a-piece; do  # what the fills cost the main thread, on this machine's cores (no GPU used)
+    timeout 40 python3 bench/ring_sim.py --reps 5 $flag 2>&1 | tail -2 | sed "s/^/ring_sim ${flag:-shared}: /"
+done | tee "$out/ring_sim.txt"
+echo "== ring_sim done at $((SECONDS - start)) s"
 left=$((budget - (SECONDS - start) - 10))
 WEIGHTIO_BEFORE=$before timeout "$left" python3 bench/gpu.py --reps 5 --explore 2>&1 | tee "$out/gpu.txt"
 cp docs/benchmarks.md "$out/"

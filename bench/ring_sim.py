@@ -1,7 +1,7 @@
 """The GPU staging ring on the CPU: `StagedLoader` driving a simulated copy engine, for changes to the
 ring's protocol where no GPU is at hand.
 
-    python bench/ring_sim.py [--gib 1] [--ratio 1.47] [--reps 9] [--memcpy]
+    python bench/ring_sim.py [--gib 1] [--ratio 1.47] [--reps 9] [--memcpy] [--task-a-piece]
 
 The "device" is host memory and its copy engine a thread that takes each copy in order and spends
 ``bytes / rate`` seconds on it, sleeping (``--memcpy``: copying, which costs this machine's CPUs what a
@@ -11,8 +11,10 @@ over their 37.5 GB/s fills. Events fire once the copies recorded before them are
 The file is bench/memory.py's, warm. Prints the host-only fill and the ring's load (medians of
 `--reps`, in one process, the ring pinned by a first load), and what the fill's threads cost the
 main thread: its mean time for a call that lets go of the interpreter's lock, alone and during fills
-made as the ring makes them (`_main_thread_calls`). With ``WEIGHTIO_BEFORE=<folder holding
-an older weightio>`` that copy is imported instead: run both, alternating, to compare.
+made as the ring makes them (`_main_thread_calls`). ``--task-a-piece``: each 4 MiB piece of a buffer
+a task of the fill pool, as before a buffer's pieces were shared by the threads of one C call.
+With ``WEIGHTIO_BEFORE=<folder holding an older weightio>`` that copy is imported instead: run both,
+alternating, to compare.
 
 Measures only: it writes nothing.
 """
@@ -107,10 +109,15 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=55 / 37.5, help="copy rate over the host-only fill rate")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--memcpy", action="store_true", help="the copy engine copies (else it only takes the time)")
+    parser.add_argument("--task-a-piece", action="store_true",
+                        help="each piece of a buffer a task of the fill pool, as before the C call shared them")
     args = parser.parse_args()
 
     import weightio as wio
     from weightio.devices import filling, staging
+
+    if args.task_a_piece:
+        filling._SHARED = False
 
     path = generate(args.gib)["safetensors"]
     warm(path)

@@ -9,8 +9,12 @@ times the copy. `fill` does the same work another way:
    so that each result owns its memory. Each piece of a destination is populated in one call
    (`populate`: ``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+) by the thread that then reads
    into it, instead of faulting page by page: 4 GiB load 1.24 s -> 1.05-1.17 s here. Transparent
-   huge pages (``MADV_HUGEPAGE``) were measured 2.5x *slower* (3.5-3.8 s): with the kernel's
-   usual ``defrag=madvise`` setting, a fault in such a region compacts memory synchronously.
+   huge pages (``MADV_HUGEPAGE``) were measured 2.5x *slower* (3.5-3.8 s), and again 2.2-3.5x on
+   1 GiB (0.69-0.99 s against 0.29-0.39 s, fresh processes) with no compaction at all
+   (``compact_stall`` unchanged, 384 huge-page faults): on these VMs a huge page comes from memory
+   the host has not backed yet. In a process that had freed such memory, numpy's destinations
+   (numpy asks for huge pages for arrays of 4 MiB or more) filled faster than 4 KiB pages (221
+   against 271 ms), so the pages are left as each framework allocates them.
 2. **Sources** that are views of a file's read-only mapping are not touched through the mapping:
    their bytes are read with ``pread`` (``os.preadv``) from the file straight into the
    destination, page cache to memory in the kernel, with no fault on the source. Other sources
