@@ -312,6 +312,8 @@ def _load_six_tensors_owned(tmp_path) -> None:
 
 
 def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, monkeypatch, reads):
+    import threading
+
     # no /proc (macOS, some sandboxes): stretches would share one descriptor, so pieces are read: in
     # C, by the threads of one call sharing them; in Python, a pool task a piece
     monkeypatch.setattr(filling, "PIECE", 4096)
@@ -320,14 +322,15 @@ def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, m
     real_pieces = filling._read_pieces  # (what `_read` calls, a piece at a time)
 
     def recorded(fd, file, pieces, stop=None, threads=1):
-        calls.append((len(pieces), threads))
+        calls.append((len(pieces), threads, threading.current_thread() is threading.main_thread()))
         seen.extend(off for _, off in pieces)
         return real_pieces(fd, file, pieces, stop, threads)
 
     monkeypatch.setattr(filling, "_read_pieces", recorded)
     _load_six_tensors_owned(tmp_path)
     assert len(seen) == 6 * 5 and len(set(seen)) == 30  # 20,000 bytes a tensor: five 4 KiB pieces each
-    assert calls == ([(30, filling._THREADS)] if reads == "c" else [(1, 1)] * 30)
+    # (never on the caller's thread, even as the fill's one task: its wait stays interruptible)
+    assert calls == ([(30, filling._THREADS, False)] if reads == "c" else [(1, 1, False)] * 30)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc (Linux): elsewhere pieces are read")

@@ -232,6 +232,7 @@ class Filler:
                           for group in _stripes(pieces, self.stripes)]
             elif _READ_PIECES is not None and _SHARED and len(pieces) > 1:  # (the GPU ring's buffers)
                 tasks.append((_read_pieces, fd, file, pieces, self._stop, min(len(pieces), _THREADS)))
+                inline = False  # (on the pool: the caller's wait stays interruptible, and stops the threads)
             else:  # (stretches sharing one description would defeat read-ahead: pieces are better)
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
         if inline and len(tasks) <= 1:
