@@ -836,6 +836,26 @@ def test_the_reads_in_c_shared_by_threads_fill_each_destination_and_say_what_fai
     assert raised.value.errno == errno.EBADF
 
 
+def test_the_files_of_one_start_share_the_fill_threads(tmp_path, monkeypatch):
+    # three files in one start (a ring buffer across shards, or a load without /proc): a task each,
+    # whose threads together are no more than the pool's
+    _read_pieces_in_c()
+    monkeypatch.setattr(filling, "PIECE", 4096)
+    calls, real = [], filling._read_pieces
+    monkeypatch.setattr(filling, "_read_pieces", lambda *a: calls.append((len(a[2]), a[4])) or real(*a))
+    pairs, ckpts = [], []
+    for k in range(3):
+        wio.save({"a": np.full(40_960, k, np.uint8)}, tmp_path / f"{k}.safetensors")
+        ckpts.append(wio.open(tmp_path / f"{k}.safetensors"))
+        pairs.append((np.zeros(40_960, np.uint8), ckpts[-1]["a"].numpy()))
+    with filling.Filler() as filler:
+        filler.wait(filler.start(pairs))
+    assert calls == [(10, filling._THREADS // 3)] * 3
+    assert all(np.array_equal(dst, src) for dst, src in pairs)
+    for ckpt in ckpts:
+        ckpt.close()
+
+
 def test_a_filler_left_on_an_error_stops_the_shared_reads_before_it_closes(tmp_path, monkeypatch):
     # the pieces of a filler without stretches go to one pool task whose C call shares them among
     # its own threads: an error in the caller sets the flag they look at before each piece, and the

@@ -231,7 +231,8 @@ class Filler:
                 tasks += [(_read_stripe, fd, identity, file, group, self._stop)
                           for group in _stripes(pieces, self.stripes)]
             elif _READ_PIECES is not None and _SHARED and len(pieces) > 1:  # (the GPU ring's buffers)
-                tasks.append((_read_pieces, fd, file, pieces, self._stop, min(len(pieces), _THREADS)))
+                threads = min(len(pieces), max(1, _THREADS // len(reads)))  # (files read at once: _THREADS in all)
+                tasks.append((_read_pieces, fd, file, pieces, self._stop, threads))
                 inline = False  # (on the pool: the caller's wait stays interruptible, and stops the threads)
             else:  # (stretches sharing one description would defeat read-ahead: pieces are better)
                 tasks += [(_read, fd, file, d, offset) for d, offset in pieces]
