@@ -1,6 +1,6 @@
 """GPU benchmark: a safetensors model from a warm page cache into CUDA memory, weightio and its peers.
 
-    python bench/gpu.py [--reps 5] [--gib 4] [--explore] [--peers A,B] [--no-write]
+    python bench/gpu.py [--reps 5] [--gib 4] [--explore] [--peers A,B] [--seconds S] [--no-write]
 
 Runs only where ``torch.cuda.is_available()``; elsewhere it says so and writes nothing. The file
 is bench/memory.py's (`--gib` GiB shaped like a transformer: per layer four bf16 2048 x 2048
@@ -24,6 +24,10 @@ processes, ``load_all`` through rings of 3 x 128 MiB and 4 x 64 MiB and the defa
 8 MiB pieces instead of 4 (`RINGS`), ``load_into`` through the 4 x 64 MiB one, and ``load_all``
 with each 4 MiB piece of a buffer a task of the fill pool (`TASK_A_PIECE`: as before the buffer's
 pieces were shared by the threads of one C call, `filling._SHARED`).
+
+``--seconds S`` (a GPU machine lent for a while): no repetition is begun that the time left would
+not hold, a minute kept for ``--explore``'s runs, which are skipped when too little is left; the
+peers' table is published before them, and each run's time printed as it ends.
 
 Writes the table into docs/benchmarks.md (section "gpu").
 """
@@ -49,6 +53,7 @@ DEVICE = "cuda:0"
 RINGS = {"weightio load_all, ring 3 x 128 MiB": (128, 3, 8), "weightio load_all, ring 4 x 64 MiB": (64, 4, 8),
          "weightio load_all, ring 4 x 32 MiB, pieces 8 MiB": (32, 4, 8)}
 INTO_RING = "weightio load_into, ring 4 x 64 MiB"
+EXPLORING = 60  # seconds kept for --explore's runs in one process, out of --seconds
 TASK_A_PIECE = "weightio load_all, a pool task a piece"  # the ring's fills as before `filling._SHARED`
 PEERS = ["pinned host-to-device copy", "weightio load_all", "weightio load_into (meta model)",
          "weightio before", "weightio load_into before", "safetensors safe_open", "fastsafetensors",
@@ -347,10 +352,19 @@ def run_one(peer: str, path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(path: str, peers: list[str], reps: int) -> dict[str, dict]:
+def measure(path: str, peers: list[str], reps: int, seconds: float = 0) -> dict[str, dict]:
+    """Each peer's runs, `reps` repetitions in balanced orders; with `seconds`, no repetition is begun
+    that the time left would not hold (as long as the longest so far), so a machine lent for a while
+    still reports whole repetitions. Each run's time is printed as it ends (a log cut short keeps them)."""
     samples: dict[str, list[dict]] = {p: [] for p in peers}
     failed: dict[str, str] = {}
+    began, longest = time.monotonic(), 0.0
     for rep in range(reps):
+        if seconds and rep and time.monotonic() - began + longest > seconds:
+            print(f"  stopped after {rep} of {reps} repetitions: the {seconds:.0f} s given would not hold another",
+                  file=sys.stderr)
+            break
+        start = time.monotonic()
         for peer in (peers[i] for i in run_order(len(peers), rep)):
             if peer in failed:
                 continue
@@ -360,6 +374,8 @@ def measure(path: str, peers: list[str], reps: int) -> dict[str, dict]:
                 print(f"  {peer}: {r['failed']}", file=sys.stderr)
             else:
                 samples[peer].append(r)
+                print(f"  {peer}: {r['seconds'] * 1e3:.1f} ms", file=sys.stderr)
+        longest = max(longest, time.monotonic() - start)
         print(f"  rep {rep + 1}/{reps} done", file=sys.stderr)
     out = {}
     for peer in peers:
@@ -421,6 +437,8 @@ def main() -> None:
     def extra(parser):
         parser.add_argument("--explore", action="store_true", help="also time the staging ring's geometry")
         parser.add_argument("--peers", help="only the peers whose names start with one of these (comma-separated)")
+        parser.add_argument("--seconds", type=float, default=0,
+                            help="begin no repetition the time left would not hold (--explore keeps a minute)")
 
     args = arguments(__doc__, reps=5, extra=extra, gib=4.0)
     import torch
@@ -443,17 +461,24 @@ def main() -> None:
         peers[at:at] = [*RINGS, TASK_A_PIECE]
         if "weightio load_into (meta model)" in peers:
             peers.insert(peers.index("weightio load_into (meta model)") + 1, INTO_RING)
-    results = measure(path, peers, args.reps)
-    explored = explore(path) if args.explore else []
+    began = time.monotonic()
+    results = measure(path, peers, args.reps, args.seconds and args.seconds - EXPLORING * args.explore)
+    reps = max((r.get("runs", 0) for r in results.values()), default=0) or args.reps
     size = p["safetensors"].stat().st_size
     command = f"--reps {args.reps} --gib {args.gib:g}" + (" --explore" if args.explore else "") + (
         f" --peers {args.peers}" if args.peers else "")
-    # a run of some peers prints its table but leaves the published one (all peers) as it is
-    publish("gpu", report(results, explored, args.reps, command, size), targets(results),
-            not args.no_write and not args.peers)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "gpu.json").write_text(json.dumps({"results": results, "explored": explored}, indent=1))
+
+    def done(explored: list[dict]) -> None:
+        # a run of some peers prints its table but leaves the published one (all peers) as it is
+        publish("gpu", report(results, explored, reps, command, size), targets(results),
+                not args.no_write and not args.peers)
+        out = os.environ.get("OUT")
+        if out:
+            Path(out, "gpu.json").write_text(json.dumps({"results": results, "explored": explored}, indent=1))
+
+    done([])  # (published before the exploring: a run cut short there keeps the peers' table)
+    if args.explore and not (args.seconds and args.seconds - (time.monotonic() - began) < EXPLORING / 2):
+        done(explore(path))
 
 
 if __name__ == "__main__":

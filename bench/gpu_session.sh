@@ -65,6 +65,7 @@ for flag in "" --task-a-piece; do  # what the fills cost the main thread, on thi
 done | tee "$out/ring_sim.txt"
 echo "== ring_sim done at $((SECONDS - start)) s"
 left=$((budget - (SECONDS - start) - 10))
-WEIGHTIO_BEFORE=$before timeout "$left" python3 bench/gpu.py --reps 5 --explore 2>&1 | tee "$out/gpu.txt"
+WEIGHTIO_BEFORE=$before timeout "$left" python3 bench/gpu.py --reps 5 --explore --seconds $((left - 20)) 2>&1 \
+    | tee "$out/gpu.txt"
 cp docs/benchmarks.md "$out/"
 echo "== all done at $((SECONDS - start)) s"

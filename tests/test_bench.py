@@ -251,6 +251,26 @@ def test_measure_keeps_each_runs_time_under_the_peer_run_before_it(monkeypatch):
     assert common.after([{"seconds": 1.0, "after": None}, {"seconds": 2.0, "after": "a"}]) == {"a": [2.0]}
 
 
+def test_the_gpu_suite_begins_no_repetition_the_time_left_would_not_hold(monkeypatch, capsys):
+    # a GPU machine is lent for minutes: with --seconds, whole repetitions only, each run printed
+    gpu = _bench_module("gpu")
+    clock = [0.0]
+    monkeypatch.setattr(gpu.time, "monotonic", lambda: clock[0])
+
+    def run_one(peer, path):  # each run takes 10 "seconds"
+        clock[0] += 10.0
+        return {"seconds": {"a": 0.2, "b": 0.3}[peer], "bytes": 8, "check": "same"}
+
+    monkeypatch.setattr(gpu, "run_one", run_one)
+    results = gpu.measure("unused", ["a", "b"], 5, seconds=65)  # a repetition takes 20 s: three fit, not four
+    assert results == {"a": {"seconds": 0.2, "runs": 3, "fastest": 0.2, "bytes": 8, "checks": ["same"]},
+                       "b": {"seconds": 0.3, "runs": 3, "fastest": 0.3, "bytes": 8, "checks": ["same"]}}
+    printed = capsys.readouterr().err
+    assert "  a: 200.0 ms" in printed and "  b: 300.0 ms" in printed
+    assert "stopped after 3 of 5 repetitions: the 65 s given would not hold another" in printed
+    assert gpu.measure("unused", ["a"], 4)["a"]["runs"] == 4  # (no --seconds: every repetition)
+
+
 @pytest.mark.bench
 def test_plot_redraws_a_png_from_recorded_results(tmp_path, monkeypatch):
     """bench/plot.py draws docs/img/<suite>.png from bench/results/<suite>.json alone (no benchmark runs)."""
