@@ -309,6 +309,28 @@ def test_mps_style_direct_runs():
     assert loader._slots == []  # no ring without staging
 
 
+def test_the_rings_buffers_filling_at_once_share_the_fill_pools_threads(tmp_path, monkeypatch):
+    # each buffer's pieces are one shared read (in C): the buffers filling at once (all but one of
+    # the ring's) divide the pool's threads among them, so no more threads read than the pool has
+    from weightio.devices import filling
+
+    if filling._READ_PIECES is None:
+        pytest.skip("weightio._speedups is not built here: a pool task a piece")
+    calls = []
+    real = filling._read_pieces
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1: calls.append(
+        (len(pieces), threads)) or real(fd, file, pieces, stop, threads))
+    path = tmp_path / "m.safetensors"
+    tensors = {f"w{i}": np.full((1024,), i, np.float32) for i in range(8)}  # 32 KiB: eight buffers of 4 KiB
+    wio.save(tensors, path)
+    loader = _staged_cpu_loader(chunk=4096, slots=3, piece=256)  # 16 pieces a buffer, 2 buffers at once
+    with wio.open(path) as ckpt:
+        out = loader.load({n: ckpt[n].numpy() for n in ckpt})
+    assert all(np.array_equal(out[n].numpy(), tensors[n]) for n in tensors)
+    # (a buffer of one piece, the run's last bytes, is read by the pool task itself)
+    assert [c for c in calls if c[0] > 1] == [(16, filling._THREADS // 2)] * 8 and set(calls[8:]) == {(1, 1)}
+
+
 def test_staging_reads_a_files_bytes_and_checks_the_file(tmp_path, monkeypatch):
     # Views of a file's mapping are filled into the ring by pread (`filling._read_pieces`), not through
     # the mapping; the file is checked as every owned load checks it: rewritten since the open, refused.

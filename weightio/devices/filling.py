@@ -138,8 +138,12 @@ class Filler:
         [0, 1, 2, 3, 4, 5, 6, 7]
     """
 
-    def __init__(self, piece: int | None = None, *, stripes: int = 0) -> None:
-        self.piece, self.stripes = piece, stripes
+    def __init__(self, piece: int | None = None, *, stripes: int = 0, at_once: int = 1) -> None:
+        """`piece`: bytes a piece (default: `_piece_for` the fill); `stripes`: the stretches a file is
+        read in, each through a description of its own (0: pieces); `at_once`: the starts this filler
+        keeps in flight together (the GPU ring's buffers), among which the pool's threads are divided
+        for the reads a start shares (`_SHARED`), so that no more threads read at once than the pool has."""
+        self.piece, self.stripes, self.at_once = piece, stripes, max(1, at_once)
         self._stop = _Stop()  # set on an error: stripes stop between pieces
         self._stack = contextlib.ExitStack()
         self._fds: dict[int, int] = {}
@@ -231,7 +235,7 @@ class Filler:
                 tasks += [(_read_stripe, fd, identity, file, group, self._stop)
                           for group in _stripes(pieces, self.stripes)]
             elif _READ_PIECES is not None and _SHARED and len(pieces) > 1:  # (the GPU ring's buffers)
-                threads = min(len(pieces), max(1, _THREADS // len(reads)))  # (files read at once: _THREADS in all)
+                threads = min(len(pieces), max(1, _THREADS // (len(reads) * self.at_once)))  # (_THREADS in all)
                 tasks.append((_read_pieces, fd, file, pieces, self._stop, threads))
                 inline = False  # (on the pool: the caller's wait stays interruptible, and stops the threads)
             else:  # (stretches sharing one description would defeat read-ahead: pieces are better)

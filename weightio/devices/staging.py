@@ -288,7 +288,9 @@ class StagedLoader:
         # thread's ~1 ms a chunk (docs/benchmarks.md "GPU").
         ahead = max(1, self.nslots - 1)
         try:
-            with Filler(self.piece) as filler:  # on an error, it cancels or waits for every fill: none writes after
+            # on an error, it cancels or waits for every fill: none writes after; the pool's threads divided
+            # among the buffers filling at once (more threads than cores would keep this one from them)
+            with Filler(self.piece, at_once=ahead) as filler:
                 for targets, pos, src in chunks:
                     if len(filling) >= ahead:  # (so no buffer still filling, or not yet sent, is reused)
                         send_oldest()
