@@ -940,6 +940,30 @@ def test_the_reads_in_c_hold_their_own_list_of_the_pieces(tmp_path):
                                                         for k, d in enumerate(dsts[1:], 1))
 
 
+def test_a_run_of_pieces_read_together_ends_as_its_pieces_read_one_by_one_would(tmp_path):
+    # Small file-contiguous pieces are read by one preadv a run: the file ending in piece 0 is what
+    # is said even when a later piece of the run ends past the largest offset (alone, EINVAL), as a
+    # pread a piece would say; that piece read first is refused as before
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(100)))
+    top = (1 << 63) - 1
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offsets in ((top - 15, top - 5), (top - 25, top - 15, top - 5)):
+            dsts = [np.zeros(10, np.uint8) for _ in offsets]
+            assert read_pieces(fd, list(zip(dsts, offsets, strict=True)), None) == (0, 0)
+        assert read_pieces(fd, [(np.zeros(10, np.uint8), top - 20), (np.zeros(10, np.uint8), top - 10)], None) == (0, 0)
+        tail = [np.zeros(10, np.uint8) for _ in range(3)]
+        assert read_pieces(fd, [(tail[0], 80), (tail[1], 90), (tail[2], 100)], None) == (2, 0)
+        assert tail[0].tolist() == list(range(80, 90)) and tail[1].tolist() == list(range(90, 100))
+        with pytest.raises(OSError) as raised:
+            read_pieces(fd, [(np.zeros(10, np.uint8), top - 5), (np.zeros(10, np.uint8), 0)], None)
+        assert raised.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+
+
 def test_the_reads_in_c_look_at_the_flag_before_each_piece(tmp_path):
     # The flag set between two pieces (here by the first piece's own read, into the flag) stops
     # the reads before the next: what is returned counts the pieces read

@@ -64,10 +64,14 @@ static void populate_pages(char *at, Py_ssize_t length, uintptr_t page) {
 #define RUN_PIECES 1024 /* IOV_MAX on Linux */
 #define RUN_BYTES (1 << 20)
 
-/* The end (exclusive) of the run of small, file-contiguous pieces that starts at piece `i`. */
+/* The end (exclusive) of the run of small, file-contiguous pieces that starts at piece `i`. A piece
+   that would end past the largest offset (the caller's to refuse, not ours) ends the run: read alone,
+   its pread fails as it would have without the run, not the preadv of pieces the file ends before
+   (and the sum below cannot overflow). */
 static Py_ssize_t run_end(const Piece *pieces, Py_ssize_t i, Py_ssize_t n) {
     Py_ssize_t end = i, bytes = 0;
     while (end < n && end - i < RUN_PIECES && pieces[end].length < SMALL_PIECE && bytes + pieces[end].length <= RUN_BYTES
+           && pieces[end].length <= LLONG_MAX - pieces[end].offset
            && (end == i || pieces[end].offset == pieces[end - 1].offset + pieces[end - 1].length))
         bytes += pieces[end++].length;
     return end;
