@@ -856,6 +856,31 @@ def test_the_files_of_one_start_share_the_fill_threads(tmp_path, monkeypatch):
         ckpt.close()
 
 
+def test_the_reads_shared_by_threads_say_what_the_lowest_failed_piece_says_as_one_thread_would(tmp_path):
+    # The file ending in piece 0 (a long read) and piece 1 refused (EINVAL: an offset past the largest)
+    # fail together: piece 0's end is said, as one thread would say it, whichever thread failed first
+    # (the refusal, while piece 0 is read: it was raised); the other way round, the refusal is raised
+    read_pieces = _read_pieces_in_c()
+    path = tmp_path / "f"
+    data = np.random.default_rng(5).integers(0, 256, 4 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    top = (1 << 63) - 1
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(20):
+            long = np.zeros(4 << 20, np.uint8)
+            fillers = [(np.zeros(10, np.uint8), 0) for _ in range(30)]
+            ended = (0, (4 << 20) - 100)  # piece 0 got the file's last 4 MiB - 100 bytes
+            assert read_pieces(fd, [(long, 100), (np.zeros(10, np.uint8), top - 5), *fillers], None, 4) == ended
+            assert read_pieces(fd, [(long, 100), (np.zeros(10, np.uint8), top - 5)], None) == ended  # (one thread)
+            assert np.array_equal(long[: ended[1]], data[100:]) and not long[ended[1] :].any()
+            with pytest.raises(OSError) as raised:
+                read_pieces(fd, [(np.zeros(10, np.uint8), top - 5), (long, 100), *fillers], None, 4)
+            assert raised.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+
+
 def test_a_filler_left_on_an_error_stops_the_shared_reads_before_it_closes(tmp_path, monkeypatch):
     # the pieces of a filler without stretches go to one pool task whose C call shares them among
     # its own threads: an error in the caller sets the flag they look at before each piece, and the

@@ -92,9 +92,9 @@ typedef struct {
     uintptr_t page;
     Py_ssize_t next, whole; /* atomic: the next piece to take; the pieces read whole */
     char failed;            /* atomic: a read failed or the file ended; no more pieces are taken */
-    pthread_mutex_t lock;   /* guards the two below */
-    int error;              /* the errno of the first read that failed, 0 if none */
-    Py_ssize_t ended, got;  /* the lowest piece the file ended in (n: none) and its bytes read before */
+    pthread_mutex_t lock;   /* guards the three below */
+    Py_ssize_t ended, got;  /* the lowest piece whose read failed or the file ended in (n: none), its bytes read */
+    int error;              /* that piece's errno; 0: the file ended in it */
 } Shared;
 
 static void *take_pieces(void *arg) {
@@ -117,11 +117,11 @@ static void *take_pieces(void *arg) {
             int error = got < 0 ? errno : 0;
             if (error == EINTR) /* (a signal: its handler runs in the main thread, once the call returns) */
                 continue;
+            /* The lowest such piece, whichever thread came to it first: every piece below it was taken
+               before it, and is read to its end, so it is the one a single thread would stop at */
             pthread_mutex_lock(&s->lock);
-            if (error != 0 && s->error == 0)
-                s->error = error;
-            else if (error == 0 && i < s->ended)
-                s->ended = i, s->got = done;
+            if (i < s->ended)
+                s->ended = i, s->got = done, s->error = error;
             pthread_mutex_unlock(&s->lock);
             __atomic_store_n(&s->failed, 1, __ATOMIC_RELAXED);
             return NULL;
@@ -170,9 +170,10 @@ PyDoc_STRVAR(read_pieces_doc,
 "the file ended. OSError as os.preadv raises it; an interrupted read is made again unless a signal\n"
 "handler raises. Offsets are not checked against the file's size: that is the caller's to do.\n"
 "With `threads` > 1 (at most 64), that many threads share the pieces, each taking the next one not\n"
-"yet taken; it returns once all of them have stopped. The file ended: (count, got) of the lowest\n"
-"such piece; a read refused: OSError (the first errno); halted or done: (pieces read whole, -1). An\n"
-"interrupted read is made again; signal handlers run once the call returns.");
+"yet taken; it returns once all of them have stopped. The file ended, or a read refused: as one\n"
+"thread would say it, for the lowest such piece ((count, got), or OSError with its errno); halted or\n"
+"done: (pieces read whole, -1). An interrupted read is made again; signal handlers run once the call\n"
+"returns.");
 
 static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 3 || nargs > 4 || !PyLong_Check(args[0])) {
@@ -258,7 +259,7 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
             share_pieces(&shared, (int)(threads < n ? threads : n));
             Py_END_ALLOW_THREADS
             pthread_mutex_destroy(&shared.lock);
-            if (shared.error != 0) {
+            if (shared.ended < n && shared.error != 0) {
                 errno = shared.error;
                 PyErr_SetFromErrno(PyExc_OSError);
             } else {
