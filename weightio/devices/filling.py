@@ -38,9 +38,9 @@ times the copy. `fill` does the same work another way:
    buffers piece by piece, a buffer at a time: in C, a buffer's pieces are one pool task whose
    call shares them among threads of its own (`_SHARED`), which never take the interpreter's lock.
    A pool task a piece cost ~45 us of Python each under that lock, which the thread launching the
-   GPU copies then waited for: on 2 CPUs, a main-thread ``torch.empty`` took 77 us during such a
-   fill and 7.4 us with the pieces shared (1.4-2.5 us alone), and 256 MiB in 64 KiB pieces took
-   114 -> 26 ms.
+   GPU copies then waited for: on 2 CPUs, a main-thread ``torch.empty`` took 37-39 us during such a
+   fill and 9-11 us with the pieces shared (1.3-2.6 us alone), and 256 MiB in 64 KiB pieces took
+   114 -> 26 ms. The buffers filling at once divide the pool's threads among them (`at_once`).
 
 Every check of the zero-copy path holds here: the file is checked before the reads (size and
 modification time, `weightio._io.MappedFile.check`) and again after them, so bytes read while it
