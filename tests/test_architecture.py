@@ -27,9 +27,10 @@ PACKAGES = {"weightio": ROOT / "weightio", "weightio.cli": ROOT / "cli"}
 CORE = {"weightio.errors", "weightio.dtypes", "weightio.limits", "weightio.records", "weightio._io", "weightio._remote",
         "weightio._memory", "weightio._failures", "weightio._streaming",
         "weightio._json", "weightio._gc", "weightio._outputs", "weightio._threads", "weightio.layout",
-        "weightio.text", "weightio._speedups", "weightio._native"}
+        "weightio.text", "weightio._speedups", "weightio._native", "weightio._private"}
 ALLOWED = {  # prefix -> what modules under it may import (besides themselves and their own package)
-    "weightio.quant": CORE - {"weightio._io", "weightio._outputs", "weightio._json", "weightio._gc", "weightio.layout"},
+    "weightio.quant": CORE - {"weightio._io", "weightio._private", "weightio._outputs", "weightio._json",
+                              "weightio._gc", "weightio.layout"},
     "weightio.formats": CORE | {"weightio.quant"},
     "weightio.devices": CORE,
     "weightio.hub": CORE | {"weightio.hubpath"},  # hubpath: the hf:// grammar, in the hub layer

@@ -13,10 +13,12 @@ machine would not map at all.
 
 Writable memory is given per tensor, on demand (`writable_twin`): frameworks that share the
 memory (a zero-copy torch CPU tensor) cannot be told it is read-only, and an in-place write to a
-read-only mapping is SIGSEGV. Such a tensor is built over a private copy-on-write mapping
+read-only mapping is SIGSEGV. Such a tensor is built over private copy-on-write memory
 (``MAP_PRIVATE``) of just the `PRIVATE_WINDOW`-aligned stretch of the file that holds it: a write
-copies the touched pages for that mapping alone; the file, the read-only mapping (every numpy
-view), other processes and later opens never see it, and only that stretch is committed.
+copies the touched pages for this process alone; the file, the read-only mapping (every numpy
+view), other processes and later opens never see it, and only that stretch is committed. On
+Linux the stretches are windows of one private mapping of the file (`weightio._private`), made
+writable while a tensor over them lives; elsewhere, a mapping of each.
 
 A file changed under us: the open file descriptor is kept (the mapping is made on first use,
 after the same check), and every access to the mapping
@@ -47,6 +49,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from . import _private
 from ._native import speedups
 from .errors import CorruptFileError, InputError, WeightioError
 
@@ -177,6 +180,7 @@ class MappedFile:
         # element views' dict is the same object: changed in place only, as `close` empties it)
         self._fast = (self._fd, size, modified, self._elements)
         self._windows: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] | None = None
+        self._private: _private.PrivateMapping | None = None  # (Linux: `private_window`, made on first use)
 
     @property
     def data(self) -> np.ndarray:
@@ -339,10 +343,12 @@ class MappedFile:
     def private_window(self, start: int, stop: int) -> tuple[np.ndarray, int]:
         """Writable private (copy-on-write) memory holding bytes `start`..`stop` of the file.
 
-        Returns a writable ``uint8`` array over a ``MAP_PRIVATE`` mapping of the `PRIVATE_WINDOW`
-        windows those bytes fall in, and the file offset of its first byte. Mappings are shared
-        while alive (a second tensor in the same windows gets the same one); writes to one go to
-        this process's copies of the touched pages, never to the file or the read-only mapping.
+        Returns a writable ``uint8`` array over private (``MAP_PRIVATE``) memory of the
+        `PRIVATE_WINDOW` windows those bytes fall in, and the file offset of its first byte: on
+        Linux, those windows of the file's one private mapping, made writable while an array over
+        them lives (`weightio._private`); elsewhere a mapping of them. Both are shared while alive
+        (a second tensor in the same windows gets the same memory); writes go to this process's
+        copies of the touched pages, never to the file or the read-only mapping.
 
         Raises:
             CorruptFileError: the file changed since it was opened (mapping it now could SIGBUS).
@@ -354,6 +360,8 @@ class MappedFile:
         with self._lock:  # the descriptor stays open (and ours) while it is mapped
             if self._closed:
                 raise WeightioError(_CLOSED, path=self.path)
+            if _private.available():  # (Linux: one private mapping of the file, its windows made writable)
+                return np.asarray(self._span(first, last)), offset
             if self._windows is None:
                 self._windows = weakref.WeakValueDictionary()
             window = self._windows.get((first, last))
@@ -369,6 +377,24 @@ class MappedFile:
                                      path=self.path, errno=e.errno) from e
                 window = self._windows[first, last] = np.frombuffer(mapped, dtype=np.uint8)
         return window, offset
+
+    def _span(self, first: int, last: int) -> _private._Span:
+        """`private_window` on Linux (`weightio._private`; the lock held): windows `first`..`last` of
+        the file's one private mapping, made writable."""
+        private = self._private
+        span = None if private is None else private.cached(first, last)
+        if span is not None:
+            return span
+        self.check()  # (a span alive was made after the same check)
+        low, high = first * PRIVATE_WINDOW, min((last + 1) * PRIVATE_WINDOW, self.size)
+        try:
+            if private is None:
+                private = self._private = _private.PrivateMapping(self._fd, self.size, PRIVATE_WINDOW)
+            return private.span(first, last)
+        except OSError as e:
+            raise InputError(f"cannot map bytes {low}..{high} copy-on-write for a writable (zero-copy torch) tensor: "
+                             f"{e.strerror or e}; the kernel commits memory for writable mappings: read it as numpy "
+                             "(read-only), or in slices", path=self.path, errno=e.errno) from e
 
     @contextlib.contextmanager
     def descriptor(self) -> Iterator[int]:
@@ -401,6 +427,7 @@ class MappedFile:
             self._elements.clear()  # (each holds the mapping: it unmaps once the views handed out are gone)
             if self._windows is not None:
                 self._windows.clear()  # private windows live on with the tensors over them
+            self._private = None  # (as does the private mapping, with its own descriptor)
             mm, self._mmap = self._mmap, None
             os.close(self._fd)
         if mm is not None:

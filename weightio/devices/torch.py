@@ -225,7 +225,7 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
 
     torch has no read-only tensors, and a write to a file's read-only mapping is SIGSEGV: a view
     of a file's mapping is first moved to private copy-on-write memory over the same file pages
-    (`weightio._io.writable_twin`: no copy, one mapping per 64 MiB window of the file), unless
+    (`weightio._io.writable_twin`: no copy; the 64 MiB windows of the file it lies in), unless
     `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU).
 
     torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,

@@ -1,0 +1,165 @@
+"""Writable zero-copy memory for torch CPU tensors on Linux: one private mapping of the file, its
+windows made writable while a tensor over them lives (`weightio._private`)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import weightio as wio
+from weightio import _io, _private
+from weightio._io import writable_twin
+from weightio.errors import InputError
+
+from .memory import mapping_at
+
+pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and _private.available()),
+                                reason="Linux only (elsewhere, a mapping per run of windows)")
+WINDOW = 64 << 10
+
+
+@pytest.fixture
+def small_windows(monkeypatch):
+    monkeypatch.setattr(_io, "PRIVATE_WINDOW", WINDOW)
+
+
+def _three(tmp_path):
+    """a: inside window 0; b: across the end of window 0; c: inside window 1 (64 KiB windows)."""
+    path = tmp_path / "m.safetensors"
+    tensors = {"a": np.arange(12_000, dtype=np.float32), "b": np.arange(12_000, dtype=np.float32) + 0.5,
+               "c": np.full(1000, 7, np.float32)}
+    wio.save(tensors, path)
+    return path, tensors
+
+
+def _where(ckpt, name):
+    return _io.mapped_source(ckpt[name].numpy())[1]  # the tensor's offset in the file
+
+
+def test_a_tensor_across_windows_is_served_by_the_windows_at_their_place(tmp_path, small_windows):
+    # every twin of one file lies in one mapping: each byte of the file has one address, so a tensor
+    # across a window's end shares its pages with the windows' other tensors (counted once in RSS)
+    path, tensors = _three(tmp_path)
+    with wio.open(path) as ckpt:
+        offsets = {n: _where(ckpt, n) for n in tensors}
+        assert offsets["a"] // WINDOW == 0 and offsets["b"] // WINDOW == 0 and offsets["c"] // WINDOW == 1
+        assert (offsets["b"] + 48_000 - 1) // WINDOW == 1  # (b crosses into window 1)
+        twins = {n: writable_twin(ckpt[n].numpy()) for n in tensors}
+        address = {n: t.__array_interface__["data"][0] for n, t in twins.items()}
+        assert address["b"] - address["a"] == offsets["b"] - offsets["a"]
+        assert address["c"] - address["a"] == offsets["c"] - offsets["a"]
+        for n, t in twins.items():
+            assert t.flags.writeable and np.array_equal(t, tensors[n])
+            assert mapping_at(address[n]) == ("rw-p", os.path.realpath(path), offsets[n])
+        twins["b"][-1] = -1.0  # (in window 1)
+        assert ckpt["b"].numpy()[-1] == tensors["b"][-1]  # the read-only mapping, and so the file, unchanged
+    assert wio.load(path)["b"][-1] == tensors["b"][-1]
+    assert twins["b"][-1] == -1.0  # (the twins outlive the checkpoint)
+
+
+def test_a_window_no_tensor_uses_is_given_back_to_the_files_bytes(tmp_path, small_windows):
+    path, tensors = _three(tmp_path)
+    with wio.open(path) as ckpt:
+        at = _where(ckpt, "c")
+        twin = writable_twin(ckpt["c"].numpy())
+        address = twin.__array_interface__["data"][0]
+        twin[0] = -1.0
+        keep = writable_twin(ckpt["a"].numpy())  # window 0 stays in use
+        del twin
+        gc.collect()
+        assert mapping_at(address) == ("r--p", os.path.realpath(path), at)  # its write dropped with it
+        again = writable_twin(ckpt["c"].numpy())
+        assert again.__array_interface__["data"][0] == address and again[0] == 7.0  # the file's bytes again
+        assert mapping_at(keep.__array_interface__["data"][0])[0] == "rw-p"
+
+
+def test_twins_of_the_same_windows_share_their_memory_while_alive(tmp_path, small_windows):
+    path, tensors = _three(tmp_path)
+    with wio.open(path) as ckpt:
+        first, second = writable_twin(ckpt["a"].numpy()), writable_twin(ckpt["a"].numpy()[10:])
+        first[10] = 99.0
+        assert second[0] == 99.0 and first.base.base is second.base.base  # (one span of window 0, alive)
+
+
+def test_a_window_the_kernel_refuses_leaves_none_writable_and_says_so(tmp_path, small_windows, monkeypatch):
+    path, tensors = _three(tmp_path)
+    libc = _private._LIBC
+    refused = []
+
+    class Refusing:  # mprotect refuses any writable range that reaches window 1 (ENOMEM: the commitment)
+        def __getattr__(self, name):
+            return getattr(libc, name)
+
+        def mprotect(self, at, length, prot):
+            if prot & 2 and at + length > refused[0]:
+                import ctypes
+
+                ctypes.set_errno(12)
+                return -1
+            return libc.mprotect(at, length, prot)
+
+    with wio.open(path) as ckpt:
+        keep = writable_twin(ckpt["c"].numpy()[:0])  # (no twin of an empty tensor: no window made writable)
+        private_base = writable_twin(ckpt["a"].numpy()).__array_interface__["data"][0] - _where(ckpt, "a")
+        gc.collect()
+        refused.append(private_base + WINDOW)
+        monkeypatch.setattr(_private, "_LIBC", Refusing())
+        with pytest.raises(InputError) as raised:
+            writable_twin(ckpt["b"].numpy())  # windows 0 and 1: one run, refused whole
+        assert raised.value.errno == 12 and str(raised.value) == (
+            f"{path}: cannot map bytes 0..{os.path.getsize(path)} copy-on-write for a writable (zero-copy torch) "
+            "tensor: Cannot allocate memory; the kernel commits memory for writable mappings: read it as numpy "
+            "(read-only), or in slices")
+        assert mapping_at(private_base)[0] == "r--p" and mapping_at(private_base + WINDOW)[0] == "r--p"
+        monkeypatch.setattr(_private, "_LIBC", libc)
+        assert np.array_equal(writable_twin(ckpt["b"].numpy()), tensors["b"])  # (counts intact: it works after)
+    assert keep.shape == (0,)
+
+
+def test_twins_made_and_dropped_on_many_threads_keep_their_bytes(tmp_path, small_windows):
+    # windows made writable and read-only again while other threads' twins over them live: a twin
+    # never loses its window (a write to a read-only page would kill the process)
+    path = tmp_path / "m.safetensors"
+    tensors = {f"t{i}": np.full(3000 + 97 * i, i, np.float32) for i in range(40)}  # ~640 KiB: ten windows
+    wio.save(tensors, path)
+    errors: list[str] = []
+    with wio.open(path) as ckpt:
+        views = {n: ckpt[n].numpy() for n in tensors}
+
+        def work(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            for _ in range(300):
+                names = rng.choice(list(tensors), 3)
+                twins = [writable_twin(views[n]) for n in names]
+                for n, t in zip(names, twins, strict=True):
+                    t[0] = -1.0  # (shared with other threads' twins of it: only the other bytes are checked)
+                    if not np.array_equal(t[1:], tensors[n][1:]):
+                        errors.append(n)
+                del twins
+                if rng.random() < 0.02:
+                    gc.collect()
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    gc.collect()
+    assert all(np.array_equal(views[n], tensors[n]) for n in tensors)  # the read-only views never saw a write
+
+
+def test_elsewhere_each_run_of_windows_is_a_mapping_of_its_own(tmp_path, small_windows, monkeypatch):
+    # (what other platforms get): the same bytes, writable, private; a tensor across windows has its own mapping
+    monkeypatch.setattr(_private, "available", lambda: False)
+    path, tensors = _three(tmp_path)
+    with wio.open(path) as ckpt:
+        twins = {n: writable_twin(ckpt[n].numpy()) for n in tensors}
+        assert all(np.array_equal(twins[n], tensors[n]) and twins[n].flags.writeable for n in tensors)
+        a, b = (twins[n].__array_interface__["data"][0] for n in "ab")
+        assert b - a != _where(ckpt, "b") - _where(ckpt, "a")
