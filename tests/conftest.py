@@ -36,6 +36,17 @@ def both_ways(monkeypatch, module: Any, name: str, replacement: Any, run: Callab
     return fast, general
 
 
+def on_threads(work: Callable[[int], Any], n: int = 8) -> None:
+    """``work(k)`` on `n` threads at once, k = 0..n-1; returns once every one has ended."""
+    import threading
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def manifest() -> dict[str, dict]:
     with open(FIXTURES / "manifest.json") as f:
         return json.load(f)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from weightio import _io, _private
 from weightio._io import writable_twin
 from weightio.errors import InputError
 
+from .conftest import on_threads
 from .memory import mapping_at
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and _private.available()),
@@ -144,11 +144,7 @@ def test_twins_made_and_dropped_on_many_threads_keep_their_bytes(tmp_path, small
                 if rng.random() < 0.02:
                     gc.collect()
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        on_threads(work)
     assert errors == []
     gc.collect()
     assert all(np.array_equal(views[n], tensors[n]) for n in tensors)  # the read-only views never saw a write

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from weightio._native import speedups
 from weightio.errors import CorruptFileError, WeightioError
 from weightio.names import Usage
 
-from .conftest import FIXTURES, manifest
+from .conftest import FIXTURES, manifest, on_threads
 
 NATIVE = getattr(speedups, "plain_get", None)
 if os.environ.get("WEIGHTIO_REQUIRE_SPEEDUPS") == "1" and sys.platform.startswith("linux"):
@@ -160,11 +159,7 @@ def test_requests_from_eight_threads_are_all_counted(tmp_path, way, monkeypatch)
             except BaseException as e:  # (reported by the main thread)
                 errors.append(e)
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        on_threads(work)
         assert errors == []
         report = vb.report()
         assert report.bytes_read == 8 * 20 * sum(v.nbytes for v in tensors.values())
