@@ -17,6 +17,7 @@ from weightio.errors import InputError
 
 from .conftest import on_threads
 from .memory import mapping_at
+from .test_large_files import _meminfo, safetensors_file
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and _private.available()),
                                 reason="Linux only (elsewhere, a mapping per run of windows)")
@@ -119,6 +120,67 @@ def test_a_window_the_kernel_refuses_leaves_none_writable_and_says_so(tmp_path, 
         monkeypatch.setattr(_private, "_LIBC", libc)
         assert np.array_equal(writable_twin(ckpt["b"].numpy()), tensors["b"])  # (counts intact: it works after)
     assert keep.shape == (0,)
+
+
+def test_a_refused_run_made_partly_writable_is_left_read_only(tmp_path, small_windows, monkeypatch):
+    # mprotect goes mapping (VMA) by mapping: one refused part-way has made the run's first mappings
+    # writable. None of the run's windows had a user, so all are made read-only again
+    path, tensors = _three(tmp_path)
+    libc = _private._LIBC
+
+    class PartRefusing:  # makes the first window of a writable range writable, then refuses (ENOMEM)
+        def __getattr__(self, name):
+            return getattr(libc, name)
+
+        def mprotect(self, at, length, prot):
+            if prot & 2 and length > WINDOW:
+                import ctypes
+
+                libc.mprotect(at, WINDOW, prot)
+                ctypes.set_errno(12)
+                return -1
+            return libc.mprotect(at, length, prot)
+
+    with wio.open(path) as ckpt:
+        base = _where(ckpt, "b")
+        monkeypatch.setattr(_private, "_LIBC", PartRefusing())
+        with pytest.raises(InputError) as raised:
+            writable_twin(ckpt["b"].numpy())  # windows 0 and 1
+        assert raised.value.errno == 12
+        private = _io.mapped_source(ckpt["b"].numpy())[0]._private
+        assert private._users == {} and private._pending == []
+        assert mapping_at(private.address)[0] == "r--p" and mapping_at(private.address + WINDOW)[0] == "r--p"
+        monkeypatch.setattr(_private, "_LIBC", libc)
+        twin = writable_twin(ckpt["b"].numpy())
+        assert np.array_equal(twin, tensors["b"]) and twin.__array_interface__["data"][0] == private.address + base
+
+
+def test_a_span_larger_than_memory_is_refused_though_windows_inside_it_are_in_use(tmp_path):
+    # the kernel checks the commitment of each VMA mprotect makes writable on its own: a window in
+    # use (or used before) in the middle splits a span of 1.5x RAM + swap into two halves that pass
+    # alone. The span is checked whole, as a mapping of it was, and refused (heuristic overcommit)
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if int(f.read()) == 1:
+            pytest.skip("overcommit_memory=1: the kernel commits any span")
+    total = int(1.5 * (_meminfo("MemTotal") + _meminfo("SwapTotal"))) // (1 << 30) * (1 << 30) + (1 << 30)
+    path = tmp_path / "huge.safetensors"
+    safetensors_file(path, total)
+    try:
+        with wio.open(path) as ckpt:
+            view = ckpt["far"].numpy()
+            middle = writable_twin(view[view.size // 2:][:16])
+            at = _io.mapped_source(view)[1] + view.size // 2
+            for _ in range(2):  # the middle window in use, then used before (read-only, apart from its neighbours)
+                with pytest.raises(InputError) as raised:
+                    writable_twin(view)
+                assert raised.value.errno == 12 and "Cannot allocate memory" in str(raised.value)
+                private = _io.mapped_source(view)[0]._private
+                assert private._users == ({} if middle is None else {at // _io.PRIVATE_WINDOW: 1})
+                assert mapping_at(private.address)[0] == "r--p"
+                middle = None
+                gc.collect()
+    finally:
+        path.unlink()
 
 
 def test_twins_made_and_dropped_on_many_threads_keep_their_bytes(tmp_path, small_windows):

@@ -113,8 +113,9 @@ class PrivateMapping:
         found = self._spans.get((first, last))
         if found is not None:
             return found
-        # Each run of windows no span uses yet is made writable in one call, as one mapping of it was
-        # made before: the kernel commits (or, for a span larger than memory and swap, refuses) it whole
+        # Each run of windows no span uses yet is made writable in one call; the kernel checks each
+        # mapping (VMA) a call makes writable on its own, so a span of several windows is first checked
+        # whole (`_commit_check`), as one mapping of it was: larger than memory and swap, it is refused
         runs: list[list[int]] = []
         for k in range(first, last + 1):
             if not self._users.get(k):
@@ -122,19 +123,22 @@ class PrivateMapping:
                     runs[-1].append(k)
                 else:
                     runs.append([k])
+        start = first * self.window
+        length = min((last + 1) * self.window, self.size) - start
+        if last > first:
+            _commit_check(length)
         made: list[int] = []
         try:
             for run in runs:
+                made += run  # (first: a refused mprotect may have made part of its run writable)
                 self._protect(run[0], run[-1], mmap.PROT_READ | mmap.PROT_WRITE)
-                made += run
         except BaseException:
-            for k in made:  # (read-only again: no window is left writable by a refused call)
+            for k in made:  # (read-only again: no window is left writable by a refused call; none had a user)
                 self._fresh(k)
             raise
         for k in range(first, last + 1):
             self._users[k] = self._users.get(k, 0) + 1
-        start = first * self.window
-        span = _Span(self, self.address + start, min((last + 1) * self.window, self.size) - start)
+        span = _Span(self, self.address + start, length)
         # (not at exit: an exit handler may still write to a tensor over it; the process's end unmaps all)
         weakref.finalize(span, self._release, first, last).atexit = False
         self._spans[first, last] = span
@@ -178,6 +182,20 @@ class PrivateMapping:
     def _bounds(self, k: int) -> tuple[int, int]:
         start = k * self.window
         return self.address + start, min(start + self.window, self.size) - start
+
+
+def _commit_check(length: int) -> None:
+    """Refuses (`OSError`, the kernel's errno) a span of `length` bytes that the kernel would not
+    commit as one writable private mapping, as the mapping of it made elsewhere is refused.
+
+    ``mprotect`` checks the commitment of each mapping (VMA) it makes writable on its own, and a
+    span's windows are several: runs between windows other spans use, and windows made writable
+    before (they keep their commitment, so stay apart from their neighbours). Under heuristic
+    overcommit each piece may pass where the whole, larger than RAM + swap, would not. An anonymous
+    private writable mapping of the whole length, unmapped at once (no page touched), asks the
+    kernel's own question once."""
+    probe = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    probe.close()
 
 
 class _Span:
