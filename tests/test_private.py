@@ -221,3 +221,53 @@ def test_elsewhere_each_run_of_windows_is_a_mapping_of_its_own(tmp_path, small_w
         assert all(np.array_equal(twins[n], tensors[n]) and twins[n].flags.writeable for n in tensors)
         a, b = (twins[n].__array_interface__["data"][0] for n in "ab")
         assert b - a != _where(ckpt, "b") - _where(ckpt, "a")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_another_thread_holds_the_lock_makes_and_drops_twins(tmp_path, small_windows):
+    # the thread that held a mapping's lock at the fork does not exist in the child: the child's
+    # first twin dropped or made would wait for it forever, had the lock not been made anew there
+    import threading
+    import time
+    import warnings
+
+    path, tensors = _three(tmp_path)
+    with wio.open(path) as ckpt:
+        twin = writable_twin(ckpt["c"].numpy())
+        mapping = twin.base.base.mapping  # (the twin's array over its span, the span, its mapping)
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with mapping._lock:
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(10)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # (3.12+: fork of a process with threads)
+                pid = os.fork()
+            if pid == 0:
+                try:
+                    del twin
+                    gc.collect()  # (its span released: the lock taken)
+                    again = writable_twin(ckpt["a"].numpy())
+                    os._exit(0 if np.array_equal(again, tensors["a"]) else 3)
+                except BaseException:
+                    os._exit(4)
+        finally:
+            release.set()
+            holder.join()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited for a lock held by a thread it does not have")
+        assert os.waitstatus_to_exitcode(status) == 0

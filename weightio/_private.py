@@ -84,6 +84,7 @@ class PrivateMapping:
         self._busy = False
         self._pending: list[tuple[int, int]] = []
         self._users: dict[int, int] = {}  # window -> spans alive over it (writable while > 0)
+        _LIVE.add(self)
         self._spans: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
 
     def cached(self, first: int, last: int) -> _Span | None:
@@ -196,6 +197,22 @@ def _commit_check(length: int) -> None:
     kernel's own question once."""
     probe = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     probe.close()
+
+
+_LIVE: weakref.WeakSet[PrivateMapping] = weakref.WeakSet()  # (each given a lock of its own in a forked child)
+
+
+def _after_fork() -> None:
+    """In a forked child: each mapping's lock anew. The thread that held one at the fork does not exist
+    here, and the child would wait for it forever at its first twin made or dropped. A count it left
+    half updated errs high (a release half done, a span not yet made): a window left writable, never
+    one made read-only under a twin; a release it had queued is lost the same way."""
+    for mapping in list(_LIVE):
+        mapping._lock, mapping._busy, mapping._pending = threading.RLock(), False, []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class _Span:
