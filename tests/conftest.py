@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,22 @@ def on_threads(work: Callable[[int], Any], n: int = 8) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def child_exit_code(pid: int, seconds: float, hung: str) -> int:
+    """The exit code of forked child `pid`; killed and the test failed with `hung` if it has not
+    ended within `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(hung)
 
 
 def manifest() -> dict[str, dict]:

@@ -18,7 +18,7 @@ from weightio import _threads
 from weightio.devices import filling
 from weightio.errors import CorruptFileError, InputError
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, child_exit_code
 
 SOURCES = ["tiny-bert/model.safetensors", "numpy/arrays.npz", "numpy/compressed.npz", "numpy/big_endian.npy",
            "pytorch/resnet18_like.pth", "gguf/quantized.gguf", "dtypes.safetensors"]
@@ -604,19 +604,8 @@ def test_a_forked_child_fills_with_pools_of_its_own(tmp_path, monkeypatch):
             os._exit(0 if np.array_equal(again, np.arange(300_000, dtype=np.uint8)) else 3)
         except BaseException:
             os._exit(4)
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's fill never finished (the parent's pool threads do not exist in it)")
-    assert os.waitstatus_to_exitcode(status) == 0
+    hung = "the forked child's fill never finished (the parent's pool threads do not exist in it)"
+    assert child_exit_code(pid, 60, hung) == 0
 
 
 def test_a_fill_smaller_than_a_piece_a_cpu_is_cut_smaller(monkeypatch):

@@ -15,7 +15,7 @@ from weightio import _io, _private
 from weightio._io import writable_twin
 from weightio.errors import InputError
 
-from .conftest import on_threads
+from .conftest import child_exit_code, on_threads
 from .memory import mapping_at
 from .test_large_files import _meminfo, safetensors_file
 
@@ -228,7 +228,6 @@ def test_a_child_forked_while_another_thread_holds_the_lock_makes_and_drops_twin
     # the thread that held a mapping's lock at the fork does not exist in the child: the child's
     # first twin dropped or made would wait for it forever, had the lock not been made anew there
     import threading
-    import time
     import warnings
 
     path, tensors = _three(tmp_path)
@@ -260,14 +259,5 @@ def test_a_child_forked_while_another_thread_holds_the_lock_makes_and_drops_twin
         finally:
             release.set()
             holder.join()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child waited for a lock held by a thread it does not have")
-        assert os.waitstatus_to_exitcode(status) == 0
+        hung = "the forked child waited for a lock held by a thread it does not have"
+        assert child_exit_code(pid, 30, hung) == 0
