@@ -25,5 +25,6 @@ def _numpy_headers() -> list[str]:
 _THREADS = ["-pthread"] if os.name == "posix" else []
 
 setup(ext_modules=[Extension("weightio._speedups", ["weightio/_speedups.c"], include_dirs=_numpy_headers(),
-                             depends=["weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h"],
+                             depends=["weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h",
+                                      "weightio/_copies.h"],
                              extra_compile_args=_THREADS, extra_link_args=_THREADS, optional=True)])

@@ -61,7 +61,7 @@ def check_sdist(path: Path, version: str) -> list[str]:
         names = {name.removeprefix(prefix) for name in sdist.getnames()}
     required = {"pyproject.toml", "README.md", "CHANGELOG.md", "weightio/__init__.py", "cli/__init__.py",
                 "tests/conftest.py", "fixtures/manifest.json", "docs/index.md", "mkdocs.yml", "weightio/_speedups.c",
-                "weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h", "setup.py"}
+                "weightio/_json_scan.h", "weightio/_files.h", "weightio/_reads.h", "weightio/_copies.h", "setup.py"}
     print(f"{path.name}: {len(names)} files")
     return [f"sdist is missing {name}" for name in sorted(required - names)]
 

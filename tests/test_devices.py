@@ -318,8 +318,8 @@ def test_the_rings_buffers_filling_at_once_share_the_fill_pools_threads(tmp_path
         pytest.skip("weightio._speedups is not built here: a pool task a piece")
     calls = []
     real = filling._read_pieces
-    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1: calls.append(
-        (len(pieces), threads)) or real(fd, file, pieces, stop, threads))
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1, **kw: calls.append(
+        (len(pieces), threads)) or real(fd, file, pieces, stop, threads, **kw))
     path = tmp_path / "m.safetensors"
     tensors = {f"w{i}": np.full((1024,), i, np.float32) for i in range(8)}  # 32 KiB: eight buffers of 4 KiB
     wio.save(tensors, path)
@@ -338,8 +338,8 @@ def test_staging_reads_a_files_bytes_and_checks_the_file(tmp_path, monkeypatch):
 
     reads = []
     real = filling._read_pieces
-    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1: reads.extend(
-        off for _, off in pieces) or real(fd, file, pieces, stop, threads))
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, threads=1, **kw: reads.extend(
+        off for _, off in pieces) or real(fd, file, pieces, stop, threads, **kw))
     path = tmp_path / "m.safetensors"
     tensors = {f"w{i}": np.full((1000,), i, np.float32) for i in range(8)}
     wio.save(tensors, path)

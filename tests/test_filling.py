@@ -60,10 +60,10 @@ def _recording_reads(monkeypatch, log: list) -> None:
 
     real = filling._read_pieces
 
-    def recorded(fd, file, pieces, stop=None, threads=1):
+    def recorded(fd, file, pieces, stop=None, threads=1, **kw):
         main = threading.current_thread() is threading.main_thread()
         log.extend((fd, offset, dst.nbytes, main) for dst, offset in pieces)
-        return real(fd, file, pieces, stop, threads)
+        return real(fd, file, pieces, stop, threads, **kw)
 
     monkeypatch.setattr(filling, "_read_pieces", recorded)
 
@@ -162,8 +162,8 @@ def test_a_file_changed_during_the_reads_is_refused_after_them(tmp_path, monkeyp
     os.utime(path, (past, past))
     read = filling._read_pieces
 
-    def read_then_touch(*args):
-        read(*args)
+    def read_then_touch(*args, **kw):
+        read(*args, **kw)
         os.utime(path)
 
     monkeypatch.setattr(filling, "_read_pieces", read_then_touch)
@@ -284,8 +284,8 @@ def test_each_thread_reads_its_own_stretch_in_order_through_its_own_description(
         return fd
 
     real_read = filling._read_pieces
-    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None: log.extend(
-        (opened.get(fd), off) for _, off in pieces) or real_read(fd, file, pieces, stop))
+    monkeypatch.setattr(filling, "_read_pieces", lambda fd, file, pieces, stop=None, **kw: log.extend(
+        (opened.get(fd), off) for _, off in pieces) or real_read(fd, file, pieces, stop, **kw))
     monkeypatch.setattr(filling.os, "open", opening)
     monkeypatch.setattr(filling.os, "posix_fadvise", lambda fd, a, n, how: advice.append((fd, how)))
     with wio.open(path) as ckpt:
@@ -321,10 +321,10 @@ def test_without_descriptions_of_their_own_pieces_are_read_as_before(tmp_path, m
     seen, calls = [], []
     real_pieces = filling._read_pieces  # (what `_read` calls, a piece at a time)
 
-    def recorded(fd, file, pieces, stop=None, threads=1):
+    def recorded(fd, file, pieces, stop=None, threads=1, **kw):
         calls.append((len(pieces), threads, threading.current_thread() is threading.main_thread()))
         seen.extend(off for _, off in pieces)
-        return real_pieces(fd, file, pieces, stop, threads)
+        return real_pieces(fd, file, pieces, stop, threads, **kw)
 
     monkeypatch.setattr(filling, "_read_pieces", recorded)
     _load_six_tensors_owned(tmp_path)
@@ -455,11 +455,11 @@ def _slowed_reads(monkeypatch, seconds: float, begun) -> tuple[list, list]:
     monkeypatch.setattr(filling, "_SHARED", False)
     real, starts, ended = filling._read, [], []
 
-    def slow_read(fd, file, dst, offset):
+    def slow_read(fd, file, dst, offset, copies=False):
         starts.append(offset)
         begun.set()
         time.sleep(seconds)
-        real(fd, file, dst, offset)
+        real(fd, file, dst, offset, copies)
         ended.append(time.monotonic())
 
     monkeypatch.setattr(filling, "_read", slow_read)
@@ -779,11 +779,11 @@ def test_the_reads_in_c_stop_when_the_fillers_flag_is_set(tmp_path, monkeypatch)
     monkeypatch.setattr(filling, "PIECE", 4096)
     flags, real = [], filling._READ_PIECES
 
-    def recording(fd, pieces, flag):
+    def recording(fd, pieces, flag, *rest):
         flags.append(flag)
         if len(flags) == 1:
             raise OSError(5, "injected")
-        return real(fd, pieces, flag)
+        return real(fd, pieces, flag, *rest)
 
     monkeypatch.setattr(filling, "_READ_PIECES", recording)
     model = tmp_path / "m.safetensors"

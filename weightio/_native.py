@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["VERSION", "speedups"]
 
-VERSION = 13  # the interface of weightio/_speedups.c this code calls (its module's VERSION)
+VERSION = 14  # the interface of weightio/_speedups.c this code calls (its module's VERSION)
 
 
 def _load() -> Any:

@@ -24,6 +24,8 @@
 #include <sys/uio.h>
 #endif
 
+#include "_copies.h"
+
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
 #define MADV_POPULATE_WRITE 23 /* linux/mman.h, 5.14+ (older C headers lack it; older kernels refuse it) */
 #endif
@@ -40,6 +42,8 @@ typedef struct {
     char *at;
     Py_ssize_t length;
     long long offset;
+    Py_ssize_t origin, before; /* the caller's piece this is part of, and the bytes of it before this part */
+    int copy;                  /* whole pages the kernel copies (`copy_pages`) */
 } Piece;
 
 /* Fault in the whole pages under [at, at + length) for writing, in one call (a hint, as
@@ -75,6 +79,29 @@ static Py_ssize_t run_end(const Piece *pieces, Py_ssize_t i, Py_ssize_t n) {
            && (end == i || pieces[end].offset == pieces[end - 1].offset + pieces[end - 1].length))
         bytes += pieces[end++].length;
     return end;
+}
+
+/* Append `whole` to `pieces` (at `m`; the new count returned); with `copies`, cut into the partial
+   pages at its ends (read) and its whole pages between them (copied by the kernel: `copy_pages`), if
+   those are at least COPY_MIN. */
+static Py_ssize_t add_piece(Piece *pieces, Py_ssize_t m, Piece whole, int copies, uintptr_t page) {
+#ifdef KERNEL_COPIES
+    uintptr_t at = (uintptr_t)whole.at, low = (at + page - 1) / page * page, high = (at + (uintptr_t)whole.length) / page * page;
+    if (copies && high > low && high - low >= COPY_MIN && whole.length <= LLONG_MAX - whole.offset) {
+        Py_ssize_t head = (Py_ssize_t)(low - at), middle = (Py_ssize_t)(high - low), tail = whole.length - head - middle;
+        if (head > 0)
+            pieces[m++] = (Piece){whole.at, head, whole.offset, whole.origin, 0, 0};
+        pieces[m++] = (Piece){whole.at + head, middle, whole.offset + head, whole.origin, head, 1};
+        if (tail > 0)
+            pieces[m++] = (Piece){whole.at + head + middle, tail, whole.offset + head + middle, whole.origin,
+                                  head + middle, 0};
+        return m;
+    }
+#else
+    (void)copies, (void)page;
+#endif
+    pieces[m++] = whole;
+    return m;
 }
 
 /* Pieces shared by several threads (read_pieces with threads > 1): each thread takes the next piece
@@ -160,7 +187,7 @@ static void share_pieces(Shared *s, int threads) {
 #endif
 
 PyDoc_STRVAR(read_pieces_doc,
-"read_pieces(fd, pieces, halt, threads=1)\n--\n\n"
+"read_pieces(fd, pieces, halt, threads=1, copies=False)\n--\n\n"
 "pread, for each (destination, offset) of `pieces` in order, every byte of the destination (a\n"
 "writable C-contiguous buffer) from `fd` at `offset`, the GIL released throughout; on Linux a\n"
 "destination's whole pages are faulted in first (MADV_POPULATE_WRITE, a hint), and a run of small\n"
@@ -173,21 +200,30 @@ PyDoc_STRVAR(read_pieces_doc,
 "yet taken; it returns once all of them have stopped. The file ended, or a read refused: as one\n"
 "thread would say it, for the lowest such piece ((count, got), or OSError with its errno); halted or\n"
 "done: (pieces read whole, -1). An interrupted read is made again; signal handlers run once the call\n"
-"returns.");
+"returns. With `copies` (one thread only; Linux 5.11+), a destination's whole fresh pages, where they\n"
+"are 256 KiB or more, are made by the kernel already holding the file's bytes (userfaultfd's\n"
+"UFFDIO_COPY from a mapping of `fd` made for the piece), never zeroed; the rest is read as above.");
 
 static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 4 || !PyLong_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "read_pieces(fd, pieces, halt, threads=1): a descriptor, a list, a flag "
-                                         "and a count");
+    if (nargs < 3 || nargs > 5 || !PyLong_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "read_pieces(fd, pieces, halt, threads=1, copies=False): a descriptor, a "
+                                         "list, a flag, a count and a flag");
         return NULL;
     }
     long threads = 1;
-    if (nargs == 4) {
+    int copies = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (copies < 0)
+        return NULL;
+    if (nargs >= 4) {
         threads = PyLong_AsLong(args[3]);
         if (threads == -1 && PyErr_Occurred())
             return NULL;
         if (threads < 1 || threads > 64) {
             PyErr_SetString(PyExc_ValueError, "read_pieces: threads must be 1 to 64");
+            return NULL;
+        }
+        if (copies && threads > 1) {
+            PyErr_SetString(PyExc_ValueError, "read_pieces: copies are made by one thread");
             return NULL;
         }
     }
@@ -210,12 +246,17 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_SETREF(seq, PyList_AsTuple(seq));
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0, i = 0, done = 0;
+    /* n: the caller's pieces; m: the parts they are read in (with `copies`, a piece is cut in up to
+       three: `add_piece`) */
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0, m = 0, i = 0, done = 0, tried = -1;
     Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    Piece *pieces = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Piece));
+    Piece *pieces = PyMem_Calloc(n ? (size_t)n * (copies ? 3 : 1) : 1, sizeof(Piece));
+    int uffd = -1;
     Py_buffer flag = {0};
     const char *halt = NULL;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (page == 0 || page == (uintptr_t)-1)
+        page = 4096;
     int flagged = 0, status = 0, saved = 0; /* status: 0 read, 1 the file ended, 2 halted, 3 errno, 4 EINTR */
     PyObject *out = NULL;
     if (views == NULL || pieces == NULL) {
@@ -237,7 +278,7 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
         }
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &views[held], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto end;
-        pieces[held] = (Piece){views[held].buf, views[held].len, offset};
+        m = add_piece(pieces, m, (Piece){views[held].buf, views[held].len, offset, held, 0, 0}, copies, page);
     }
     if (args[2] != Py_None) {
         if (PyObject_GetBuffer(args[2], &flag, PyBUF_SIMPLE) < 0)
@@ -249,8 +290,13 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
         }
     }
     halt = flagged ? (const char *)flag.buf : NULL;
-    if (page == 0 || page == (uintptr_t)-1)
-        page = 4096;
+#ifdef KERNEL_COPIES
+    for (Py_ssize_t k = 0; k < m && uffd < 0; k++)
+        if (pieces[k].copy) { /* (a piece has whole pages to copy) */
+            uffd = open_copier();
+            break;
+        }
+#endif
 #ifdef SHARED_READS
     if (threads > 1 && n > 1) {
         Shared shared = {.fd = (int)fd, .pieces = pieces, .n = n, .halt = halt, .page = page, .ended = n};
@@ -273,16 +319,24 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
     do {
         status = 0;
         Py_BEGIN_ALLOW_THREADS
-        while (i < n) {
+        while (i < m) {
             const Piece *p = &pieces[i];
-            if (done == 0) {
+            if (done == 0 && tried != i) { /* (once a piece: not again where a signal stopped it) */
+                tried = i;
                 if (halt != NULL && HALTED(halt)) {
                     status = 2;
                     break;
                 }
+#ifdef KERNEL_COPIES
+                if (p->copy && uffd >= 0) {
+                    done = copy_pages(uffd, (int)fd, p->at, p->length, p->offset, page);
+                    populate_pages(p->at + done, p->length - done, page); /* (what is left is read below) */
+                    continue;
+                }
+#endif
                 populate_pages(p->at, p->length, page);
 #if defined(__linux__)
-                Py_ssize_t end = run_end(pieces, i, n), bytes = 0;
+                Py_ssize_t end = run_end(pieces, i, m), bytes = 0;
                 if (end - i > 1) { /* (a run's pieces are small: none has a whole page to populate) */
                     struct iovec iov[RUN_PIECES];
                     for (Py_ssize_t k = i; k < end; k++) {
@@ -334,8 +388,14 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetFromErrno(PyExc_OSError);
         goto end;
     }
-    out = Py_BuildValue("(nn)", i, status == 1 ? done : (Py_ssize_t)-1);
+    /* (in the caller's pieces: those before piece i's were read whole) */
+    out = i < m ? Py_BuildValue("(nn)", pieces[i].origin, status == 1 ? pieces[i].before + done : (Py_ssize_t)-1)
+                : Py_BuildValue("(nn)", n, (Py_ssize_t)-1);
 end:
+#ifdef KERNEL_COPIES
+    if (uffd >= 0)
+        close(uffd);
+#endif
     if (flagged)
         PyBuffer_Release(&flag);
     for (Py_ssize_t k = 0; k < held; k++)

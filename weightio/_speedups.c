@@ -496,6 +496,7 @@ static PyMethodDef methods[] = {
     {"plain_get", (PyCFunction)(void (*)(void))plain_get, METH_FASTCALL, plain_get_doc},
     {"read_pieces", (PyCFunction)(void (*)(void))read_pieces, METH_FASTCALL, read_pieces_doc},
     {"array_root", array_root, METH_O, array_root_doc},
+    {"kernel_copies", kernel_copies, METH_NOARGS, kernel_copies_doc},
 #endif
     {NULL, NULL, 0, NULL},
 };
@@ -517,7 +518,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 13) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", 14) < 0) {
         Py_DECREF(m);
         return NULL;
     }
