@@ -10,9 +10,11 @@ peers are interleaved in balanced orders (``common.run_order``); medians of --re
 
 1. **owned, warm**: every tensor as a torch CPU tensor that owns its memory, page cache warm.
    weightio ``VarBuilder.load_all(copy=True)`` and ``TensorView.to("torch", copy=True)`` (and,
-   for "before", ``load_all()`` + ``clone()``) vs tensorizer, the Run:ai streamer (``owned=True``),
-   safetensors ``load_file`` + ``clone()``, fastsafetensors (CPU). The machine's limit: the same
-   bytes by parallel ``pread`` into memory already faulted in (only the reads timed).
+   for "before", ``load_all()`` + ``clone()``; for "pages zeroed", ``load_all(copy=True)`` with
+   the kernel's copies off: ``filling._COPIES``, weightio/_copies.h) vs tensorizer, the Run:ai
+   streamer (``owned=True``), safetensors ``load_file`` + ``clone()``, fastsafetensors (CPU). The
+   machine's limit: the same bytes by parallel ``pread`` into memory already faulted in (only the
+   reads timed).
 2. **owned, cold**: the same, each run after the files' pages were evicted (``fsync`` +
    ``posix_fadvise(DONTNEED)``, checked with ``mincore``: bench/coldcache.py). The disk's limit:
    parallel ``O_DIRECT`` reads of the file (8 threads, 16 MiB each); and the disk through the page
@@ -214,6 +216,12 @@ def _loaders(path: str, tpath: str) -> dict:
         with wio.VarBuilder.from_path(path, device="torch") as vb:
             return vb.load_all(copy=True)
 
+    def wio_zeroed():
+        from weightio.devices import filling
+
+        filling._COPIES = False  # (a fresh process each run: nothing else sees it)
+        return wio_copy()
+
     def wio_to():
         import weightio as wio
 
@@ -266,7 +274,7 @@ def _loaders(path: str, tpath: str) -> dict:
         with fastsafe_open(path, device="cpu", nogds=True) as f:
             return {k: f.get_tensor(k) for k in f.keys()}
 
-    return {"weightio load_all(copy=True)": wio_copy, "weightio to(copy=True)": wio_to,
+    return {"weightio load_all(copy=True)": wio_copy, ZEROED: wio_zeroed, "weightio to(copy=True)": wio_to,
             "weightio load_all()+clone (before)": wio_clone, "weightio views": wio_views,
             "weightio numpy views": wio_numpy_views, "safetensors load_file+clone": st_clone,
             "safetensors load_file": st_views, "tensorizer": tensorizer, "Run:ai streamer": runai,
@@ -366,9 +374,10 @@ def pss_growth(mode: str, path: str, workers: int = WORKERS) -> dict:
 
 PAGE_CACHE = "the disk through the page cache: parallel buffered reads, no destination"
 MACHINE_ROWS = ("limit", PAGE_CACHE)  # rows of the machine's reads, not of a loader: no RSS of their own
-WARM_PEERS = ["weightio load_all(copy=True)", "weightio to(copy=True)", "weightio load_all()+clone (before)",
+ZEROED = "weightio load_all(copy=True), pages zeroed (before)"  # the kernel's copies off
+WARM_PEERS = ["weightio load_all(copy=True)", ZEROED, "weightio to(copy=True)", "weightio load_all()+clone (before)",
               "tensorizer", "Run:ai streamer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit"]
-COLD_PEERS = ["weightio load_all(copy=True)", "weightio load_all()+clone (before)", "Run:ai streamer",
+COLD_PEERS = ["weightio load_all(copy=True)", ZEROED, "weightio load_all()+clone (before)", "Run:ai streamer",
               "tensorizer", "safetensors load_file+clone", "fastsafetensors (cpu)", "limit", PAGE_CACHE]
 VIEW_PEERS = ["weightio views", "weightio numpy views", "safetensors load_file"]
 NOTES = {"warm": "owned torch CPU tensors, warm cache", "cold": "owned torch CPU tensors, cold cache",
