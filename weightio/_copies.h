@@ -15,8 +15,12 @@
    (MISSING mode), copied from that mapping, unregistered, and the stretch unmapped, all within the
    piece: the process keeps no mapping of the file's pages once the call returns (its RSS is the
    owned copy's, as with pread). What is not copied (the partial pages at a piece's ends, a page
-   already present: EEXIST, any refusal) is read with pread by the caller, as before. So a
-   destination that is not fresh costs a few system calls more, and one that cannot be registered
+   already present, any refusal) is read with pread by the caller, as before. The pages of a
+   destination already there (memory used before) are found first (`mincore`): only those missing
+   before the first of them are copied, and the file mapped for them alone (1 GiB into memory all
+   there, 8 MiB pieces, one thread: 162-207 ms, median 176, against 185-266 ms, median 190, when the
+   whole stretch was mapped for a copy that stopped at its first page; read without copies, 162-174
+   ms). One that cannot be registered
    (not anonymous memory, a kernel without it, a seccomp filter that refuses userfaultfd: EPERM)
    costs one.
 
@@ -65,6 +69,22 @@ static int open_copier(void) {
     return fd;
 }
 
+/* The bytes of the whole pages [at, at + length) before the first of them that is there (all of
+   them where the kernel will not say: the copy then stops at that page by itself). */
+static size_t missing_pages(char *at, size_t length, uintptr_t page) {
+    unsigned char there[512];
+    size_t pages = length / page;
+    for (size_t k = 0; k < pages; k += sizeof there) {
+        size_t n = pages - k < sizeof there ? pages - k : sizeof there;
+        if (mincore(at + k * page, n * page, there) != 0)
+            return length;
+        for (size_t j = 0; j < n; j++)
+            if (there[j] & 1)
+                return (k + j) * page;
+    }
+    return length;
+}
+
 /* Copy the whole pages [at, at + length) of a destination from `fd`'s file at `offset`, through a
    read-only mapping of that stretch made for the call (so the process keeps no mapping of the file's
    pages once it returns) and a registration of the range for the copy. Returns the bytes copied from
@@ -73,6 +93,12 @@ static int open_copier(void) {
    whole number of pages). The range is unregistered
    and the stretch unmapped before it returns, whatever happened. */
 static Py_ssize_t copy_pages(int uffd, int fd, char *at, Py_ssize_t length, long long offset, uintptr_t page) {
+    /* Memory used before (a model loaded again into the memory of the last one) has some or all of
+       its pages: only the missing ones before the first that is there are copied, and the file's
+       stretch mapped for them alone. */
+    length = (Py_ssize_t)missing_pages(at, (size_t)length, page);
+    if (length < COPY_MIN)
+        return 0;
     long long start = offset / (long long)page * (long long)page;
     size_t skip = (size_t)(offset - start), span = skip + (size_t)length;
     char *file = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)start);
