@@ -20,9 +20,9 @@
    before the first of them are copied, and the file mapped for them alone (1 GiB into memory all
    there, 8 MiB pieces, one thread: 162-207 ms, median 176, against 185-266 ms, median 190, when the
    whole stretch was mapped for a copy that stopped at its first page; read without copies, 162-174
-   ms). One that cannot be registered
-   (not anonymous memory, a kernel without it, a seccomp filter that refuses userfaultfd: EPERM)
-   costs one.
+   ms). A destination that cannot be registered (not anonymous memory, a kernel without it, a
+   seccomp filter that refuses userfaultfd: EPERM) costs a few system calls a piece (`mincore`, the
+   mapping, the refused registration) and is read.
 
    Safety:
    - The descriptor is opened with UFFD_USER_MODE_ONLY (5.11+; allowed without privilege), by the
@@ -72,7 +72,7 @@ static int open_copier(void) {
 /* The bytes of the whole pages [at, at + length) before the first of them that is there (all of
    them where the kernel will not say: the copy then stops at that page by itself). */
 static size_t missing_pages(char *at, size_t length, uintptr_t page) {
-    unsigned char there[512];
+    unsigned char there[4096]; /* (as many pages as the kernel looks at in one batch) */
     size_t pages = length / page;
     for (size_t k = 0; k < pages; k += sizeof there) {
         size_t n = pages - k < sizeof there ? pages - k : sizeof there;
@@ -88,10 +88,11 @@ static size_t missing_pages(char *at, size_t length, uintptr_t page) {
 /* Copy the whole pages [at, at + length) of a destination from `fd`'s file at `offset`, through a
    read-only mapping of that stretch made for the call (so the process keeps no mapping of the file's
    pages once it returns) and a registration of the range for the copy. Returns the bytes copied from
-   `at`: all of them, or fewer where the kernel stopped (a page present, a file page it could not
-   read: the file ended; no memory; mapping or registration refused: 0) or the file ends (then not a
-   whole number of pages). The range is unregistered
-   and the stretch unmapped before it returns, whatever happened. */
+   `at`: all of them, or fewer where a page is found there already (`missing_pages`; 0 where fewer
+   than COPY_MIN bytes are missing before it), where the kernel stopped (a page present, a file page
+   it could not read: the file ended; no memory; mapping or registration refused: 0) or where the
+   file ends (then not a whole number of pages). The range is unregistered and the stretch unmapped
+   before it returns, whatever happened. */
 static Py_ssize_t copy_pages(int uffd, int fd, char *at, Py_ssize_t length, long long offset, uintptr_t page) {
     /* Memory used before (a model loaded again into the memory of the last one) has some or all of
        its pages: only the missing ones before the first that is there are copied, and the file's
