@@ -105,9 +105,7 @@ static Py_ssize_t copy_pages(int uffd, int fd, char *at, Py_ssize_t length, long
     char *file = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)start);
     if (file == MAP_FAILED)
         return 0;
-#ifdef MADV_POPULATE_READ
     (void)madvise(file, span, MADV_POPULATE_READ); /* (a hint: the file's pages mapped in one call) */
-#endif
     uintptr_t low = (uintptr_t)at, high = low + (uintptr_t)length, done = low;
     struct uffdio_register reg = {.range = {.start = low, .len = high - low}, .mode = UFFDIO_REGISTER_MODE_MISSING};
     if (ioctl(uffd, UFFDIO_REGISTER, &reg) == 0) {

@@ -291,8 +291,8 @@ static PyObject *read_pieces(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     halt = flagged ? (const char *)flag.buf : NULL;
 #ifdef KERNEL_COPIES
-    for (Py_ssize_t k = 0; k < m && uffd < 0; k++)
-        if (pieces[k].copy) { /* (a piece has whole pages to copy) */
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (pieces[k].copy) { /* (a piece has whole pages to copy: one try for the call) */
             uffd = open_copier();
             break;
         }

@@ -24,7 +24,7 @@ times the copy. `fill` does the same work another way:
    3.34-8.05 s, 44.6k page faults against 1.05M; cold, 5.33-6.37 s against 5.85-6.54 s. To numpy
    (whose destinations ask for huge pages, which the copies do not make), another VM: 0.71-0.88 s
    (median 0.83) against 1.17-2.81 s (1.90), 5 alternations of fresh processes. Pages
-   already there (memory used before) are read as before, a few system calls later; so is
+   already there (memory used before) are found first (``mincore``) and read as before; so is
    everything where userfaultfd is refused.
 2. **Sources** that are views of a file's read-only mapping are not touched through the mapping:
    their bytes are read with ``pread`` (``os.preadv``) from the file straight into the
