@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import stat
+import sys
 from collections.abc import Iterator
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 
@@ -96,7 +98,7 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
         _hold(fd, tmp, path)
         # buffered: its write() writes everything or raises, where a raw file's may write part (a
         # full disk) and return the count, which every writer would have to check
-        with os.fdopen(fd, "wb") as raw:
+        with _WritingBack(io.FileIO(fd, "wb")) as raw:
             yield raw
             raw.flush()
             os.fsync(raw.fileno())
@@ -113,6 +115,60 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False) -> It
         if isinstance(e, OSError) and not isinstance(e, WeightioError):
             raise WriteError(f"write failed: {e.strerror or e}", path=path, errno=e.errno) from e
         raise
+
+
+WRITEBACK_STEP = 32 << 20  # bytes written between two starts of their writes to the disk
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+_SYNC_FILE_RANGE: Any = None
+
+
+class _WritingBack(io.BufferedWriter):
+    """A buffered file that has the kernel start writing its bytes to the disk as they come, every
+    `WRITEBACK_STEP` bytes (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: the writes are
+    queued, nothing waits for them).
+
+    Otherwise an output smaller than the kernel's dirty-memory threshold (a tenth of the free
+    memory) stays in the page cache until the `fsync` that commits it, which then writes all of it
+    while nothing else happens: converting a 1.1 GB file took 0.85 s of writes and 2.06 s of
+    `fsync`, one after the other. Started early, the disk writes overlap the rest of the work and
+    the `fsync` waits for the last step's: `weightio convert` of a 3.2 GB safetensors file took
+    6.2-9.2 s (median 7.7) against 8.3-9.3 s (8.5), of the 1.1 GB one 2.7-3.8 s (3.15) against
+    3.1-3.7 s (3.3), alternating fresh processes (8 and 13 each) on a 2-CPU VM whose disk wrote
+    at 0.3-1.1 GB/s. (On 2 CPUs the writes themselves slow down while the disk's run beside them.)
+    """
+
+    def __init__(self, raw: io.FileIO) -> None:
+        super().__init__(raw)
+        self._unsent = 0  # bytes written since the disk writes were last started
+        self._sent = 0  # the offset up to which they were
+
+    def write(self, data: Any) -> int:
+        n = super().write(data)
+        self._unsent += n
+        if self._unsent >= WRITEBACK_STEP:
+            self._unsent = 0
+            self.flush()
+            end = self.tell()
+            if end > self._sent and _start_writeback(self.fileno(), self._sent, end - self._sent):
+                self._sent = end
+        return n
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Queue the disk writes of a stretch of `fd`'s dirty pages; False where it cannot be asked."""
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is None:
+        _SYNC_FILE_RANGE = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                call = ctypes.CDLL(None, use_errno=True).sync_file_range
+                call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                _SYNC_FILE_RANGE = call
+            except (OSError, AttributeError):
+                pass
+    return bool(_SYNC_FILE_RANGE) and _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
 
 
 def _hold(fd: int, tmp: str, path: str) -> None:
