@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -193,8 +194,9 @@ def convert_command(src: str, dst: str, dtype: str | None, dequantize: bool, max
     _check_destination(src, dst, fmt)
     ggml = {k: v for k, v in {"context_length": ggml_context_length, "eps": ggml_eps, "gqa": ggml_gqa,
                               "name": ggml_name, "description": ggml_description}.items() if v is not None}
-    with progress_bar(0, "fetching" if is_url(src) else "converting") as bar:
-        progress = progress_callback(bar, verify)
+    bar = progress_bar(0, "fetching" if is_url(src) else "converting")
+    with contextlib.nullcontext() if bar is None else bar:
+        progress = None if bar is None else progress_callback(bar, verify)
         result = convert(src, dst, format=fmt, dtype=dtype, dequantize=dequantize, max_shard_size=max_shard_size,
                          select=patterns or None, verify=verify, overwrite=force, progress=progress,
                          copy_files=not weights_only, ggml_options=ggml or None,

@@ -651,10 +651,24 @@ def test_progress_bar_only_on_a_terminal_and_not_quiet(monkeypatch):
             bar.update(2000)
         assert "converting:   0%" in terminal.getvalue() and "0.00/2.00k" in terminal.getvalue()
     with click.Context(main, obj={"quiet": True}):
-        assert _options.progress_bar(10, "x").disable
+        assert _options.progress_bar(10, "x") is None
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     with click.Context(main, obj={}):
-        assert _options.progress_bar(10, "x").disable
+        assert _options.progress_bar(10, "x") is None
+
+
+def test_a_convert_off_a_terminal_imports_no_progress_bar(tmp_path):
+    # tqdm takes ~80 ms to import: a convert in a script or a pipeline, which shows no bar, skips it
+    code = ("import sys, json, io, contextlib; from weightio.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['convert', sys.argv[1], sys.argv[2]], standalone_mode=False)\n"
+            "print(json.dumps('tqdm' in sys.modules))")
+    out = tmp_path / "x.npz"
+    found = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "tiny-bert" / "model.safetensors"), str(out)],
+                           capture_output=True, text=True, check=True, timeout=60).stdout
+    assert json.loads(found.splitlines()[-1]) is False
+    with wio.open(FIXTURES / "tiny-bert" / "model.safetensors") as src, wio.open(out) as dst:
+        assert sorted(dst) == sorted(src) and all(dst[k].numpy().tobytes() == src[k].numpy().tobytes() for k in src)
 
 
 # ------------------------------------------------------------------------ hostile text and names (issue 12, class 6)
