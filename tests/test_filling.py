@@ -8,7 +8,9 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -691,12 +693,14 @@ atexit.register(late)
     assert out.stdout.split("\n") == [f"w {6 << 20} {((6 << 20) - 1) % 256} True", f"s 1000 {999 % 256} True", ""]
 
 
-def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
-    """An 8 MiB tensor, 2 CPUs: two reads of 4 MiB, on the pool's threads, in two stretches; the
-    bytes exact."""
+@pytest.mark.parametrize(("size", "reads"), [(8 << 20, [(4 << 20, False)] * 2), (300_000, [(300_000, True)])])
+def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch, size, reads):
+    """An 8 MiB tensor, 2 CPUs: two reads of 4 MiB, on the pool's threads, in two stretches. A copy
+    of one piece (300 kB) is read where it is asked for, without a filler's pool hand-off (53 -> 25 us
+    a call on a 7 KiB tensor). The bytes exact, each its own."""
 
     monkeypatch.setattr(filling, "_cpus", lambda: 2)
-    data = np.random.default_rng(5).integers(0, 256, 8 << 20, dtype=np.uint8)
+    data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
     path = tmp_path / "m.safetensors"
     wio.save({"w": data}, path)
     log: list = []
@@ -704,8 +708,8 @@ def test_one_tensors_copy_is_read_in_pieces_on_the_pool(tmp_path, monkeypatch):
     with wio.open(path) as ckpt:
         copy = ckpt["w"].to("numpy", copy=True)
         assert not np.shares_memory(copy, ckpt["w"].numpy())
-    assert np.array_equal(copy, data) and copy.flags.writeable
-    assert sorted((n, main) for _, _, n, main in log) == [(4 << 20, False), (4 << 20, False)]
+    assert np.array_equal(copy, data) and copy.flags.writeable and copy.flags.owndata
+    assert sorted((n, main) for _, _, n, main in log) == reads
 
 
 def _read_pieces_in_c():
@@ -992,3 +996,40 @@ def test_the_reads_in_c_look_at_the_flag_before_each_piece(tmp_path):
         os.close(fd)
     assert flag == b"\x07" and not after.any()
     flag.append(0)  # (not left locked: every buffer is released)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_NOFILE, as Linux counts descriptors")
+def test_no_descriptor_left_to_read_with_is_an_input_error_that_says_what_to_do(tmp_path):
+    """Every descriptor in use (``ulimit -n`` reached): one small tensor's copy (read on the caller's
+    thread) and a whole load (through a filler) each raise `InputError` with EMFILE, the file named."""
+    path = tmp_path / "m.safetensors"
+    wio.save({"small": np.arange(100, dtype=np.float32), "big": np.ones((300, 1000), np.float32)}, path)
+    script = textwrap.dedent("""
+        import errno, json, os, resource, sys
+        import weightio as wio
+        ckpt = wio.open(sys.argv[1])
+        small = ckpt["small"]
+        small.to("numpy", copy=True), wio.devices.load_all(ckpt, "numpy", copy=True)  # (their imports done)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(f) for f in os.listdir("/proc/self/fd")) + 8, hard))
+        held = []
+        while True:  # every descriptor number left taken
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as e:
+                assert e.errno == errno.EMFILE
+                break
+        found = []
+        for call in (lambda: small.to("numpy", copy=True), lambda: wio.devices.load_all(ckpt, "numpy", copy=True)):
+            try:
+                call()
+                found.append(None)
+            except wio.InputError as e:
+                found.append([e.errno, str(e)])
+        print(json.dumps(found))
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    message = (f"{path}: cannot open another descriptor of the file to read it: Too many open files "
+               "(raise the limit: ulimit -n)")
+    assert json.loads(done.stdout) == [[errno.EMFILE, message]] * 2
