@@ -138,24 +138,32 @@ class _WritingBack(io.BufferedWriter):
     """
 
     def __init__(self, raw: io.FileIO) -> None:
-        super().__init__(raw)
+        blksize = os.fstat(raw.fileno()).st_blksize  # (the buffer `open` would give the file)
+        super().__init__(raw, blksize if blksize > 1 else io.DEFAULT_BUFFER_SIZE)
         self._unsent = 0  # bytes written since the disk writes were last started
         self._sent = 0  # the offset up to which they were
 
     def write(self, data: Any) -> int:
         n = super().write(data)
         self._unsent += n
-        if self._unsent >= WRITEBACK_STEP:
+        if self._unsent >= WRITEBACK_STEP and _sync_file_range() is not None:
             self._unsent = 0
             self.flush()
-            end = self.tell()
+            end = self.tell()  # (less than `_sent` while a writer patches bytes behind it: nothing sent)
             if end > self._sent and _start_writeback(self.fileno(), self._sent, end - self._sent):
                 self._sent = end
         return n
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> bool:
-    """Queue the disk writes of a stretch of `fd`'s dirty pages; False where it cannot be asked."""
+    """Queue the disk writes of a stretch of `fd`'s dirty pages; False where it cannot be asked or
+    the kernel refuses (a descriptor that is not a file's, a sandbox without the call)."""
+    call = _sync_file_range()
+    return call is not None and call(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
+
+
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux), found on first use; None elsewhere."""
     global _SYNC_FILE_RANGE
     if _SYNC_FILE_RANGE is None:
         _SYNC_FILE_RANGE = False
@@ -163,12 +171,12 @@ def _start_writeback(fd: int, offset: int, length: int) -> bool:
             try:
                 import ctypes
 
-                call = ctypes.CDLL(None, use_errno=True).sync_file_range
+                call = ctypes.CDLL(None).sync_file_range
                 call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
                 _SYNC_FILE_RANGE = call
             except (OSError, AttributeError):
                 pass
-    return bool(_SYNC_FILE_RANGE) and _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
+    return _SYNC_FILE_RANGE or None
 
 
 def _hold(fd: int, tmp: str, path: str) -> None:
