@@ -322,30 +322,80 @@ def test_an_interrupted_fstat_is_made_again_unless_a_signal_handler_raises(tmp_p
     ]
 
 
-def test_atomic_write_starts_the_disk_writes_as_the_bytes_come(tmp_path, monkeypatch):
-    """Every `WRITEBACK_STEP` bytes written, the kernel is asked to start writing the stretch written
-    since the last time to the disk (``sync_file_range(fd, start, length, SYNC_FILE_RANGE_WRITE)``):
-    the stretches asked for, one after another, end where the file's bytes end at that write."""
+def _recording_starts(monkeypatch, calls: list, before=None) -> None:
+    """`_outputs._start_writeback` made to append ``(offset, length, its thread's name)`` to `calls`
+    (after `before()`, where given) before the real call."""
+    import threading
+
     from weightio import _outputs
 
-    real = _outputs._sync_file_range()
-    calls = []
+    real = _outputs._start_writeback
 
-    def recorded(fd, offset, length, flags):
-        calls.append((offset, length, flags, os.fstat(fd).st_size))
-        return 0 if real is None else real(fd, offset, length, flags)
+    def recorded(fd, offset, length):
+        if before is not None:
+            before()
+        calls.append((offset, length, threading.current_thread().name))
+        return real(fd, offset, length)
 
-    monkeypatch.setattr(_outputs, "_SYNC_FILE_RANGE", recorded)
+    monkeypatch.setattr(_outputs, "_start_writeback", recorded)
+    monkeypatch.setattr(_outputs, "_SYNC_FILE_RANGE", _outputs._sync_file_range() or (lambda *args: 0))
+
+
+def test_atomic_write_starts_the_disk_writes_as_the_bytes_come(tmp_path, monkeypatch):
+    """Every `WRITEBACK_STEP` bytes written, the kernel is asked (on the writeback thread) to start
+    writing the stretch written since the last time to the disk: the stretches, one after another,
+    end where the file's bytes end at that write."""
+    from concurrent.futures import wait
+
+    from weightio import _outputs
+
+    calls: list = []
+    _recording_starts(monkeypatch, calls)
     monkeypatch.setattr(_outputs, "WRITEBACK_STEP", 64 << 10)
     data = np.random.default_rng(0).integers(0, 256, 1 << 20, np.uint8)
     with atomic_write(tmp_path / "out.bin") as f:
         for start in range(0, 200 << 10, 40 << 10):  # 40 KiB writes: a step is crossed every second one
             f.write(data[start:start + (40 << 10)].tobytes())
         write_all(f, data[200 << 10:], chunk=300 << 10)  # three large writes, each past a step
-    k = 1 << 10
-    assert calls == [(0, 80 * k, 2, 80 * k), (80 * k, 80 * k, 2, 160 * k), (160 * k, 340 * k, 2, 500 * k),
-                     (500 * k, 300 * k, 2, 800 * k), (800 * k, 224 * k, 2, 1024 * k)]
+        wait(f._queued)  # (else those not begun when the file closes are dropped)
+    k, thread = 1 << 10, "weightio-writeback_0"
+    assert calls == [(0, 80 * k, thread), (80 * k, 80 * k, thread), (160 * k, 340 * k, thread),
+                     (500 * k, 300 * k, thread), (800 * k, 224 * k, thread)]
     assert (tmp_path / "out.bin").read_bytes() == data.tobytes()
+
+
+def test_the_file_closes_once_no_start_of_its_disk_writes_runs(tmp_path, monkeypatch):
+    """Closing waits for the start running (its descriptor's number may be another file's next) and
+    drops those queued behind it: the file is fsynced by then."""
+    import threading
+    import time
+
+    from weightio import _outputs
+
+    running, closing, released, calls = threading.Event(), threading.Event(), [], []
+
+    def slow_first():  # runs until the file is being closed, and a little longer
+        if not running.is_set():
+            running.set()
+            assert closing.wait(10)
+            time.sleep(0.1)
+            released.append(time.monotonic())
+
+    def close(self):
+        closing.set()
+        real_close(self)
+
+    real_close = _outputs._WritingBack.close
+    monkeypatch.setattr(_outputs._WritingBack, "close", close)
+    _recording_starts(monkeypatch, calls, slow_first)
+    monkeypatch.setattr(_outputs, "WRITEBACK_STEP", 4096)
+    with atomic_write(tmp_path / "out.bin") as f:
+        for i in range(4):
+            f.write(bytes([i]) * 4096)
+        assert running.wait(10)
+    closed = time.monotonic()
+    assert [offset for offset, _, _ in calls] == [0] and released and released[0] <= closed
+    assert (tmp_path / "out.bin").read_bytes() == b"".join(bytes([i]) * 4096 for i in range(4))
 
 
 def test_without_sync_file_range_outputs_are_written_as_before(tmp_path, monkeypatch):
