@@ -28,7 +28,9 @@ Each run is a fresh process, page cache warm; medians of ``--reps`` runs:
 4. owned copies of many tensors (numpy arrays that own their memory, page cache warm): the largest
    count's file (16 bytes a tensor: the cost per tensor) and 20,000 float32 tensors of ``--gib`` GiB
    in all; weightio ``load_all(copy=True)``, the same with its reads in Python (as before
-   ``_speedups.read_pieces``), and safetensors' numpy ``load_file``.
+   ``_speedups.read_pieces``), and safetensors' numpy ``load_file``;
+5. zero-copy torch CPU tensors of the same two files (what a framework's load of a cached model
+   makes per tensor): weightio ``load_all(ckpt, "torch")`` vs safetensors' torch ``load_file``.
 
 and writes the medians and ratios into docs/benchmarks.md (section "scale").
 """
@@ -63,6 +65,7 @@ SCRIPT = Path(__file__).resolve()
 SIZES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
 OWNED_TENSORS = 20_000  # the owned case's second file: this many tensors, --gib in all
 OWNED_PEERS = ("weightio", "weightio, reads in Python", "safetensors")
+VIEWS_PEERS = ("weightio", "safetensors")
 # the reference writer's order within a file: widest alignment first, then by name
 RANK = {"F32": 0, "BF16": 1, "F8_E4M3": 2}
 
@@ -270,6 +273,8 @@ def _worker(case: str, peer: str, path: str) -> dict:
         return timed(wio_open if peer == "weightio" else lambda: _safetensors_listing(path))
     if case == "owned":
         return _owned(peer, path)
+    if case == "views":
+        return _views(peer, path)
     if case == "resolve":
         return _resolve(path)
     raise ValueError(case)
@@ -295,6 +300,27 @@ def _owned(peer: str, path: str) -> dict:
     def load() -> dict:
         with wio.open(path) as ckpt:
             return wio.devices.load_all(ckpt, "numpy", copy=True)
+
+    return timed(load)
+
+
+def _views(peer: str, path: str) -> dict:
+    """Every tensor as a zero-copy torch CPU tensor, page cache warm: weightio's `load_all(ckpt,
+    "torch")` (each a tensor over private copy-on-write pages of the file), safetensors' torch
+    `load_file` (each a tensor over its mapping of the file)."""
+    import torch  # noqa: F401 - imported before timing by both
+
+    import weightio as wio
+    import weightio.devices.torch  # noqa: F401
+
+    if peer == "safetensors":
+        from safetensors.torch import load_file
+
+        return timed(lambda: load_file(path))
+
+    def load() -> dict:
+        with wio.open(path) as ckpt:
+            return wio.devices.load_all(ckpt, "torch")
 
     return timed(load)
 
@@ -376,6 +402,8 @@ def cases(counts: list[int], layouts: dict[str, Path], gib: float = 0.0) -> list
             size = f"{each:,} bytes" if each < 1 << 10 else f"{each / 1024:.0f} KiB"
             out.append(Case(f"owned-{n}-{size}", {peer: ["owned", peer, str(path)] for peer in OWNED_PEERS},
                             f"owned numpy copies, {n:,} tensors of {size}"))
+            out.append(Case(f"views-{n}-{size}", {peer: ["views", peer, str(path)] for peer in VIEWS_PEERS},
+                            f"zero-copy torch CPU tensors, {n:,} tensors of {size}"))
     for key, folder in layouts.items():
         label = LAYOUTS[key][2]
         out.append(Case(f"open-{key}", {peer: ["open", peer, str(folder)] for peer in ("weightio", "safetensors")},
@@ -420,6 +448,10 @@ def report(results: dict, measured: list[Case], reps: int, argv: str) -> str:
         lines += ["", "The owned rows copy every tensor into numpy arrays that own their memory: weightio "
                       "`load_all(ckpt, \"numpy\", copy=True)` (the fill pool's reads in C, `_speedups.read_pieces`, "
                       "or in Python as before it), safetensors `safetensors.numpy.load_file`; the file's pages warm."]
+    if any(name.startswith("views") for name in results):
+        lines += ["", "The zero-copy rows make every tensor a torch CPU tensor over the file's pages, none copied: "
+                      "weightio `load_all(ckpt, \"torch\")` (private copy-on-write windows of the file), safetensors "
+                      "`safetensors.torch.load_file` (its mapping of the file); the file's pages warm."]
     if "resolve" in results:
         extra = results["resolve"]["weightio"]["extra"]
         lines += ["", f"`VarBuilder.get` over DeepSeek-V3's {extra['names']:,} names: "
@@ -467,7 +499,7 @@ def main() -> None:
     layouts = {key: generate_layout(key) for key in args.layouts.split(",") if key in LAYOUTS}
     measured = cases(counts, layouts, args.gib)
     for case in measured:
-        _warm(Path(next(iter(case.peers.values()))[2]), whole=case.name.startswith("owned"))
+        _warm(Path(next(iter(case.peers.values()))[2]), whole=case.name.startswith(("owned", "views")))
     results = measure(SCRIPT, measured, args.reps)
     argv = " ".join(sys.argv[1:])
     chart = [r | {"rss_mib": None} for r in rows(results, measured)]

@@ -87,6 +87,31 @@ def test_twins_of_the_same_windows_share_their_memory_while_alive(tmp_path, smal
         assert second[0] == 99.0 and first.base.base is second.base.base  # (one span of window 0, alive)
 
 
+@pytest.mark.parametrize("walk", ["c", "python"])
+def test_a_twin_is_made_for_a_view_of_the_file_only(tmp_path, small_windows, monkeypatch, walk):
+    """`writable_twin` finds the file of a view whatever its chain of bases (the walk in C,
+    `_speedups.array_root`, or in Python): a twin over the file's private pages; None for memory of
+    anything else; a copy of its own for a view of a closed checkpoint."""
+    if walk == "c" and _io._array_root is None:
+        pytest.skip("weightio._speedups is not built here: the walk is Python's")
+    if walk == "python":
+        monkeypatch.setattr(_io, "_array_root", None)
+    path, tensors = _three(tmp_path)
+    ckpt = wio.open(path)
+    view = ckpt["b"].numpy().reshape(100, 120)[3:, ::2]
+    twin = writable_twin(view)
+    base = _io.mapped_source(ckpt["b"].numpy())[1]
+    assert twin.flags.writeable and twin.strides == view.strides and np.array_equal(twin, view)
+    assert mapping_at(twin.__array_interface__["data"][0]) == ("rw-p", os.path.realpath(path), base + 3 * 480)
+    for other in (np.arange(4.0), np.frombuffer(bytearray(8), np.uint8), np.array(view)):
+        assert writable_twin(other) is None
+    held = ckpt["c"].numpy()
+    ckpt.close()
+    copied = writable_twin(held)
+    assert copied.flags.owndata and np.array_equal(copied, tensors["c"])
+    assert (mapping_at(copied.__array_interface__["data"][0]) or ("", "", 0))[1] != os.path.realpath(path)
+
+
 def test_a_window_the_kernel_refuses_leaves_none_writable_and_says_so(tmp_path, small_windows, monkeypatch):
     path, tensors = _three(tmp_path)
     libc = _private._LIBC

@@ -361,7 +361,7 @@ class MappedFile:
             if self._closed:
                 raise WeightioError(_CLOSED, path=self.path)
             if _private.available():  # (Linux: one private mapping of the file, its windows made writable)
-                return np.asarray(self._span(first, last)), offset
+                return self._span(first, last), offset
             if self._windows is None:
                 self._windows = weakref.WeakValueDictionary()
             window = self._windows.get((first, last))
@@ -378,7 +378,7 @@ class MappedFile:
                 window = self._windows[first, last] = np.frombuffer(mapped, dtype=np.uint8)
         return window, offset
 
-    def _span(self, first: int, last: int) -> _private._Span:
+    def _span(self, first: int, last: int) -> np.ndarray:
         """`private_window` on Linux (`weightio._private`; the lock held): windows `first`..`last` of
         the file's one private mapping, made writable."""
         private = self._private
@@ -469,18 +469,24 @@ def _mapping_of(arr: np.ndarray) -> _FileMapping | None:
 def mapped_source(arr: np.ndarray) -> tuple[MappedFile, int] | None:
     """The open file whose read-only mapping holds `arr`'s memory, and the file offset of its
     element 0; None for any other array, or a view of a file whose checkpoint was closed."""
-    mapping: _FileMapping | None
-    if _array_root is not None:  # in C: what a fill asks of every source (~0.3 us a call against ~2.7)
-        found = _array_root(arr)
-        root, address = found if found is not None else (None, 0)
-        mapping = root if isinstance(root, _FileMapping) else None
-    else:
-        mapping = _mapping_of(arr)
-        address = arr.__array_interface__["data"][0] if mapping is not None else 0
-    if mapping is None:
+    found = _file_root(arr)
+    if found is None:
         return None
+    mapping, address = found
     file = mapping.owner()
     return None if file is None or file.closed else (file, address - mapping.address)
+
+
+def _file_root(arr: np.ndarray) -> tuple[_FileMapping, int] | None:
+    """The read-only file mapping `arr`'s memory belongs to and the address of `arr`'s element 0;
+    None for any other array."""
+    if _array_root is not None:  # in C: what a fill asks of every source (~0.3 us a call against ~2.7)
+        found = _array_root(arr)
+        if found is None or not isinstance(found[0], _FileMapping):
+            return None
+        return found[0], found[1]
+    mapping = _mapping_of(arr)
+    return None if mapping is None else (mapping, arr.__array_interface__["data"][0])
 
 
 # (root of its chain of bases, address of element 0) of an array: `mapped_source`'s walk in C, where built
@@ -499,14 +505,16 @@ def writable_twin(arr: np.ndarray) -> np.ndarray | None:
         CorruptFileError: the file changed since it was opened.
         InputError: the kernel refused the private mapping.
     """
-    if _mapping_of(arr) is None:
+    found = _file_root(arr)
+    if found is None:
         return None
-    located = mapped_source(arr)
-    if located is None:
+    mapping, address = found
+    file = mapping.owner()
+    if file is None or file.closed:
         return np.array(arr, copy=True)
     if arr.size == 0:
         return np.empty(arr.shape, arr.dtype)
-    file, first = located  # the element at index 0
+    first = address - mapping.address  # the element at index 0
     if arr.flags.c_contiguous:
         low, high = first, first + arr.nbytes
     else:

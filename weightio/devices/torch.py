@@ -211,10 +211,27 @@ def _torch_device(torch: Any, target: str) -> Any:
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
-    row = by_numpy(dtype)
-    if row.torch is None or row.packed:
-        raise UnsupportedDTypeError(f"torch has no dtype for {row.safetensors}")
-    return getattr(torch, row.torch)
+    found = _DTYPES.get(dtype)
+    if found is None:
+        row = by_numpy(dtype)
+        if row.torch is None or row.packed:
+            raise UnsupportedDTypeError(f"torch has no dtype for {row.safetensors}")
+        found = _DTYPES[dtype] = getattr(torch, row.torch)
+    return found
+
+
+_DTYPES: dict[np.dtype, Any] = {}  # numpy dtype -> torch's, as met (a lookup in the table costs ~2 us a tensor)
+
+
+def _torch() -> Any:
+    """The torch module, imported on first use (``importlib`` asked again costs ~1.3 us a tensor)."""
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = import_framework("torch")
+    return _TORCH
+
+
+_TORCH: Any = None
 
 
 # ----------------------------------------------------------------------------- numpy <-> torch
@@ -233,7 +250,7 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     arrays are wrapped as they are); the warning is silenced here because the tensor is
     documented as read-only.
     """
-    torch = import_framework("torch")
+    torch = _torch()
     target = _torch_dtype(torch, arr.dtype)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
