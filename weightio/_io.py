@@ -45,7 +45,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -481,10 +481,9 @@ def _file_root(arr: np.ndarray) -> tuple[_FileMapping, int] | None:
     """The read-only file mapping `arr`'s memory belongs to and the address of `arr`'s element 0;
     None for any other array."""
     if _array_root is not None:  # in C: what a fill asks of every source (~0.3 us a call against ~2.7)
-        found = _array_root(arr)
-        if found is None or not isinstance(found[0], _FileMapping):
-            return None
-        return found[0], found[1]
+        found = _array_root(arr)  # (root, address): the root may be anything
+        mine = found is not None and isinstance(found[0], _FileMapping)
+        return cast("tuple[_FileMapping, int]", found) if mine else None
     mapping = _mapping_of(arr)
     return None if mapping is None else (mapping, arr.__array_interface__["data"][0])
 

@@ -371,9 +371,12 @@ class NumpyBackend:
         """Writable copies in memory of their own, filled in parallel (`weightio.devices.filling`)."""
         from .filling import fill
 
-        out = {k: np.empty(a.shape, a.dtype.newbyteorder("=") if is_number(a.dtype) else a.dtype)
-               for k, a in arrays.items()}
-        fill([(out[k].reshape(-1).view(np.uint8), _native(a)) for k, a in arrays.items()])
+        out, pairs = {}, []
+        for k, a in arrays.items():
+            a = _native(a)
+            dst = out[k] = np.empty(a.shape, a.dtype)
+            pairs.append((dst.reshape(-1).view(np.uint8), a))
+        fill(pairs)
         return out
 
     def cast(self, tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -388,6 +391,6 @@ class NumpyBackend:
 
 def _native(arr: np.ndarray) -> np.ndarray:
     """`arr` C-contiguous, numbers in native byte order (a copy only where it is not already)."""
-    if is_number(arr.dtype) and not arr.dtype.isnative:
+    if not arr.dtype.isnative and is_number(arr.dtype):
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
