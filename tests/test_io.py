@@ -431,6 +431,24 @@ def test_starting_the_disk_writes_is_a_hint_that_never_raises(tmp_path):
     assert _start_writeback(-1, 0, 10) is False  # EBADF
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the calls looked up are Linux's")
+def test_a_libc_call_is_typed_by_its_caller_and_keeps_errno():
+    """`_native.libc`: each lookup a function of its own (one caller's argument types never another's),
+    errno readable after a failure; None for a function the C library lacks."""
+    import ctypes
+    import errno
+
+    from weightio._native import libc
+
+    wide = libc("mprotect", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    narrow = libc("mprotect", ctypes.c_int, ctypes.c_size_t, ctypes.c_int)
+    assert wide is not narrow and wide.argtypes == [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert narrow.argtypes[0] is ctypes.c_int and wide.restype is ctypes.c_int
+    ctypes.set_errno(0)
+    assert wide(1 << 40 | 1, 4096, 0) == -1 and ctypes.get_errno() == errno.EINVAL  # (an address off a page)
+    assert libc("weightio_no_such_function") is None
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz", ".gguf"])
 def test_outputs_are_exact_when_the_disk_writes_start_every_page(tmp_path, monkeypatch, suffix):
     """The npz writer seeks back to patch each member's CRC after its bytes, whose disk writes may

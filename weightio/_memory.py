@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ._native import libc
+
 __all__ = ["fresh", "populate"]
 
 _PAGE = 4096
@@ -45,12 +47,7 @@ def populate(arr: np.ndarray) -> None:
 def _madvise() -> Any:
     global _MADVISE
     if _MADVISE is None:
-        try:
-            import ctypes
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _MADVISE = libc.madvise
-        except (OSError, AttributeError):
-            _MADVISE = False
+        _MADVISE = libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int) or False
     return _MADVISE or None

@@ -1,4 +1,5 @@
-"""weightio's optional C module, `weightio._speedups` (weightio/_speedups.c), or None.
+"""weightio's optional C module, `weightio._speedups` (weightio/_speedups.c), or None; and the C
+library's calls Python's own modules do not offer (`libc`).
 
 None where it was not built (no C compiler at install: the Python paths do everything), where the
 built module is not the interface this code calls (`VERSION`: a stale in-place build of an
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["VERSION", "speedups"]
+__all__ = ["VERSION", "libc", "speedups"]
 
 VERSION = 14  # the interface of weightio/_speedups.c this code calls (its module's VERSION)
 
@@ -29,3 +30,20 @@ def _load() -> Any:
 
 
 speedups: Any = _load()
+
+
+def libc(name: str, *argtypes: Any) -> Any:
+    """The C library's function `name` (``madvise``, ``mprotect``, ``sync_file_range``), through
+    ctypes: its arguments typed `argtypes`, its result an ``int``, errno kept after each call
+    (``ctypes.get_errno()``); None where the platform has no such function. Each caller looks up
+    once what it uses, and goes without where it is None: every call made this way is a hint or
+    a speed-up, never needed. Each lookup is a function object of its own (its argument types
+    are the caller's alone), and releases the interpreter's lock while it runs."""
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None, use_errno=True)[name]
+    except (OSError, AttributeError, TypeError):  # (TypeError: Windows has no handle to the process's own C library)
+        return None
+    function.argtypes = list(argtypes)
+    return function

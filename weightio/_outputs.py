@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from ._native import libc
 from ._threads import shared_pool
 from .errors import OVERWRITE_ADVICE, PARENTS_ADVICE, WeightioError, WriteError
 
@@ -209,14 +210,10 @@ def _sync_file_range() -> Any:
     if _SYNC_FILE_RANGE is None:
         _SYNC_FILE_RANGE = False
         if sys.platform.startswith("linux"):
-            try:
-                import ctypes
+            import ctypes
 
-                call = ctypes.CDLL(None).sync_file_range
-                call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                _SYNC_FILE_RANGE = call
-            except (OSError, AttributeError):
-                pass
+            typed = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)  # fd, offset, length, flags
+            _SYNC_FILE_RANGE = libc("sync_file_range", *typed) or False
     return _SYNC_FILE_RANGE or None
 
 

@@ -28,10 +28,13 @@ import mmap
 import os
 import sys
 import threading
+import types
 import weakref
 from typing import Any
 
 import numpy as np
+
+from ._native import libc
 
 __all__ = ["PrivateMapping", "available"]
 
@@ -39,13 +42,9 @@ _MADV_DONTNEED = 4
 
 
 def _libc() -> Any:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
+    """libc's ``mprotect`` and ``madvise`` (attributes of one object), or None without either."""
+    mprotect, madvise = (libc(name, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int) for name in ("mprotect", "madvise"))
+    return None if mprotect is None or madvise is None else types.SimpleNamespace(mprotect=mprotect, madvise=madvise)
 
 
 _LIBC: Any = None  # libc's mprotect and madvise, found on first use (`available`)
