@@ -129,6 +129,30 @@ def test_torch_cpu_copies_only_what_it_cannot_wrap(make):
     assert t.tolist() == arr.astype(np.float32).tolist() and t.dtype == torch.float32
 
 
+def test_each_dtype_is_given_its_torch_dtype_every_time(monkeypatch):
+    # (the numpy -> torch dtypes are remembered as met: a byte order, a wider or narrower type met
+    # first must not answer for another; a refusal is never remembered as an answer)
+    torch = pytest.importorskip("torch")
+    from weightio.devices import torch as torch_devices
+    from weightio.dtypes import TABLE
+
+    monkeypatch.setattr(torch_devices, "_DTYPES", {})
+    wrapped = [row for row in TABLE if not row.packed]
+    for _ in range(2):  # (the second pass answered from what the first remembered)
+        for row in wrapped:
+            orders = ("<", ">") if row.numpy.kind in "biufc" and row.numpy.itemsize > 1 else ("|",)
+            for order in orders:
+                arr = np.zeros(3, row.numpy.newbyteorder(order) if order != "|" else row.numpy)
+                t = devices.place(arr, "torch")
+                assert t.dtype == getattr(torch, row.torch) and tuple(t.shape) == (3,), (row.safetensors, order)
+        for row in TABLE:
+            if row.packed:
+                with pytest.raises(UnsupportedDTypeError, match="torch has no dtype for " + row.safetensors):
+                    torch_devices._torch_dtype(torch, row.numpy)
+    assert len(torch_devices._DTYPES) == sum(2 if r.numpy.kind in "biufc" and r.numpy.itemsize > 1 else 1
+                                             for r in wrapped)
+
+
 def test_a_dtype_torch_lacks_names_the_file_and_tensor(tmp_path):
     pytest.importorskip("torch")
     np.save(tmp_path / "wide.npy", np.zeros(3, np.longdouble))

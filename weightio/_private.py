@@ -94,7 +94,7 @@ class PrivateMapping:
     def span(self, first: int, last: int) -> np.ndarray:
         """Writable memory over windows `first`..`last` (from byte ``first * window`` of the file): a
         ``uint8`` array whose base (a `_Span`) keeps them writable while it lives, shared with any
-        span of them alive.
+        span of them alive: the same array, every twin's base (internal: never reshaped or flagged).
 
         Raises:
             OSError: the kernel refused to make a window writable (the commitment: strict or
