@@ -117,6 +117,32 @@ def test_torch_cpu_tensors_share_the_mapping_without_warnings():
     assert caught == []
 
 
+def test_a_torch_tensor_of_a_strided_view_of_the_file_takes_writes(tmp_path):
+    # as_strided / broadcast_to views of a file's read-only mapping: their torch tensors were that
+    # mapping itself (numpy's stride tricks hide the chain of bases), and a write killed the process
+    # (SIGSEGV); run in a child so that a regression fails this test instead of the run
+    pytest.importorskip("torch")
+    import subprocess
+
+    path = tmp_path / "m.safetensors"
+    wio.save({"w": np.arange(64, dtype=np.float32).reshape(8, 8)}, path)
+    script = f"""
+import numpy as np, weightio as wio
+from weightio import devices
+with wio.open({str(path)!r}) as ckpt:
+    view = ckpt["w"].numpy()
+    strided = devices.place(np.lib.stride_tricks.as_strided(view, (4, 8), (64, 4)), "torch")
+    broadcast = devices.place(np.broadcast_to(view[0], (3, 8)), "torch")
+    strided[1, 2] = -1.0
+    broadcast[0, 3] = -2.0
+    print(strided[:, 2].tolist(), broadcast[:, 3].tolist(), view[1, 2], view[0, 3])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # each tensor's own private pages written; the file's view unchanged
+    assert done.stdout.split("\n")[0] == "[2.0, -1.0, 34.0, 50.0] [-2.0, -2.0, -2.0] 10.0 3.0"
+
+
 @pytest.mark.parametrize("make", [
     lambda: np.arange(6, dtype=">f4"),  # big-endian: converted
     lambda: np.frombuffer(b"\0" + np.arange(6, dtype=np.float32).tobytes(), np.float32, offset=1),  # misaligned

@@ -925,6 +925,8 @@ def test_a_source_is_found_in_its_file_whatever_its_chain_of_bases(tmp_path, mon
     assert filling.mapped_source(a.view(np.uint8)[3:])[1] == start + 3
     assert filling.mapped_source(a.reshape(8, 8)[2])[1] == start + 64
     assert filling.mapped_source(np.frombuffer(memoryview(a)[10:], np.float32))[1] == start + 40
+    assert filling.mapped_source(np.lib.stride_tricks.as_strided(a[3:], (8,), (4,)))[1] == start + 12  # (a DummyArray)
+    assert filling.mapped_source(np.broadcast_to(a[7:9], (5, 2)))[1] == start + 28
     assert filling.mapped_source(b)[0] is file and filling.mapped_source(b)[1] == start + 256
     for other in (np.arange(4), np.arange(8)[2:], np.frombuffer(bytearray(8), np.uint8), np.array(a)):
         assert filling.mapped_source(other) is None

@@ -90,8 +90,9 @@ def test_twins_of_the_same_windows_share_their_memory_while_alive(tmp_path, smal
 @pytest.mark.parametrize("walk", ["c", "python"])
 def test_a_twin_is_made_for_a_view_of_the_file_only(tmp_path, small_windows, monkeypatch, walk):
     """`writable_twin` finds the file of a view whatever its chain of bases (the walk in C,
-    `_speedups.array_root`, or in Python): a twin over the file's private pages; None for memory of
-    anything else; a copy of its own for a view of a closed checkpoint."""
+    `_speedups.array_root`, or in Python; memoryviews, numpy's stride tricks): a twin over the
+    file's private pages; None for memory of anything else; a copy of its own for a view of a
+    closed checkpoint."""
     if walk == "c" and _io._array_root is None:
         pytest.skip("weightio._speedups is not built here: the walk is Python's")
     if walk == "python":
@@ -100,8 +101,11 @@ def test_a_twin_is_made_for_a_view_of_the_file_only(tmp_path, small_windows, mon
     with wio.open(path) as ckpt:
         view = ckpt["b"].numpy().reshape(100, 120)[3:, ::2]
         through = np.frombuffer(memoryview(ckpt["c"].numpy()), np.float32)[10:]  # (a memoryview in the chain)
-        base = _io.mapped_source(ckpt["b"].numpy())[1]
-        for arr, offset in ((view, base + 3 * 480), (through, _io.mapped_source(ckpt["c"].numpy())[1] + 40)):
+        # numpy's stride tricks lend an array interface over the view's memory (a DummyArray whose base it is)
+        strided = np.lib.stride_tricks.as_strided(ckpt["c"].numpy(), (10, 4), (16, 4))
+        broadcast = np.broadcast_to(ckpt["c"].numpy()[5:9], (3, 4))
+        base, c = _io.mapped_source(ckpt["b"].numpy())[1], _io.mapped_source(ckpt["c"].numpy())[1]
+        for arr, offset in ((view, base + 3 * 480), (through, c + 40), (strided, c), (broadcast, c + 20)):
             twin = writable_twin(arr)
             assert twin.flags.writeable and twin.strides == arr.strides and np.array_equal(twin, arr)
             assert mapping_at(twin.__array_interface__["data"][0]) == ("rw-p", os.path.realpath(path), offset)

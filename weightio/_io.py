@@ -459,11 +459,25 @@ class _FileMapping(mmap.mmap):
     address: int
 
 
-def _mapping_of(arr: np.ndarray) -> _FileMapping | None:
-    found: object = arr  # the read-only file mapping `arr`'s memory belongs to, or None
-    while isinstance(found, (np.ndarray, memoryview)):
-        found = found.base if isinstance(found, np.ndarray) else found.obj
-    return found if isinstance(found, _FileMapping) else None
+def _mapping_of(arr: object) -> _FileMapping | None:
+    """The read-only file mapping `arr`'s memory belongs to, or None: its chain of bases walked
+    through arrays, memoryviews, and the objects that only lend an array interface over another's
+    memory and keep that other as their ``base`` (numpy's ``as_strided`` and ``broadcast_to``
+    make one: a view made through them must be known as the file's too, or a writable torch
+    tensor over it would be the read-only mapping itself, and a write to it SIGSEGV)."""
+    found: object = arr
+    for _ in range(1_000_000):  # (a bound: a chain is never this long)
+        if isinstance(found, np.ndarray):
+            found = found.base
+        elif isinstance(found, memoryview):
+            found = found.obj
+        elif isinstance(found, _FileMapping):
+            return found
+        elif found is not None and hasattr(found, "__array_interface__"):
+            found = getattr(found, "base", None)
+        else:
+            return None
+    return None
 
 
 def mapped_source(arr: np.ndarray) -> tuple[MappedFile, int] | None:
@@ -482,8 +496,14 @@ def _file_root(arr: np.ndarray) -> tuple[_FileMapping, int] | None:
     None for any other array."""
     if _array_root is not None:  # in C: what a fill asks of every source (~0.3 us a call against ~2.7)
         found = _array_root(arr)  # (root, address): the root may be anything
-        mine = found is not None and isinstance(found[0], _FileMapping)
-        return cast("tuple[_FileMapping, int]", found) if mine else None
+        if found is None:
+            return None
+        if isinstance(found[0], _FileMapping):
+            return cast("tuple[_FileMapping, int]", found)
+        if not hasattr(found[0], "__array_interface__"):  # (memory of anything else: None when an array owns it)
+            return None
+        mapping = _mapping_of(found[0])  # an array interface lent over another's memory: walked on in Python
+        return None if mapping is None else (mapping, found[1])
     mapping = _mapping_of(arr)
     return None if mapping is None else (mapping, arr.__array_interface__["data"][0])
 
