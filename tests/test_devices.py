@@ -133,14 +133,44 @@ with wio.open({str(path)!r}) as ckpt:
     view = ckpt["w"].numpy()
     strided = devices.place(np.lib.stride_tricks.as_strided(view, (4, 8), (64, 4)), "torch")
     broadcast = devices.place(np.broadcast_to(view[0], (3, 8)), "torch")
+    hidden = devices.place(np.from_dlpack(view), "torch")  # (behind a DLPack capsule: no walk finds the file)
     strided[1, 2] = -1.0
     broadcast[0, 3] = -2.0
-    print(strided[:, 2].tolist(), broadcast[:, 3].tolist(), view[1, 2], view[0, 3])
+    hidden[2, 0] = -3.0
+    print(strided[:, 2].tolist(), broadcast[:, 3].tolist(), view[1, 2], view[0, 3], hidden[2, 0].item(), view[2, 0])
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     # each tensor's own private pages written; the file's view unchanged
-    assert done.stdout.split("\n")[0] == "[2.0, -1.0, 34.0, 50.0] [-2.0, -2.0, -2.0] 10.0 3.0"
+    assert done.stdout.split("\n")[0] == "[2.0, -1.0, 34.0, 50.0] [-2.0, -2.0, -2.0] 10.0 3.0 -3.0 16.0"
+
+
+def test_a_torch_tensor_of_memory_a_reader_holds_is_a_copy(tmp_path):
+    # Views of bytes a reader holds in memory (an inflated .npz member, shared by every view of it;
+    # the immutable bytes a pickled numpy array was read from, one-byte ones shared by the whole
+    # interpreter) are read-only: a zero-copy torch tensor over them let a write reach them
+    torch = pytest.importorskip("torch")
+    import weightio.torch as wt
+
+    np.savez_compressed(tmp_path / "c.npz", weight=np.arange(4, dtype=np.float32).reshape(2, 2),
+                        bias=np.zeros(2, np.float32))
+    with wio.open(tmp_path / "c.npz") as ckpt:
+        held = ckpt["weight"].numpy()
+        devices.place(ckpt["weight"], "torch").add_(100)
+        ckpt["bias"].to("torch").fill_(7)
+        model = torch.nn.Linear(2, 2)
+        wt.load_into(model, ckpt, assign=True)
+        with torch.no_grad():
+            model.weight.add_(5)
+        assert held.tolist() == ckpt["weight"].numpy().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+        assert ckpt["bias"].numpy().tolist() == [0.0, 0.0]
+        assert devices.load_all(ckpt, "numpy", copy=True)["weight"].tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    torch.save({"flag": np.array([5], dtype=np.uint8), "row": np.arange(3, dtype=np.int16)}, tmp_path / "p.bin")
+    with wio.open(tmp_path / "p.bin") as ckpt:
+        ckpt["flag"].to("torch").fill_(9)
+        ckpt["row"].to("torch").fill_(-1)
+        assert ckpt["flag"].numpy().tolist() == [5] and ckpt["row"].numpy().tolist() == [0, 1, 2]
+    assert bytes([5]) == b"\x05" and list(b"\x05") == [5]  # (the interpreter's one-byte bytes untouched)
 
 
 @pytest.mark.parametrize("make", [

@@ -36,9 +36,14 @@ read-only tensors, so a ``torch:cpu`` tensor of a file's bytes is built over a p
 copy-on-write mapping of the stretch of the file that holds it (64 MiB windows, see
 `weightio._io`): the same page-cache pages, no copy. An in-place write (``t.add_(1)``, an
 optimizer step, ``t.copy_(…)``) copies the touched pages for that mapping alone — the file, the
-numpy views and later opens never see it, and nothing crashes — but another zero-copy tensor of
-the same bytes made while it lives may share them. Clone a tensor you want to modify and compare
-(``t.clone()``), or copy into your own parameters (`weightio.torch.load_into` does). A writable
+numpy views and later opens never see it, and nothing crashes — but the zero-copy tensors of one
+open checkpoint share their windows while any tensor over a window lives, so another tensor of the
+same bytes made meanwhile (even after the written one is gone) may see the write; a window no
+tensor uses is the file's bytes again. Clone a tensor you want to modify and compare
+(``t.clone()``), load with ``copy=True``, or copy into your own parameters
+(`weightio.torch.load_into` does). Bytes a reader holds in memory (an inflated ``.npz`` member or
+zip record, a numpy array pickled in a PyTorch checkpoint) and any other read-only array are
+copied for torch: a write must never reach memory the views share. A writable
 tensor larger than the kernel lets one process commit (more than RAM + swap, under the default
 heuristic overcommit) is refused with `InputError`; read it as numpy or in slices.
 """
@@ -209,8 +214,9 @@ def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype
     numpy: the zero-copy read-only view when no cast is needed, else a new array.
     torch CPU: a tensor sharing the view's file pages (no copy) when no cast is needed, through a
     private copy-on-write mapping: an in-place write to that tensor changes that tensor (and any
-    zero-copy tensor of the same bytes made while it lives), never the file, the numpy views or a
-    later open (see the module docstring) — clone first to keep the checkpoint's values.
+    zero-copy tensor of the same bytes made while a tensor over its 64 MiB window lives), never
+    the file, the numpy views or a later open (see the module docstring) — clone first to keep the
+    checkpoint's values. Bytes a reader holds in memory are copied (see the module docstring).
     """
     b = backend(device)
     _check_numbers(b, source, None if dtype is None else np.dtype(dtype))

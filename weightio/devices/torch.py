@@ -243,12 +243,15 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     torch has no read-only tensors, and a write to a file's read-only mapping is SIGSEGV: a view
     of a file's mapping is first moved to private copy-on-write memory over the same file pages
     (`weightio._io.writable_twin`: no copy; the 64 MiB windows of the file it lies in), unless
-    `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU).
+    `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU). Any other
+    read-only array is copied: its memory may be anyone's (a reader's inflated buffer, which every
+    view of that member shares; the immutable ``bytes`` a pickled array was read from, one-byte
+    ones shared by the whole interpreter; a file's mapping behind a DLPack capsule, where no walk
+    finds the file), and a write through the tensor must never reach it.
 
     torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,
-    then viewed back as the torch dtype. torch warns about read-only arrays (other read-only
-    arrays are wrapped as they are); the warning is silenced here because the tensor is
-    documented as read-only.
+    then viewed back as the torch dtype. With `writable` False a read-only array is wrapped as it
+    is, and torch's warning about that silenced (the caller never writes to the tensor).
     """
     torch = _torch()
     target = _torch_dtype(torch, arr.dtype)
@@ -258,7 +261,7 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
         arr = arr.copy()
     if writable and not arr.flags.writeable:
         twin = writable_twin(arr)
-        arr = arr if twin is None else twin
+        arr = arr.copy() if twin is None else twin
     bridge = arr
     if arr.dtype in ML_FLOATS:  # torch.from_numpy knows numpy's own types only
         bridge = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
