@@ -145,6 +145,31 @@ with wio.open({str(path)!r}) as ckpt:
     assert done.stdout.split("\n")[0] == "[2.0, -1.0, 34.0, 50.0] [-2.0, -2.0, -2.0] 10.0 3.0 -3.0 16.0"
 
 
+def test_memory_made_for_one_caller_is_given_to_torch_as_it_is():
+    # a dequantized GGUF tensor (or a byte-swapped one, a remote fetch) is new memory of the call
+    # that made it, read-only as every array handed out: torch takes it without a copy, and a write
+    # to the tensor reaches nothing a later read sees
+    pytest.importorskip("torch")
+    from weightio import _memory
+    from weightio.devices.torch import torch_from_numpy
+
+    made = _memory.handed_over(np.arange(12, dtype=np.float32))
+    made.flags.writeable = False
+    arr = made.reshape(3, 4)[1:]
+    t = torch_from_numpy(arr)
+    assert t.data_ptr() == arr.__array_interface__["data"][0] and not arr.flags.writeable
+    other = np.arange(12, dtype=np.float32)
+    other.flags.writeable = False
+    assert torch_from_numpy(other).data_ptr() != other.__array_interface__["data"][0]  # (not handed over: copied)
+    with wio.open(FIXTURES / "gguf" / "quantized.gguf") as ckpt:
+        decoded = ckpt["w.q4_0"].numpy()
+        expected = decoded.copy()
+        tensor = devices.place(decoded, "torch")
+        assert tensor.data_ptr() == decoded.__array_interface__["data"][0]  # (the decoded array itself)
+        tensor.fill_(7.0)
+        assert np.array_equal(ckpt["w.q4_0"].numpy(), expected) and not decoded.flags.writeable
+
+
 def test_a_torch_tensor_of_memory_a_reader_holds_is_a_copy(tmp_path):
     # Views of bytes a reader holds in memory (an inflated .npz member, shared by every view of it;
     # the immutable bytes a pickled numpy array was read from, one-byte ones shared by the whole

@@ -64,6 +64,25 @@ def test_reading_a_tensor_fetches_exactly_its_bytes(remote_files, model):
         assert np.array_equal(ckpt["b"].numpy(), tensors["b"])  # in the first block: already cached
 
 
+def test_a_fetched_tensor_is_the_callers_own_memory_for_torch(remote_files, model):
+    # each read fetches into memory of its own (read-only as every array handed out): a torch tensor
+    # takes it without a copy, and a write to it reaches no later read
+    pytest.importorskip("torch")
+    from weightio import devices
+
+    url, tensors, _ = model
+    with wio.open(url) as ckpt:
+        got = ckpt["embed"].numpy()
+        tensor = devices.place(got, "torch")
+        assert tensor.data_ptr() == got.__array_interface__["data"][0]
+        tensor.fill_(3.0)
+        assert np.array_equal(ckpt["embed"].numpy(), tensors["embed"]) and float(got[0, 0]) == 3.0
+        assert not got.flags.writeable
+        small = ckpt["b"].numpy()  # (copied out of the block cache into memory of its own: the cache never changes)
+        devices.place(small, "torch").fill_(-1)
+        assert np.array_equal(ckpt["b"].numpy(), tensors["b"])
+
+
 def test_a_slice_fetches_only_the_selected_bytes(remote_files, model):
     url, tensors, _ = model
     with wio.open(url) as ckpt:

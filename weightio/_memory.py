@@ -5,22 +5,61 @@
 writes that follow: measured here, about 2x less time than faulting during a copy. `fresh` is
 ``numpy.empty`` populated. Elsewhere, or where the kernel refuses, both are plain: the first
 writes fault the pages.
+
+`handed_over` marks new memory made for one caller (a dequantized tensor, a remote fetch, a
+byte-swapped copy), read-only as every array weightio hands out, as that caller's alone:
+`writable_if_handed` then gives a zero-copy torch tensor a writable array over it, where memory a
+reader shares between its views (an inflated member, a pickled array's bytes) is copied instead.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
 
 from ._native import libc
 
-__all__ = ["fresh", "populate"]
+__all__ = ["fresh", "handed_over", "populate", "writable_if_handed"]
 
 _PAGE = 4096
 _MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
 _MADVISE: Any = None
+
+
+# id -> an array whose memory was made for one caller alone, while it lives (`handed_over`)
+_HANDED: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+
+def handed_over(arr: np.ndarray) -> np.ndarray:
+    """`arr`, its memory recorded as new and the caller's alone (see the module docstring): only
+    for memory nothing else holds or will be given (never a reader's cache). Returns `arr`."""
+    root = _owner(arr)
+    if root.base is None:  # (memory numpy allocated for it: made here, not lent by another object)
+        _HANDED[id(root)] = root
+    return arr
+
+
+def writable_if_handed(arr: np.ndarray) -> np.ndarray | None:
+    """A writable array of `arr`'s elements over the same memory when that memory was handed over
+    (`handed_over`): the caller's own, so a write through it reaches nothing another holds. None
+    for any other memory."""
+    root = _owner(arr)
+    if _HANDED.get(id(root)) is not root:
+        return None
+    root.flags.writeable = True  # (it owns its memory: allowed; `arr` itself keeps its flags)
+    offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
+
+
+def _owner(arr: np.ndarray) -> np.ndarray:
+    """The array at the end of `arr`'s chain of array bases (the one holding the memory, or
+    lending another object's)."""
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
 
 
 def fresh(nbytes: int) -> np.ndarray:

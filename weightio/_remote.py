@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from ._failures import redact, retrying
-from ._memory import fresh, populate
+from ._memory import fresh, handed_over, populate
 from ._threads import shared_pool
 from .errors import CorruptFileError, InputError, WeightioError
 
@@ -282,14 +282,14 @@ class RemoteFile:
                 if error is not None:
                     raise error
             out.flags.writeable = False
-            return out
+            return handed_over(out)
         out = fresh(length)  # the caller's own memory (torch may wrap it and write), faulted in one call
         if length <= BLOCK:
             out[:] = np.frombuffer(self.read(offset, length, what), np.uint8)
         else:
             self._fill(out, [(offset, length, 0)])
         out.flags.writeable = False
-        return out
+        return handed_over(out)
 
     def read_ahead(self, offset: int, length: int, what: str = "the bytes asked for") -> int:
         """Start fetching bytes `offset`..`offset + length` now, on the fetch pool: the next `fetch`
@@ -349,7 +349,7 @@ class RemoteFile:
             for offset, length, at in span:
                 out[at: at + length] = np.frombuffer(raw, np.uint8, length, offset - start)
         out.flags.writeable = False
-        return out
+        return handed_over(out)
 
     # ------------------------------------------------------------------ internals
     def _bounds(self, offset: int, length: int, what: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._io import MappedFile
+from ._memory import handed_over
 from ._native import speedups
 from ._remote import RemoteFile, RemoteImage
 from .dtypes import PACKED, dtype_name, is_number, parse_dtype
@@ -381,7 +382,7 @@ def _finish(arr: np.ndarray) -> np.ndarray:
     if not isinstance(arr, np.ndarray):  # an integer index into a 0-d/1-d view gives a scalar
         return arr
     if not arr.dtype.isnative and is_number(arr.dtype):
-        arr = arr.astype(arr.dtype.newbyteorder("="))
+        arr = handed_over(arr.astype(arr.dtype.newbyteorder("=")))  # (a copy for this call alone)
     if arr.flags.writeable:
         arr.flags.writeable = False
     return arr

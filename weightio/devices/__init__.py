@@ -43,7 +43,8 @@ tensor uses is the file's bytes again. Clone a tensor you want to modify and com
 (``t.clone()``), load with ``copy=True``, or copy into your own parameters
 (`weightio.torch.load_into` does). Bytes a reader holds in memory (an inflated ``.npz`` member or
 zip record, a numpy array pickled in a PyTorch checkpoint) and any other read-only array are
-copied for torch: a write must never reach memory the views share. A writable
+copied for torch: a write must never reach memory the views share; memory made for the one call
+(a dequantized GGUF tensor, a remote fetch) is taken as it is. A writable
 tensor larger than the kernel lets one process commit (more than RAM + swap, under the default
 heuristic overcommit) is refused with `InputError`; read it as numpy or in slices.
 """

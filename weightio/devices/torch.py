@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._io import writable_twin
+from .._memory import writable_if_handed
 from ..dtypes import by_numpy, by_torch, dtype_name
 from ..errors import UnsupportedDTypeError, UsageError
 from .base import ML_FLOATS, Device, import_framework
@@ -243,11 +244,13 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     torch has no read-only tensors, and a write to a file's read-only mapping is SIGSEGV: a view
     of a file's mapping is first moved to private copy-on-write memory over the same file pages
     (`weightio._io.writable_twin`: no copy; the 64 MiB windows of the file it lies in), unless
-    `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU). Any other
-    read-only array is copied: its memory may be anyone's (a reader's inflated buffer, which every
-    view of that member shares; the immutable ``bytes`` a pickled array was read from, one-byte
-    ones shared by the whole interpreter; a file's mapping behind a DLPack capsule, where no walk
-    finds the file), and a write through the tensor must never reach it.
+    `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU). Memory made
+    for this caller alone (`weightio._memory.handed_over`: a dequantized tensor, a remote fetch) is
+    taken as it is. Any other read-only array is copied: its memory may be anyone's (a reader's
+    inflated buffer, which every view of that member shares; the immutable ``bytes`` a pickled
+    array was read from, one-byte ones shared by the whole interpreter; a file's mapping behind a
+    DLPack capsule, where no walk finds the file), and a write through the tensor must never
+    reach it.
 
     torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,
     then viewed back as the torch dtype. With `writable` False a read-only array is wrapped as it
@@ -261,6 +264,8 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
         arr = arr.copy()
     if writable and not arr.flags.writeable:
         twin = writable_twin(arr)
+        if twin is None:  # (memory made for this caller alone is taken as it is; any other copied)
+            twin = writable_if_handed(arr)
         arr = arr.copy() if twin is None else twin
     bridge = arr
     if arr.dtype in ML_FLOATS:  # torch.from_numpy knows numpy's own types only

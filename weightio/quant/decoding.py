@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._memory import handed_over
 from .._threads import cpus, shared_pool
 from ..errors import UnsupportedDTypeError
 from ..records import TensorInfo
@@ -155,6 +156,7 @@ def dequantize_stored(raw: np.ndarray, info: TensorInfo, key: Any = None) -> np.
     result = _values(raw, t).reshape(shape) if key is None else _select(raw, t, shape, key)
     if isinstance(result, np.ndarray):
         result.flags.writeable = False
+        handed_over(result)  # (decoded for this call alone: a torch tensor may take it as it is)
     return result
 
 
