@@ -145,29 +145,50 @@ with wio.open({str(path)!r}) as ckpt:
     assert done.stdout.split("\n")[0] == "[2.0, -1.0, 34.0, 50.0] [-2.0, -2.0, -2.0] 10.0 3.0 -3.0 16.0"
 
 
-def test_memory_made_for_one_caller_is_given_to_torch_as_it_is():
-    # a dequantized GGUF tensor (or a byte-swapped one, a remote fetch) is new memory of the call
-    # that made it, read-only as every array handed out: torch takes it without a copy, and a write
-    # to the tensor reaches nothing a later read sees
+def test_memory_made_for_one_read_is_given_to_its_tensor_as_it_is(tmp_path, monkeypatch):
+    # a dequantized GGUF tensor (or a byte-swapped one, a remote fetch) is new memory of the read
+    # that made it, read-only as every array handed out: the one torch tensor made from that read
+    # takes it without a copy; an array the caller passes in is theirs (read-only, and it must never
+    # see a tensor's writes): copied, however many tensors are made of it
     pytest.importorskip("torch")
     from weightio import _memory
-    from weightio.devices.torch import torch_from_numpy
 
-    made = _memory.handed_over(np.arange(12, dtype=np.float32))
-    made.flags.writeable = False
-    arr = made.reshape(3, 4)[1:]
-    t = torch_from_numpy(arr)
-    assert t.data_ptr() == arr.__array_interface__["data"][0] and not arr.flags.writeable
-    other = np.arange(12, dtype=np.float32)
-    other.flags.writeable = False
-    assert torch_from_numpy(other).data_ptr() != other.__array_interface__["data"][0]  # (not handed over: copied)
+    taken = []
+    real = _memory.writable_if_handed
+
+    def spy(arr):
+        found = real(arr)
+        if found is not None:
+            taken.append(found.__array_interface__["data"][0])
+        return found
+
+    monkeypatch.setattr(torch_devices_module(), "writable_if_handed", spy)
     with wio.open(FIXTURES / "gguf" / "quantized.gguf") as ckpt:
-        decoded = ckpt["w.q4_0"].numpy()
-        expected = decoded.copy()
-        tensor = devices.place(decoded, "torch")
-        assert tensor.data_ptr() == decoded.__array_interface__["data"][0]  # (the decoded array itself)
+        expected = ckpt["w.q4_0"].numpy().copy()
+        tensor = ckpt["w.q4_0"].to("torch")
+        assert taken == [tensor.data_ptr()]  # (the decoded array itself)
         tensor.fill_(7.0)
-        assert np.array_equal(ckpt["w.q4_0"].numpy(), expected) and not decoded.flags.writeable
+        assert np.array_equal(ckpt["w.q4_0"].numpy(), expected)
+        decoded = ckpt["w.q4_0"].numpy()  # (the caller's: handed over by the read, taken back by the load)
+        both = devices.load_all({"x": decoded, "y": decoded}, "torch")
+        both["x"].fill_(5.0)
+        single = devices.place(decoded, "torch")
+        single.fill_(6.0)
+        assert len(taken) == 1 and np.array_equal(decoded, expected) and not decoded.flags.writeable
+        assert np.array_equal(both["y"].numpy(), expected)
+    np.save(tmp_path / "b.npy", np.arange(4, dtype=">f4"))  # (byte-swapped on read: the read's own copy)
+    with wio.open(tmp_path / "b.npy") as ckpt:
+        swapped = ckpt["b"].numpy()
+        devices.place(swapped, "torch").fill_(1.0)
+        assert not swapped.flags.writeable and swapped.tolist() == [0.0, 1.0, 2.0, 3.0]
+        tensor = ckpt["b"].to("torch")
+        assert len(taken) == 2 and taken[-1] == tensor.data_ptr() and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def torch_devices_module():
+    from weightio.devices import torch as torch_devices
+
+    return torch_devices
 
 
 def test_a_torch_tensor_of_memory_a_reader_holds_is_a_copy(tmp_path):

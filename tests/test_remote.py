@@ -64,23 +64,33 @@ def test_reading_a_tensor_fetches_exactly_its_bytes(remote_files, model):
         assert np.array_equal(ckpt["b"].numpy(), tensors["b"])  # in the first block: already cached
 
 
-def test_a_fetched_tensor_is_the_callers_own_memory_for_torch(remote_files, model):
-    # each read fetches into memory of its own (read-only as every array handed out): a torch tensor
-    # takes it without a copy, and a write to it reaches no later read
+def test_a_fetched_tensor_is_the_reads_own_memory_for_torch(remote_files, model, monkeypatch):
+    # each read fetches into memory of its own (read-only as every array handed out): its torch
+    # tensor takes it without a copy, and a write to it reaches no later read; an array the caller
+    # holds is copied for torch
     pytest.importorskip("torch")
-    from weightio import devices
+    from weightio import _memory, devices
+    from weightio.devices import torch as torch_devices
 
+    taken = []
+    real = _memory.writable_if_handed
+
+    def spy(arr):
+        found = real(arr)
+        if found is not None:
+            taken.append(found.__array_interface__["data"][0])
+        return found
+
+    monkeypatch.setattr(torch_devices, "writable_if_handed", spy)
     url, tensors, _ = model
     with wio.open(url) as ckpt:
-        got = ckpt["embed"].numpy()
-        tensor = devices.place(got, "torch")
-        assert tensor.data_ptr() == got.__array_interface__["data"][0]
+        tensor = ckpt["embed"].to("torch")
+        assert taken == [tensor.data_ptr()]
         tensor.fill_(3.0)
-        assert np.array_equal(ckpt["embed"].numpy(), tensors["embed"]) and float(got[0, 0]) == 3.0
-        assert not got.flags.writeable
-        small = ckpt["b"].numpy()  # (copied out of the block cache into memory of its own: the cache never changes)
-        devices.place(small, "torch").fill_(-1)
-        assert np.array_equal(ckpt["b"].numpy(), tensors["b"])
+        got = ckpt["embed"].numpy()
+        devices.place(got, "torch").fill_(4.0)
+        assert np.array_equal(got, tensors["embed"]) and not got.flags.writeable
+        assert np.array_equal(ckpt["embed"].numpy(), tensors["embed"]) and len(taken) == 1
 
 
 def test_a_slice_fetches_only_the_selected_bytes(remote_files, model):

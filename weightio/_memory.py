@@ -6,10 +6,12 @@ writes that follow: measured here, about 2x less time than faulting during a cop
 ``numpy.empty`` populated. Elsewhere, or where the kernel refuses, both are plain: the first
 writes fault the pages.
 
-`handed_over` marks new memory made for one caller (a dequantized tensor, a remote fetch, a
-byte-swapped copy), read-only as every array weightio hands out, as that caller's alone:
-`writable_if_handed` then gives a zero-copy torch tensor a writable array over it, where memory a
-reader shares between its views (an inflated member, a pickled array's bytes) is copied instead.
+`handed_over` marks new memory made for one read of a tensor (a dequantized tensor, a remote
+fetch, a byte-swapped copy), read-only as every array weightio hands out, as that read's alone:
+`writable_if_handed` then gives one zero-copy torch tensor made from that read a writable array
+over it, where memory a reader shares between its views (an inflated member, a pickled array's
+bytes) is copied instead. Only once, and only for a read made inside the load (`withhold` takes
+back an array a caller passes in: it holds it, read-only, and must never see a tensor's writes).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from ._native import libc
 
-__all__ = ["fresh", "handed_over", "populate", "writable_if_handed"]
+__all__ = ["fresh", "handed_over", "populate", "withhold", "writable_if_handed"]
 
 _PAGE = 4096
 _MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
@@ -37,21 +39,31 @@ def handed_over(arr: np.ndarray) -> np.ndarray:
     """`arr`, its memory recorded as new and the caller's alone (see the module docstring): only
     for memory nothing else holds or will be given (never a reader's cache). Returns `arr`."""
     root = _owner(arr)
-    if root.base is None:  # (memory numpy allocated for it: made here, not lent by another object)
+    if root.flags.owndata:  # (memory numpy allocated for it: made here, not lent by another object)
         _HANDED[id(root)] = root
     return arr
 
 
 def writable_if_handed(arr: np.ndarray) -> np.ndarray | None:
     """A writable array of `arr`'s elements over the same memory when that memory was handed over
-    (`handed_over`): the caller's own, so a write through it reaches nothing another holds. None
-    for any other memory."""
+    (`handed_over`) and not yet taken: the read's own, so a write through it reaches nothing
+    another holds. Taken by this call (a second asks in vain). None for any other memory."""
     root = _owner(arr)
-    if _HANDED.get(id(root)) is not root:
+    if _HANDED.pop(id(root), None) is not root:  # (an id is never reused while its array lives)
         return None
-    root.flags.writeable = True  # (it owns its memory: allowed; `arr` itself keeps its flags)
+    root.flags.writeable = True  # (it owns its memory: allowed)
     offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
+    writable = np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
+    root.flags.writeable = False  # (the array handed out may be the root itself: read-only as it was)
+    return writable
+
+
+def withhold(arr: np.ndarray) -> None:
+    """Take back the handover of `arr`'s memory (`handed_over`), if any: an array a caller passes
+    in is theirs to keep reading, and no tensor of it may write to it."""
+    root = _owner(arr)
+    if _HANDED.get(id(root)) is root:
+        _HANDED.pop(id(root), None)
 
 
 def _owner(arr: np.ndarray) -> np.ndarray:

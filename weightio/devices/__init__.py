@@ -43,8 +43,9 @@ tensor uses is the file's bytes again. Clone a tensor you want to modify and com
 (``t.clone()``), load with ``copy=True``, or copy into your own parameters
 (`weightio.torch.load_into` does). Bytes a reader holds in memory (an inflated ``.npz`` member or
 zip record, a numpy array pickled in a PyTorch checkpoint) and any other read-only array are
-copied for torch: a write must never reach memory the views share; memory made for the one call
-(a dequantized GGUF tensor, a remote fetch) is taken as it is. A writable
+copied for torch: a write must never reach memory the views share; memory made for one read of a
+tensor inside the load (a dequantized GGUF tensor, a remote fetch) is taken as it is by that
+read's tensor, and an array the caller passes in is copied. A writable
 tensor larger than the kernel lets one process commit (more than RAM + swap, under the default
 heuristic overcommit) is refused with `InputError`; read it as numpy or in slices.
 """
@@ -59,6 +60,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._memory import withhold
 from .._streaming import reading_ahead
 from ..dtypes import by_torch, dtype_name, is_number, parse_dtype
 from ..errors import UnsupportedDTypeError, UsageError
@@ -224,6 +226,8 @@ def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype
     out = load_all({"": source}, b.device, dtype, copy=copy) if copy else None
     if out is not None:
         return out[""]
+    if isinstance(source, np.ndarray):
+        withhold(source)  # (the caller's array: a tensor of it never writes to it)
     adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)
     if adopted is NotImplemented:
         adopted = b.transfer({"": _host(source)})[""]
@@ -285,7 +289,9 @@ def _on_device(b: Backend, tensors: Mapping[str, Any], owned: set[str]) -> dict[
     adopted = {}
     for name, value in tensors.items():
         _check_numbers(b, value, None)
-        if not isinstance(value, np.ndarray) and not is_view(value):
+        if isinstance(value, np.ndarray):
+            withhold(value)  # (the caller's array: a tensor of it never writes to it)
+        elif not is_view(value):
             found = b.adopt(value)
             if found is not NotImplemented:
                 adopted[name] = _clone(found) if name in owned else found

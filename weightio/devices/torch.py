@@ -245,8 +245,8 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     of a file's mapping is first moved to private copy-on-write memory over the same file pages
     (`weightio._io.writable_twin`: no copy; the 64 MiB windows of the file it lies in), unless
     `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU). Memory made
-    for this caller alone (`weightio._memory.handed_over`: a dequantized tensor, a remote fetch) is
-    taken as it is. Any other read-only array is copied: its memory may be anyone's (a reader's
+    for one read inside the load (`weightio._memory.handed_over`: a dequantized tensor, a remote
+    fetch) is taken as it is, once. Any other read-only array is copied: its memory may be anyone's (a reader's
     inflated buffer, which every view of that member shares; the immutable ``bytes`` a pickled
     array was read from, one-byte ones shared by the whole interpreter; a file's mapping behind a
     DLPack capsule, where no walk finds the file), and a write through the tensor must never
