@@ -39,3 +39,21 @@ def same_file_bytes(address: int, array: object) -> bool:
     here = mapping_at(address)
     there = mapping_at(array.__array_interface__["data"][0])  # type: ignore[attr-defined]
     return here is not None and here[1].startswith("/") and here[1:] == (there or ())[1:]
+
+
+def handovers_taken(monkeypatch) -> list[int]:
+    """The addresses of the arrays a torch tensor takes as they are (`weightio._memory.writable_if_handed`
+    as `weightio.devices.torch` calls it), in order, from now until the test ends."""
+    from weightio import _memory
+    from weightio.devices import torch as torch_devices
+
+    taken: list[int] = []
+
+    def spy(arr):
+        found = _memory.writable_if_handed(arr)
+        if found is not None:
+            taken.append(found.__array_interface__["data"][0])
+        return found
+
+    monkeypatch.setattr(torch_devices, "writable_if_handed", spy)
+    return taken

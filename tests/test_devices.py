@@ -26,7 +26,7 @@ from weightio.devices import Device, Extent, parse_device, plan_runs
 from weightio.errors import CorruptFileError, MissingDependencyError, UnsupportedDTypeError, UsageError
 
 from .conftest import FIXTURES, digest, manifest
-from .memory import same_file_bytes
+from .memory import handovers_taken, same_file_bytes
 
 DTYPES = FIXTURES / "dtypes.safetensors"
 
@@ -151,18 +151,7 @@ def test_memory_made_for_one_read_is_given_to_its_tensor_as_it_is(tmp_path, monk
     # takes it without a copy; an array the caller passes in is theirs (read-only, and it must never
     # see a tensor's writes): copied, however many tensors are made of it
     pytest.importorskip("torch")
-    from weightio import _memory
-
-    taken = []
-    real = _memory.writable_if_handed
-
-    def spy(arr):
-        found = real(arr)
-        if found is not None:
-            taken.append(found.__array_interface__["data"][0])
-        return found
-
-    monkeypatch.setattr(torch_devices_module(), "writable_if_handed", spy)
+    taken = handovers_taken(monkeypatch)
     with wio.open(FIXTURES / "gguf" / "quantized.gguf") as ckpt:
         expected = ckpt["w.q4_0"].numpy().copy()
         tensor = ckpt["w.q4_0"].to("torch")
@@ -183,12 +172,6 @@ def test_memory_made_for_one_read_is_given_to_its_tensor_as_it_is(tmp_path, monk
         assert not swapped.flags.writeable and swapped.tolist() == [0.0, 1.0, 2.0, 3.0]
         tensor = ckpt["b"].to("torch")
         assert len(taken) == 2 and taken[-1] == tensor.data_ptr() and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
-
-
-def torch_devices_module():
-    from weightio.devices import torch as torch_devices
-
-    return torch_devices
 
 
 def test_a_torch_tensor_of_memory_a_reader_holds_is_a_copy(tmp_path):

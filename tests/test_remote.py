@@ -69,19 +69,11 @@ def test_a_fetched_tensor_is_the_reads_own_memory_for_torch(remote_files, model,
     # tensor takes it without a copy, and a write to it reaches no later read; an array the caller
     # holds is copied for torch
     pytest.importorskip("torch")
-    from weightio import _memory, devices
-    from weightio.devices import torch as torch_devices
+    from weightio import devices
 
-    taken = []
-    real = _memory.writable_if_handed
+    from .memory import handovers_taken
 
-    def spy(arr):
-        found = real(arr)
-        if found is not None:
-            taken.append(found.__array_interface__["data"][0])
-        return found
-
-    monkeypatch.setattr(torch_devices, "writable_if_handed", spy)
+    taken = handovers_taken(monkeypatch)
     url, tensors, _ = model
     with wio.open(url) as ckpt:
         tensor = ckpt["embed"].to("torch")

@@ -63,7 +63,7 @@ def withhold(arr: np.ndarray) -> None:
     in is theirs to keep reading, and no tensor of it may write to it."""
     root = _owner(arr)
     if _HANDED.get(id(root)) is root:
-        _HANDED.pop(id(root), None)
+        del _HANDED[id(root)]
 
 
 def _owner(arr: np.ndarray) -> np.ndarray:

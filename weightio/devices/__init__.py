@@ -228,7 +228,9 @@ def place(source: View | np.ndarray | Any, device: str | Device = "numpy", dtype
         return out[""]
     if isinstance(source, np.ndarray):
         withhold(source)  # (the caller's array: a tensor of it never writes to it)
-    adopted = NotImplemented if isinstance(source, np.ndarray) else b.adopt(source)
+        adopted = NotImplemented
+    else:
+        adopted = b.adopt(source)
     if adopted is NotImplemented:
         adopted = b.transfer({"": _host(source)})[""]
     return b.finish(adopted if dtype is None else b.cast(adopted, np.dtype(dtype)))

@@ -246,11 +246,11 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
     (`weightio._io.writable_twin`: no copy; the 64 MiB windows of the file it lies in), unless
     `writable` is False (the caller only reads the tensor, e.g. to copy it to a GPU). Memory made
     for one read inside the load (`weightio._memory.handed_over`: a dequantized tensor, a remote
-    fetch) is taken as it is, once. Any other read-only array is copied: its memory may be anyone's (a reader's
-    inflated buffer, which every view of that member shares; the immutable ``bytes`` a pickled
-    array was read from, one-byte ones shared by the whole interpreter; a file's mapping behind a
-    DLPack capsule, where no walk finds the file), and a write through the tensor must never
-    reach it.
+    fetch) is taken as it is, once. Any other read-only array is copied: its memory may be
+    anyone's (a reader's inflated buffer, which every view of that member shares; the immutable
+    ``bytes`` a pickled array was read from, one-byte ones shared by the whole interpreter; a
+    file's mapping behind a DLPack capsule, where no walk finds the file), and a write through
+    the tensor must never reach it.
 
     torch cannot wrap ml_dtypes arrays directly: they are viewed as same-width integers, wrapped,
     then viewed back as the torch dtype. With `writable` False a read-only array is wrapped as it
@@ -264,7 +264,7 @@ def torch_from_numpy(arr: np.ndarray, *, writable: bool = True) -> Any:
         arr = arr.copy()
     if writable and not arr.flags.writeable:
         twin = writable_twin(arr)
-        if twin is None:  # (memory made for this caller alone is taken as it is; any other copied)
+        if twin is None:  # (memory made for one read is taken as it is, once; any other copied)
             twin = writable_if_handed(arr)
         arr = arr.copy() if twin is None else twin
     bridge = arr
