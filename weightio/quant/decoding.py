@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._memory import handed_over
+from .._memory import handed_over, heap_for_temporaries
 from .._threads import cpus, shared_pool
 from ..errors import UnsupportedDTypeError
 from ..records import TensorInfo
@@ -97,6 +97,7 @@ def _decode(raw: np.ndarray, t: GGMLType, threads: int | None) -> np.ndarray:
         return raw.view(t.dtype).astype(np.float32).reshape(-1, 1)
     from .kernels import KERNELS
 
+    heap_for_temporaries()  # each chunk's temporaries reused from the heap, not fresh pages every chunk
     blocks = raw.reshape(-1, t.type_size)
     out = np.empty((blocks.shape[0], t.block_size), np.float32)
     workers = _worker_count(threads, blocks.shape[0] * t.block_size)

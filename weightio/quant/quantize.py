@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._memory import heap_for_temporaries
 from ..errors import UnsupportedDTypeError
 from .decoding import dequantize
 from .types import GGMLType, by_name
@@ -101,6 +102,7 @@ def quantize_rows(x: np.ndarray, ggml_type: str) -> np.ndarray:
     rows = x.reshape(-1, row) if x.size else x.reshape(-1, max(row, 1))
     out = np.empty((rows.shape[0], t.row_bytes(row)), np.uint8)
     step = max(1, _ROWS_PER_CHUNK_ELEMENTS // max(row, 1))
+    heap_for_temporaries()  # each group's temporaries reused from the heap, not fresh pages every group
     with np.errstate(all="ignore"):  # NaN/inf inputs quantize as ggml's arithmetic makes them
         for start in range(0, rows.shape[0], step):
             chunk = rows[start:start + step].astype(np.float32)
